@@ -1,0 +1,247 @@
+"""The library surface: what each CLI command calls. Everything here raises PlmError on bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, replace
+from importlib import resources
+from pathlib import Path
+
+from plmcli.errors import PlmError
+
+RUN_CONFIG = "config.json"
+
+
+def default_corpus() -> str:
+    """The small corpus shipped inside the package, so the first `plm pretrain` needs no data."""
+    return str(resources.files("plmcli") / "corpus" / "shakespeare-sample.txt")
+
+
+# ---------------------------------------------------------------- recipes
+
+
+def list_recipes() -> list[dict]:
+    from plmcli.config import load_recipe, shipped_recipes
+
+    rows = []
+    for name in shipped_recipes():
+        r = load_recipe(name)
+        rows.append({"name": name, "family": r.family, "objective": r.objective_name,
+                     "params": count_params(r), "description": r.description})
+    return rows
+
+
+def count_params(recipe) -> int:
+    """Parameter count of the recipe's model (built on the meta device: no memory, no time)."""
+    import torch
+
+    from plmcli.models.registry import build_model
+
+    cfg = replace(recipe.model)
+    if getattr(cfg, "vocab_size", 1) == 0:
+        cfg.vocab_size = recipe.tokenizer.vocab_size
+    with torch.device("meta"):
+        model = build_model(recipe.family, cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def show_recipe(name: str, overrides: list[str] | None = None) -> str:
+    from plmcli.config import load_recipe
+
+    return load_recipe(name, overrides).to_yaml()
+
+
+# ---------------------------------------------------------------- tokenize
+
+
+def tokenize(inputs: list[str], out: str, tokenizer: str = "bytelevel-bpe", vocab_size: int | None = None,
+             min_frequency: int | None = None, lowercase: bool | None = None, special_tokens: dict | None = None,
+             recipe: str | None = None, doc_per_line: bool = False, val_fraction: float = 0.05, num_proc: int = 1,
+             force: bool = False) -> dict:
+    """Train (or load) a tokenizer and encode the corpus into an Arrow dataset at `out`."""
+    from plmcli.config import load_recipe
+    from plmcli.config_sections import TokenizerConfig
+    from plmcli.data.corpus import tokenize_corpus
+
+    base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
+    if tokenizer.endswith(".json"):
+        base = replace(base, path=tokenizer)
+    else:
+        base = replace(base, kind=tokenizer, path=None)
+    changes = {k: v for k, v in dict(vocab_size=vocab_size, min_frequency=min_frequency, lowercase=lowercase,
+                                     special_tokens=special_tokens).items() if v is not None}
+    cfg = replace(base, **changes)
+    if not 0 <= val_fraction < 1:
+        raise PlmError(f"--val-fraction {val_fraction} must be in [0, 1)", "e.g. --val-fraction 0.05")
+    return tokenize_corpus(inputs, out, cfg, doc_per_line=doc_per_line, val_fraction=val_fraction,
+                           num_proc=num_proc, force=force)
+
+
+# ---------------------------------------------------------------- pretrain
+
+
+def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
+             overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
+             time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
+             console=None) -> dict:
+    """Train a model from a recipe; returns the run summary (also written to RUN/summary.json)."""
+    import torch
+    from accelerate import PartialState
+
+    from plmcli.config import load_recipe
+    from plmcli.data.corpus import prepare_corpus
+    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.models.registry import build_model
+    from plmcli.objectives.registry import objective_class
+    from plmcli.train import checkpoint as ckpt
+    from plmcli.train.loop import train
+
+    resume_from = None
+    if resume:
+        run_dir = Path(out) if out else ckpt.runs_root() / "latest"
+        if not (run_dir / "recipe.yaml").is_file():
+            raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN_DIR of the run to continue")
+        resume_from = ckpt.latest_checkpoint(run_dir)
+        run_dir = run_dir.resolve()
+        r = load_recipe(str(run_dir / "recipe.yaml"), overrides)
+    else:
+        if not recipe:
+            raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
+        r = load_recipe(recipe, overrides)
+        run_dir = Path(out) if out else ckpt.runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    t = r.train
+    t.max_steps = max_steps or t.max_steps
+    t.max_tokens = max_tokens if max_tokens is not None else t.max_tokens
+    t.time_budget = time_budget if time_budget is not None else t.time_budget
+
+    inputs = list(data) if data else ([r.data.path] if r.data.path else [default_corpus()])
+    state = PartialState()
+    with state.main_process_first():  # one process tokenizes; the others then read its cache
+        corpus_dir = prepare_corpus(inputs, r.tokenizer, r.data)
+    meta = json.loads((corpus_dir / "meta.json").read_text())
+    tok = load_tokenizer(corpus_dir / "tokenizer.json")
+    vocab = tok.get_vocab_size()
+
+    obj = objective_class(r.objective_name)(r.objective, tok, meta["tokenizer"]["special_token_ids"], t.seq_len)
+    obj.configure_model(r.model, vocab)
+    model_vocab = getattr(r.model, "vocab_size", vocab)
+    if model_vocab < vocab:
+        raise PlmError(f"the tokenizer has {vocab} tokens but model.vocab_size is {model_vocab}",
+                       f"--set model.vocab_size={vocab} (or 0 to follow the tokenizer), or use a smaller tokenizer")
+    max_pos = getattr(r.model, "max_positions", None)
+    if max_pos and t.seq_len > max_pos:
+        raise PlmError(f"train.seq_len {t.seq_len} exceeds the model's max_positions {max_pos}",
+                       f"--set train.seq_len={max_pos} (longer texts are chunked into sequences of seq_len)")
+    torch.manual_seed(t.seed)
+    model = build_model(r.family, r.model)
+    obj.check_model(model)
+
+    if state.is_main_process:
+        if not resume:
+            if run_dir.exists() and any(run_dir.iterdir()):
+                raise PlmError(f"run directory {run_dir} already exists and is not empty",
+                               "choose another --out, delete it, or add --resume to continue it")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.write_text(run_dir / "recipe.yaml", r.to_yaml())
+            shutil.copyfile(corpus_dir / "tokenizer.json", run_dir / "tokenizer.json")
+            ckpt.write_json(run_dir / RUN_CONFIG, {
+                "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
+                "tokenizer": meta["tokenizer"], "seq_len": t.seq_len, "corpus": str(corpus_dir),
+            })
+        ckpt.point_latest(run_dir)
+    state.wait_for_everyone()
+    summary = train(r, model, obj, corpus_dir, run_dir, resume_from=resume_from, stop_after=stop_after, console=console)
+    summary["run_dir"] = str(run_dir)
+    if state.is_main_process:
+        ckpt.write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+# ---------------------------------------------------------------- runs
+
+
+def resolve_run(run: str | None) -> Path:
+    from plmcli.train.checkpoint import runs_root
+
+    path = Path(run) if run else runs_root() / "latest"
+    if not (path / RUN_CONFIG).is_file():
+        if run is None:
+            raise PlmError("no run given and runs/latest does not exist", "pass --model RUN_DIR, or train one with `plm pretrain`")
+        raise PlmError(f"{path} is not a plm run directory (no {RUN_CONFIG})", "pass the directory `plm pretrain` wrote")
+    if not (path / "model.safetensors").is_file():
+        raise PlmError(f"run {path} has no model.safetensors yet", "let the run finish, or resume it with `plm pretrain --resume --out RUN`")
+    return path
+
+
+def load_run(run: str | None):
+    """(model in eval mode, tokenizer, run config) of a finished run."""
+    from safetensors.torch import load_model
+
+    from plmcli.config import build_section
+    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.models.registry import build_model, model_config_class
+
+    path = resolve_run(run)
+    cfg = json.loads((path / RUN_CONFIG).read_text())
+    model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
+    model = build_model(cfg["family"], model_cfg)
+    load_model(model, str(path / "model.safetensors"))
+    model.eval()
+    return model, load_tokenizer(path / "tokenizer.json"), cfg
+
+
+# ---------------------------------------------------------------- eval-ppl
+
+
+def eval_ppl(files: list[str], model: str | None = None, max_length: int | None = None, stride: int | None = None,
+             batch_size: int = 8, console=None) -> dict:
+    """Perplexity of `files` under a causal LM run (see plmcli.eval.perplexity for the conventions)."""
+    import numpy as np
+    import torch
+
+    from plmcli.data.corpus import iter_text_lines
+    from plmcli.eval.perplexity import report, sequence_nll
+
+    net, tok, cfg = load_run(model)
+    if not getattr(net, "causal", False):
+        raise PlmError(f"run {model or 'runs/latest'} ({cfg['family']}) is not a causal LM, so it has no left-to-right perplexity",
+                       "evaluate a causal run (gpt recipes) instead")
+    positions = net.max_positions
+    L = max_length or positions
+    if not 1 <= L <= positions:
+        raise PlmError(f"--max-length {L} is outside 1..{positions} (the model's positions)", f"use --max-length ≤ {positions}")
+    S = stride or max(1, L // 2)
+    if not 1 <= S <= L:
+        raise PlmError(f"--stride {S} must be between 1 and --max-length {L}", f"e.g. --stride {max(1, L // 2)}")
+    ids = cfg["tokenizer"].get("special_token_ids", {})
+    prefix = ids.get("bos", ids.get("eos"))
+    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    net.to(device)
+    total_nll, total_tok, total_bytes, total_words, per_file = 0.0, 0, 0, 0, []
+    for f in files:
+        pieces, n_bytes, n_words = [], 0, 0
+        batch: list[str] = []
+        for line in iter_text_lines([f]):
+            n_bytes += len(line.encode("utf-8"))
+            n_words += len(line.split())
+            batch.append(line)
+            if len(batch) == 1024:
+                pieces.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(batch, add_special_tokens=False))
+                batch = []
+        if batch:
+            pieces.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(batch, add_special_tokens=False))
+        text_ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        if len(text_ids) == 0:
+            raise PlmError(f"{f} has no tokens to score", "pass a file with text")
+        seq = np.concatenate([[prefix], text_ids]) if prefix is not None else text_ids
+        nll, n = sequence_nll(lambda x: net(x), seq, L, S, batch_size, device)
+        per_file.append({"file": f, **report(nll, n, n_bytes, n_words, S, L)})
+        total_nll, total_tok, total_bytes, total_words = total_nll + nll, total_tok + n, total_bytes + n_bytes, total_words + n_words
+    res = report(total_nll, total_tok, total_bytes, total_words, S, L)
+    res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
+    res["files"] = per_file
+    return res

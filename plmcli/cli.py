@@ -1,0 +1,230 @@
+"""The `plm` command line: each command parses its options and calls plmcli.api — nothing else.
+
+Heavy libraries (torch, datasets) are imported inside api calls so `plm --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+from plmcli.errors import PlmError
+
+app = typer.Typer(
+    name="plm",
+    help="Pretrain, finetune and evaluate classic language models from one recipe per model.\n\n"
+    "Start with: plm pretrain --recipe gpt-mini   then   plm eval-ppl some.txt",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+recipes_app = typer.Typer(help="List the shipped recipes or show one fully resolved.", invoke_without_command=True)
+app.add_typer(recipes_app, name="recipes")
+
+_state = {"debug": False}
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def guarded(fn):
+    """PlmError -> one line `error: what — fix` and exit code 2 (the traceback only with --debug)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PlmError as e:
+            if _state["debug"]:
+                raise
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+        except KeyboardInterrupt:
+            typer.echo("interrupted — a checkpoint was saved where possible; continue with `plm pretrain --resume --out RUN`", err=True)
+            raise typer.Exit(130)
+
+    return wrapper
+
+
+def _print_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def parse_duration(text: str | None) -> float | None:
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except (ValueError, IndexError):
+        raise PlmError(f"--time-budget '{text}' is not a duration", "write seconds or e.g. 90s, 10m, 1.5h") from None
+
+
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors.")):
+    _state["debug"] = debug
+
+
+# ---------------------------------------------------------------- recipes
+
+
+@recipes_app.callback()
+@guarded
+def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")):
+    """List every shipped recipe: name, family, objective, parameters.
+
+    Example: plm recipes
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from plmcli import api
+
+    rows = api.list_recipes()
+    if as_json:
+        return _print_json(rows)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("recipe", "family", "objective", "params", "description")
+    for r in rows:
+        table.add_row(r["name"], r["family"], r["objective"], f"{r['params'] / 1e6:,.1f}M", r["description"])
+    Console().print(table)
+
+
+@recipes_app.command("list")
+def recipes_list(as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")):
+    """Same as `plm recipes`."""
+    recipes(typer.Context(typer.main.get_command(recipes_app)), as_json)
+
+
+@recipes_app.command("show")
+@guarded
+def recipes_show(
+    name: str = typer.Argument(..., help="A shipped recipe name or a path to a .yaml recipe."),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: section.key=value (repeatable)."),
+):
+    """Print the fully resolved recipe as YAML.
+
+    Example: plm recipes show gpt2-small --set train.max_steps=100
+    """
+    from plmcli import api
+
+    typer.echo(api.show_recipe(name, overrides), nl=False)
+
+
+# ---------------------------------------------------------------- tokenize
+
+
+@app.command()
+@guarded
+def tokenize(
+    inputs: List[str] = typer.Argument(..., help="Text files, directories of them, .gz files, or - for stdin."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory (tokenizer.json, dataset/, meta.json)."),
+    tokenizer: str = typer.Option("bytelevel-bpe", help="wordpiece | bpe | bytelevel-bpe | unigram | char | word, or a tokenizer.json to load."),
+    vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size to train (default 8192, or the recipe's)."),
+    min_frequency: Optional[int] = typer.Option(None, help="Minimum count of a piece to enter the vocabulary."),
+    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Lower-case the text first."),
+    special_tokens: Optional[str] = typer.Option(None, help="Roles to tokens, e.g. 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'."),
+    recipe: Optional[str] = typer.Option(None, help="Take the tokenizer settings (kind, size, special tokens) from this recipe."),
+    doc_per_line: bool = typer.Option(False, help="Each line is a document (default: blank lines separate documents)."),
+    val_fraction: float = typer.Option(0.05, help="Share of documents (from the end) kept for validation."),
+    num_proc: int = typer.Option(1, help="Worker processes for encoding."),
+    force: bool = typer.Option(False, help="Rebuild even when the cache matches."),
+    as_json: bool = typer.Option(False, "--json", help="Print meta.json."),
+):
+    """Train (or load) a tokenizer and encode a corpus into an Arrow dataset.
+
+    Example: plm tokenize wiki/ books.txt.gz --out data/tok --tokenizer wordpiece --vocab-size 30522 --recipe bert-base
+    """
+    from plmcli import api
+
+    specials = None
+    if special_tokens:
+        try:
+            specials = dict(item.split("=", 1) for item in special_tokens.split(","))
+        except ValueError:
+            raise PlmError(f"--special-tokens '{special_tokens}' is not role=token,…", "e.g. --special-tokens 'eos=<|endoftext|>'") from None
+    meta = api.tokenize(inputs, out, tokenizer, vocab_size, min_frequency, lowercase, specials, recipe,
+                        doc_per_line, val_fraction, num_proc, force)
+    if as_json:
+        return _print_json(meta)
+    c = meta["counts"]
+    typer.echo(f"{out}: {c['train']['documents']:,} train / {c['validation']['documents']:,} validation documents, "
+               f"{c['train']['tokens'] + c['validation']['tokens']:,} tokens, vocab {meta['tokenizer']['vocab_size']:,}")
+
+
+# ---------------------------------------------------------------- pretrain
+
+
+@app.command()
+@guarded
+def pretrain(
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
+    data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz) or a `plm tokenize` dir. Default: the shipped sample corpus."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<recipe>-<time>)."),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a recipe key: section.key=value (repeatable)."),
+    max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (also the schedule's horizon)."),
+    max_tokens: Optional[int] = typer.Option(None, help="Stop after this many training tokens."),
+    time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time: seconds, or 90s / 10m / 2h."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run at --out (default runs/latest) from its last checkpoint."),
+    stop_after: Optional[int] = typer.Option(None, help="Stop (with a checkpoint) after N steps without changing the schedule."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+):
+    """Train a model from a recipe.
+
+    Example: plm pretrain --recipe gpt-mini --data corpus.txt --set train.max_steps=500
+    """
+    from plmcli import api
+
+    summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
+                           resume, stop_after, console=_stderr())
+    if as_json:
+        return _print_json(summary)
+    val = f", val loss {summary['val_loss']:.4f} (ppl {summary['val_ppl']:.2f})" if "val_loss" in summary else ""
+    typer.echo(f"{summary['run_dir']}: {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['elapsed_s']:.1f}s{val}")
+
+
+# ---------------------------------------------------------------- eval-ppl
+
+
+@app.command("eval-ppl")
+@guarded
+def eval_ppl(
+    files: List[str] = typer.Argument(..., help="Text files to score (each one continuous text)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Run directory (default runs/latest)."),
+    max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: its max positions)."),
+    stride: Optional[int] = typer.Option(None, help="New tokens scored per window (default max_length/2; = max_length: no overlap)."),
+    batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, words, word_ppl, stride, max_length."),
+):
+    """Perplexity of a causal LM on text, every token scored exactly once.
+
+    Windows of --max-length tokens move by --stride; each window scores only its new tokens, so every
+    token gets between max_length-stride and max_length tokens of context. The first token is scored
+    given the tokenizer's BOS/EOS when it has one (else it is context only; the output says which).
+    Also reports bits per byte (comparable across tokenizers) and word-level perplexity.
+
+    Example: plm eval-ppl wiki.test.raw --model runs/latest --max-length 1024 --stride 512 --json
+    """
+    from plmcli import api
+
+    res = api.eval_ppl(files, model, max_length, stride, batch_size)
+    if as_json:
+        return _print_json({k: v for k, v in res.items() if k != "files"} | {"files": res["files"]})
+    typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
+               f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window {res['max_length']}/{res['stride']}  "
+               f"first token {res['first_token']}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,321 @@
+"""Recipes: plain YAML validated into typed dataclasses, with `--set section.key=value` overrides.
+
+A recipe has six sections. `model` and `objective` are validated against the dataclass that the
+registry names for the chosen family / objective, so a GPT recipe cannot carry a BERT-only key.
+`extends: other-recipe` starts from another recipe and overrides it key by key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.errors import PlmError
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 128
+    """Tokens per training sequence (at most the model's max_positions)."""
+    global_batch_size: int = 32
+    """Sequences per optimizer step, over all processes; accumulation = global / (micro × world)."""
+    micro_batch_size: int = 0
+    """Sequences per forward pass on one device; 0 = the whole global batch (no accumulation)."""
+    max_steps: int = 1000
+    """Optimizer steps; also the horizon of the learning-rate schedule."""
+    max_tokens: Optional[int] = None
+    """Stop after this many training tokens (whichever of max_steps / max_tokens comes first)."""
+    time_budget: Optional[float] = None
+    """Stop after this many seconds of wall time (a checkpoint is written)."""
+    mixed_precision: str = "auto"
+    """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables."""
+    eval_every: int = 200
+    """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
+    eval_batches: int = 50
+    """Validation micro-batches per evaluation; 0 = the whole split."""
+    save_every: int = 1000
+    """Write a resumable checkpoint every N steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    log_every: int = 10
+    """Log loss / lr / throughput every N steps."""
+    seed: int = 1337
+    """Seeds model init, data order, masking and dropout."""
+    num_workers: int = 0
+    """DataLoader worker processes feeding batches."""
+    compile: bool = False
+    """torch.compile the model (GPU runs)."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """adamw | adam | lamb | sgd."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay on matrices (never on biases or norm weights)."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """Adam / LAMB moment decay rates."""
+    eps: float = 1e-8
+    """Adam / LAMB denominator epsilon."""
+    momentum: float = 0.0
+    """SGD momentum."""
+    schedule: str = "linear"
+    """linear | cosine | constant | inverse-sqrt | polynomial."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    min_lr_ratio: float = 0.0
+    """The decayed learning rate as a fraction of lr."""
+    power: float = 1.0
+    """Exponent of the polynomial schedule."""
+
+
+SECTIONS = ("model", "tokenizer", "data", "objective", "train", "optim")
+TOP_KEYS = ("name", "description", "extends") + SECTIONS
+
+
+@dataclass
+class Recipe:
+    name: str
+    description: str
+    family: str
+    objective_name: str
+    model: Any
+    tokenizer: TokenizerConfig
+    data: DataConfig
+    objective: Any
+    train: TrainConfig
+    optim: OptimConfig
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            **{s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS},
+        } | {
+            "model": {"family": self.family, **dataclasses.asdict(self.model)},
+            "objective": {"name": self.objective_name, **dataclasses.asdict(self.objective)},
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def recipe_dir():
+    return resources.files("plmcli") / "recipes"
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.name[:-5] for p in recipe_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_raw(name_or_path: str, seen: tuple = ()) -> dict:
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise PlmError(f"recipe file '{name_or_path}' does not exist", "check the path, or name a shipped recipe (plm recipes)")
+        text, label = path.read_text(encoding="utf-8"), str(path)
+    else:
+        res = recipe_dir() / f"{name_or_path}.yaml"
+        if not res.is_file():
+            close = difflib.get_close_matches(name_or_path, shipped_recipes(), n=4, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "run `plm recipes` to list them, or pass a .yaml path"
+            raise PlmError(f"unknown recipe '{name_or_path}'", hint)
+        text, label = res.read_text(encoding="utf-8"), name_or_path
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise PlmError(f"recipe {label} is not valid YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from None
+    if not isinstance(raw, dict):
+        raise PlmError(f"recipe {label} must be a mapping of sections", f"use the sections {', '.join(SECTIONS)}")
+    _reject_unknown(raw, TOP_KEYS, "recipe")
+    raw.setdefault("name", path.stem if label == str(path) else name_or_path)
+    base = raw.pop("extends", None)
+    if base:
+        if base in seen:
+            raise PlmError(f"recipe {label} extends itself through {base}", "break the cycle of `extends`")
+        parent = _read_raw(base, seen + (label,))
+        parent.pop("description", None)
+        raw = _merge(parent, raw)
+    return raw
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "special_tokens":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _reject_unknown(raw: dict, allowed, where: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
+            raise PlmError(f"unknown key '{key}' in {where}", hint)
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """`section.key=value` strings into a nested dict; values parsed as YAML scalars."""
+    out: dict = {}
+    for item in items or []:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise PlmError(f"--set '{item}' is not of the form section.key=value", "e.g. --set train.max_steps=500")
+        key, value = item.split("=", 1)
+        try:
+            parsed = yaml.safe_load(value) if value != "" else None
+        except yaml.YAMLError:
+            parsed = value
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = parsed
+    return out
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | dict | None = None) -> Recipe:
+    from plmcli.models.registry import model_config_class
+    from plmcli.objectives.registry import objective_config_class
+
+    raw = _read_raw(name_or_path)
+    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    _reject_unknown(over, SECTIONS + ("name", "description"), "--set")
+    raw = _merge(raw, over)
+    model_raw = dict(raw.get("model") or {})
+    family = model_raw.pop("family", None)
+    if not family:
+        raise PlmError(f"recipe {raw['name']} has no model.family", "set model.family, e.g. gpt")
+    obj_raw = dict(raw.get("objective") or {})
+    obj_name = obj_raw.pop("name", None)
+    if not obj_name:
+        raise PlmError(f"recipe {raw['name']} has no objective.name", "set objective.name, e.g. clm")
+    model_cfg = build_section(model_config_class(family), model_raw, "model")
+    obj_cfg = build_section(objective_config_class(obj_name), obj_raw, "objective")
+    recipe = Recipe(
+        name=str(raw["name"]),
+        description=str(raw.get("description") or ""),
+        family=family,
+        objective_name=obj_name,
+        model=model_cfg,
+        tokenizer=build_section(TokenizerConfig, raw.get("tokenizer") or {}, "tokenizer"),
+        data=build_section(DataConfig, raw.get("data") or {}, "data"),
+        objective=obj_cfg,
+        train=build_section(TrainConfig, raw.get("train") or {}, "train"),
+        optim=build_section(OptimConfig, raw.get("optim") or {}, "optim"),
+    )
+    _check_recipe(recipe)
+    return recipe
+
+
+def _check_recipe(r: Recipe) -> None:
+    t = r.train
+    if t.seq_len < 1 or t.global_batch_size < 1 or t.max_steps < 1:
+        raise PlmError("train.seq_len, train.global_batch_size and train.max_steps must be ≥ 1", "fix the recipe or --set")
+    if t.micro_batch_size < 0 or (t.micro_batch_size and t.global_batch_size % t.micro_batch_size):
+        raise PlmError(
+            f"train.global_batch_size {t.global_batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
+            "pick a micro batch that divides the global batch",
+        )
+    if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+        raise PlmError(f"train.mixed_precision '{t.mixed_precision}' is not one of auto, no, bf16, fp16", "fix the recipe or --set")
+    if not 0 <= r.data.val_fraction < 1:
+        raise PlmError(f"data.val_fraction {r.data.val_fraction} must be in [0, 1)", "e.g. --set data.val_fraction=0.05")
+    if r.optim.lr <= 0:
+        raise PlmError(f"optim.lr {r.optim.lr} must be > 0", "e.g. --set optim.lr=3e-4")
+
+
+# ------------------------------------------------------------- typing
+
+
+def build_section(cls, raw: dict, where: str):
+    if not isinstance(raw, dict):
+        raise PlmError(f"section '{where}' must be a mapping", f"write {where}: followed by key: value lines")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _reject_unknown(raw, list(fields), where)
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
+    return cls(**kwargs)
+
+
+def _coerce(value, tp, where: str):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], where)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(where, value, "true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise _type_error(where, value, "an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _type_error(where, value, "a number")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _type_error(where, value, "a string")
+    if tp is list or origin is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        raise _type_error(where, value, "a list, e.g. [0.9, 0.999]")
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise _type_error(where, value, "a mapping")
+    return value
+
+
+def _type_error(where, value, want) -> PlmError:
+    return PlmError(f"{where} = {value!r} is not {want}", f"e.g. --set {where}=<{want.split(',')[0]}>")
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings of a config dataclass (the string literal after each field)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+            docs[a.target.id] = str(b.value.value)
+    return docs

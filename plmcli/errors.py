@@ -1,0 +1,15 @@
+"""The one exception the CLI turns into a clean `error: ... — ...` line and exit code 2."""
+
+from __future__ import annotations
+
+
+class PlmError(Exception):
+    """A user-facing error: `message` says what is wrong, `hint` says how to fix it."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} — {self.hint}" if self.hint else self.message

@@ -1,0 +1,94 @@
+"""Shared Transformer pieces: attention through SDPA, the feed-forward, blocks with pre/post LN."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    # GPT-2's "gelu_new": the tanh approximation, as one fused kernel instead of HF's seven ops.
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention with a fused QKV projection; `causal` uses SDPA's built-in causal mask."""
+
+    def __init__(self, d_model: int, n_head: int, bias: bool = True, attn_dropout: float = 0.0, resid_dropout: float = 0.0):
+        super().__init__()
+        assert d_model % n_head == 0, "d_model must be divisible by n_head"
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.attn_dropout = attn_dropout
+        self.resid_dropout = nn.Dropout(resid_dropout)
+
+    def forward(self, x: torch.Tensor, causal: bool = False, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, D)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=causal and attn_mask is None,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+        )
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.fc = nn.Linear(d_model, d_ff, bias=bias)
+        self.proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.act = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(self.act(self.fc(x))))
+
+
+class Block(nn.Module):
+    """One Transformer layer. pre-LN (GPT-2): x + f(LN(x)); post-LN (GPT-1, BERT): LN(x + f(x))."""
+
+    def __init__(self, d_model, n_head, d_ff, activation="gelu", bias=True, dropout=0.0, attn_dropout=0.0,
+                 norm_position="pre", layer_norm_eps=1e-5):
+        super().__init__()
+        self.pre_norm = norm_position == "pre"
+        self.ln_1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.attn = MultiHeadAttention(d_model, n_head, bias, attn_dropout, dropout)
+        self.ln_2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.mlp = FeedForward(d_model, d_ff, activation, bias, dropout)
+
+    def forward(self, x, causal=False, attn_mask=None):
+        if self.pre_norm:
+            x = x + self.attn(self.ln_1(x), causal, attn_mask)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x + self.attn(x, causal, attn_mask))
+        return self.ln_2(x + self.mlp(x))
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """GPT/BERT init: N(0, std) for matrices and embeddings, zero biases, unit norms."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def scale_residual_init(blocks, std: float, n_layer: int) -> None:
+    """GPT-2: residual projections start at std/√(2L) so the residual stream's variance does not grow with depth."""
+    for b in blocks:
+        for lin in (b.attn.proj, b.mlp.proj):
+            nn.init.normal_(lin.weight, 0.0, std / math.sqrt(2 * n_layer))

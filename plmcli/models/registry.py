@@ -1,0 +1,21 @@
+"""Model families: one line each. A family's class carries its `Config` dataclass."""
+
+from __future__ import annotations
+
+from plmcli.registry_util import resolve
+
+FAMILIES: dict[str, str] = {
+    "gpt": "plmcli.models.gpt:GPT",
+}
+
+
+def model_class(family: str):
+    return resolve(FAMILIES, family, "model family")
+
+
+def model_config_class(family: str):
+    return model_class(family).Config
+
+
+def build_model(family: str, cfg):
+    return model_class(family)(cfg)

@@ -1,0 +1,47 @@
+"""What every objective provides to the one loop (see DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor
+    """Scalar to backpropagate (mean over this micro-batch's predicted tokens)."""
+    metrics: dict
+    """Detached tensors summed over the run: each is divided by `count` when logged."""
+    count: torch.Tensor
+    """How many predictions `loss` averages (the weight of this micro-batch in a mean)."""
+    state: Any = None
+    """Carried to the next micro-batch (RNN hidden state, Transformer-XL memory); None if stateless."""
+
+
+class Objective:
+    """Owns masking, collation and loss. Subclasses set `Config` and implement the methods below."""
+
+    Config: type
+
+    def __init__(self, cfg, tokenizer, special_ids: dict[str, int], seq_len: int):
+        self.cfg, self.tokenizer, self.special_ids, self.seq_len = cfg, tokenizer, special_ids, seq_len
+
+    def configure_model(self, model_cfg, vocab_size: int) -> None:
+        """Fill in model settings the data decides (vocab size) before the model is built."""
+
+    def check_model(self, model) -> None:
+        """Raise PlmError when the model cannot serve this objective."""
+
+    def stream(self, corpus_dir, split: str, batch_size: int, seed: int, rank: int, world: int, shuffle: bool):
+        raise NotImplementedError
+
+    def step(self, model, batch: dict, state=None) -> StepOutput:
+        raise NotImplementedError
+
+    def init_state(self):
+        return None
+
+    def tokens_in(self, batch: dict) -> int:
+        return int(batch["input_ids"].numel())

@@ -1,0 +1,71 @@
+"""Causal language modelling: predict token t+1 from tokens ≤ t (GPT, GPT-2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from plmcli.data.batching import BatchStream
+from plmcli.errors import PlmError
+from plmcli.objectives.base import Objective, StepOutput
+
+
+@dataclass
+class CLMConfig:
+    shift_windows: bool = True
+    """Each epoch starts its windows at a new random offset, so a model sees new token alignments
+    instead of the same chunks again."""
+
+
+class CausalLM(Objective):
+    Config = CLMConfig
+
+    def configure_model(self, model_cfg, vocab_size):
+        if getattr(model_cfg, "vocab_size", None) == 0:
+            model_cfg.vocab_size = vocab_size
+
+    def check_model(self, model):
+        if not getattr(model, "causal", False):
+            raise PlmError(f"{type(model).__name__} is not a causal LM", "use objective.name: clm with a causal family (gpt)")
+
+    def separator(self) -> int | None:
+        for role in ("eos", "sep", "bos"):
+            if role in self.special_ids:
+                return self.special_ids[role]
+        return None
+
+    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        from plmcli.data.corpus import token_stream
+
+        tokens = token_stream(corpus_dir, split, self.separator())
+        T = self.seq_len
+        # Windows of T+1 tokens (input + shifted target); reserving T-1 tokens of slack keeps the
+        # window count the same in every epoch whatever the epoch's offset.
+        n = (len(tokens) - T) // T if self.cfg.shift_windows and shuffle else (len(tokens) - 1) // T
+        if n < 1:
+            raise PlmError(
+                f"the {split} split has {len(tokens)} tokens, too few for one sequence of {T}+1",
+                "add text, lower train.seq_len, or lower data.val_fraction",
+            )
+        shift = self.cfg.shift_windows and shuffle
+
+        def fetch(epochs, indices):
+            rows = []
+            for e, i in zip(epochs, indices):
+                off = int(np.random.default_rng((seed, e, 7)).integers(T)) if shift else 0
+                start = off + i * T
+                rows.append(np.asarray(tokens[start : start + T + 1], dtype=np.int64))
+            x = torch.from_numpy(np.stack(rows))
+            return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+
+    def step(self, model, batch, state=None):
+        logits = model(batch["input_ids"])  # (B, T, V)
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        count = (labels != -100).sum()
+        return StepOutput(loss, {"loss": loss.detach() * count}, count)

@@ -1,0 +1,175 @@
+"""Optimizers: LAMB (You et al. 2019) and `build_optimizer`, which picks one and splits weight decay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from plmcli.errors import PlmError
+
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adam", "lamb", "sgd")
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB, Algorithm 2 of You et al. 2019, "Large Batch Optimization for Deep Learning".
+
+    Adam moments with bias correction give r = m̂ / (√v̂ + eps) + weight_decay·w; each parameter
+    tensor then moves by lr · trust · r, with trust = ‖w‖ / ‖r‖ (φ = identity) so that every layer
+    takes a step proportional to its own scale, whatever its gradient scale.
+
+    max_trust_ratio clamps the trust ratio from above, as NVIDIA's implementation does, so a layer
+    with a tiny update cannot take a huge step; None leaves it unclamped (the paper's φ = identity).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        bias_correction: bool = True,
+        max_trust_ratio: float | None = 10.0,
+    ):
+        if lr < 0.0:
+            raise ValueError(f"invalid learning rate: {lr}")
+        if eps < 0.0:
+            raise ValueError(f"invalid eps: {eps}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"invalid betas: {betas}")
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay: {weight_decay}")
+        if max_trust_ratio is not None and max_trust_ratio <= 0.0:
+            raise ValueError(f"invalid max_trust_ratio: {max_trust_ratio}")
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            max_trust_ratio=max_trust_ratio,
+        )
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lamb does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    # step lives on the CPU as a float tensor, like torch's own Adam, so that
+                    # Optimizer.load_state_dict leaves it where it is
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                params.append(p)
+                grads.append(p.grad)
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+            if params:
+                _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group)
+        return loss
+
+
+def _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group) -> None:
+    beta1, beta2 = group["betas"]
+    lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+    max_trust = group["max_trust_ratio"]
+
+    torch._foreach_add_(steps, 1.0)
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = β1·m + (1-β1)·g
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+
+    # Parameters in a group may have been added at different times, so each keeps its own step.
+    updates = []
+    for m, v, step in zip(exp_avgs, exp_avg_sqs, steps):
+        t = step.item()  # a CPU scalar: no device sync
+        bc1 = 1.0 - beta1**t if group["bias_correction"] else 1.0
+        bc2 = 1.0 - beta2**t if group["bias_correction"] else 1.0
+        denom = (v / bc2).sqrt_().add_(eps)
+        updates.append((m / bc1).div_(denom))
+    if weight_decay != 0.0:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+
+    w_norms = torch._foreach_norm(params)
+    r_norms = torch._foreach_norm(updates)
+    for p, r, w_norm, r_norm in zip(params, updates, w_norms, r_norms):
+        # Kept as tensors (torch.where, not `if`) so that CUDA never has to sync per tensor.
+        trust = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
+        if max_trust is not None:
+            trust = trust.clamp(max=max_trust)
+        p.addcmul_(r, trust.to(r.dtype), value=-lr)
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices (linear, embedding, conv kernels); never biases or norm gains (ndim < 2).
+
+    Decaying a bias or a LayerNorm/RMSNorm gain pulls it toward 0, which shrinks the signal instead
+    of regularising a mapping; this is the split BERT, GPT-2 and nanoGPT use.
+    """
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():  # named_parameters dedups tied weights
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    momentum: float = 0.0,
+    fused: bool | None = None,
+) -> torch.optim.Optimizer:
+    """The optimizer `name` (one of OPTIMIZERS) over model's trainable parameters.
+
+    Two groups: ndim ≥ 2 parameters get `weight_decay`, biases and norm gains get none.
+    `fused=None` picks torch's fused AdamW/Adam kernel when every parameter is on CUDA and the
+    multi-tensor (foreach) one otherwise.
+    """
+    key = name.lower().strip()
+    if key not in OPTIMIZERS:
+        raise PlmError(f"unknown optimizer {name!r}", f"use one of: {', '.join(OPTIMIZERS)}")
+    groups = _param_groups(model, weight_decay)
+    if not groups:
+        raise PlmError("the model has no trainable parameters", "unfreeze some before training")
+
+    params = [p for g in groups for p in g["params"]]
+    if fused is None:
+        fused = all(p.is_cuda for p in params)
+    # torch rejects fused=True together with foreach=True
+    kernel = {"fused": True} if fused else {"foreach": True}
+
+    try:
+        if key == "adamw":
+            return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **kernel)
+        if key == "adam":
+            # Adam's weight_decay is coupled L2 (added to the gradient); adamw decouples it.
+            return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=eps, **kernel)
+        if key == "lamb":
+            return Lamb(groups, lr=lr, betas=tuple(betas), eps=eps)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, foreach=True)
+    except (ValueError, RuntimeError) as e:
+        raise PlmError(f"cannot build optimizer {key!r}: {e}", "check the optim section of the recipe") from e
