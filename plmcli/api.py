@@ -14,6 +14,16 @@ from plmcli.errors import PlmError
 RUN_CONFIG = "config.json"
 
 
+def _quiet_datasets_off_terminal() -> None:
+    """datasets' progress bars help on a terminal and only clutter logs elsewhere."""
+    import sys
+
+    if not sys.stderr.isatty():
+        import datasets
+
+        datasets.disable_progress_bars()
+
+
 def default_corpus() -> str:
     """The small corpus shipped inside the package, so the first `plm pretrain` needs no data."""
     return str(resources.files("plmcli") / "corpus" / "shakespeare-sample.txt")
@@ -65,6 +75,7 @@ def tokenize(inputs: list[str], out: str, tokenizer: str = "bytelevel-bpe", voca
     from plmcli.config_sections import TokenizerConfig
     from plmcli.data.corpus import tokenize_corpus
 
+    _quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
     if tokenizer.endswith(".json"):
         base = replace(base, path=tokenizer)
@@ -98,6 +109,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     from plmcli.train import checkpoint as ckpt
     from plmcli.train.loop import train
 
+    _quiet_datasets_off_terminal()
     resume_from = None
     if resume:
         run_dir = Path(out) if out else ckpt.runs_root() / "latest"
@@ -106,6 +118,9 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         resume_from = ckpt.latest_checkpoint(run_dir)
         run_dir = run_dir.resolve()
         r = load_recipe(str(run_dir / "recipe.yaml"), overrides)
+        if not data:  # the same corpus as the interrupted run: its tokenized dir if still there, else its inputs
+            prev = json.loads((run_dir / RUN_CONFIG).read_text())
+            data = [prev["corpus"]] if (Path(prev["corpus"]) / "meta.json").is_file() else prev["inputs"]
     else:
         if not recipe:
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
@@ -148,7 +163,8 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             shutil.copyfile(corpus_dir / "tokenizer.json", run_dir / "tokenizer.json")
             ckpt.write_json(run_dir / RUN_CONFIG, {
                 "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
-                "tokenizer": meta["tokenizer"], "seq_len": t.seq_len, "corpus": str(corpus_dir),
+                "tokenizer": meta["tokenizer"], "seq_len": t.seq_len, "corpus": str(Path(corpus_dir).resolve()),
+                "inputs": [str(Path(i).resolve()) for i in inputs],
             })
         ckpt.point_latest(run_dir)
     state.wait_for_everyone()

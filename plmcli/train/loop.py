@@ -136,6 +136,9 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     loader = torch.utils.data.DataLoader(
         train_stream, batch_size=None, sampler=CountFrom(loop["micro_batches"]), num_workers=t.num_workers,
         pin_memory=accelerator.device.type == "cuda", persistent_workers=False,
+        # Its own generator: creating the iterator would otherwise draw from the global RNG after a
+        # resume restored it, shifting every later dropout mask.
+        generator=torch.Generator().manual_seed(t.seed),
     )
     batches = iter(loader)
     state = objective.init_state()

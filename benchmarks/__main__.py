@@ -1,0 +1,45 @@
+"""`python -m benchmarks NAME [options]`: one entry point for every benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module; a new benchmark is one module plus one line here.
+BENCHMARKS = {
+    "gpt-train-step": "benchmarks.gpt_train_step",
+    "nanogpt-char": "benchmarks.nanogpt_char",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Compare plm with its peers side by side; each run rewrites its own section of BENCHMARKS.md.",
+        epilog="example: python -m benchmarks gpt-train-step --repeats 5",
+    )
+    sub = parser.add_subparsers(dest="name", metavar="NAME", required=True)
+    for name, module_name in BENCHMARKS.items():
+        # Modules import torch lazily inside run(), so building the parser (and --help) stays fast.
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(p)
+        p.add_argument("--threads", type=int, default=2, help="torch CPU threads (torch.set_num_threads)")
+        p.add_argument("--no-write", action="store_true", help="print the results only; leave BENCHMARKS.md alone")
+        p.add_argument("--preliminary", action="store_true",
+                       help="mark the section as preliminary (e.g. measured on a busy machine)")
+        p.set_defaults(module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded verbatim in BENCHMARKS.md so a reader can re-run the same command
+    return args.module.run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Training-step throughput: plm's GPT against transformers' GPT2LMHeadModel built from the same config.
+
+Both sides do the whole optimizer step a training loop does (forward, loss, backward, clip, AdamW, zero_grad)
+on the same batch, with the same optimizer and thread count, each the way its users write it:
+plm as our CausalLM objective does (inputs and pre-shifted targets), transformers with `labels=input_ids`
+(it shifts internally).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from benchmarks import common
+
+NAME = "gpt-train-step"
+HELP = "training-step tokens/s of plm's GPT vs transformers' GPT2LMHeadModel (gpt-mini config)"
+
+# plm activation name -> transformers' name for the same function
+HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--recipe", default="gpt-mini", help="recipe whose model/optim sections set the config")
+    p.add_argument("--batch", type=int, help="sequences per step [default: the recipe's global batch]")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence [default: the recipe's seq_len]")
+    p.add_argument("--vocab", type=int, help="vocabulary size [default: the recipe's tokenizer vocab_size]")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per model, interleaved")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per repeat")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per model before the repeats")
+    p.add_argument("--seed", type=int, default=0, help="seeds the batch and both inits")
+    p.add_argument("--profile", action="store_true", help="also print each model's top ops by self CPU time")
+    p.add_argument("--profile-steps", type=int, default=5, help="steps to profile per model")
+    p.add_argument("--profile-rows", type=int, default=15, help="ops to print per profile")
+
+
+def hf_config(cfg, attn_implementation: str = "sdpa"):
+    """The GPT2Config that describes the same network as plm's GPTConfig `cfg`."""
+    from transformers import GPT2Config
+
+    # transformers' GPT-2 has one shape: biases everywhere, pre-LN, a final LN, tied embeddings.
+    if not (cfg.bias and cfg.norm_position == "pre" and cfg.final_norm and cfg.tie_embeddings):
+        raise SystemExit("gpt-train-step: this recipe is not a GPT-2 shape transformers can build "
+                         "(needs bias, pre-LN, final LN, tied embeddings); pick a gpt2/gpt-mini recipe")
+    hf = GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.max_positions, n_embd=cfg.d_model, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, n_inner=cfg.d_ff or None, activation_function=HF_ACTIVATION[cfg.activation],
+        resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.attn_dropout,
+        layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std, tie_word_embeddings=True,
+    )
+    hf._attn_implementation = attn_implementation
+    return hf
+
+
+def build(args):
+    """(recipe, {name: (model, loss_fn, optimizer)}, batch shape) with both models ready to train."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import GPT2LMHeadModel
+
+    from plmcli.config import load_recipe
+    from plmcli.models.gpt import GPT
+    from plmcli.train.optim import build_optimizer
+
+    recipe = load_recipe(args.recipe)
+    B = args.batch or recipe.train.global_batch_size
+    T = args.seq_len or recipe.train.seq_len
+    V = args.vocab or recipe.tokenizer.vocab_size
+    cfg = replace(recipe.model, vocab_size=V, max_positions=max(recipe.model.max_positions, T))
+    o = recipe.optim
+
+    torch.manual_seed(args.seed)
+    ids = torch.randint(0, V, (B, T + 1))
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) inputs and next-token targets
+
+    torch.manual_seed(args.seed)
+    plm = GPT(cfg).train()
+    torch.manual_seed(args.seed)
+    hf = GPT2LMHeadModel(hf_config(cfg)).train()
+    n_plm, n_hf = (sum(p.numel() for p in m.parameters()) for m in (plm, hf))
+    if n_plm != n_hf:
+        raise SystemExit(f"gpt-train-step: the models differ ({n_plm:,} vs {n_hf:,} parameters); the config mapping is wrong")
+
+    def plm_loss():
+        # exactly plmcli.objectives.clm.CausalLM.step on a fp32 model
+        return F.cross_entropy(plm(x).flatten(0, 1), y.flatten())
+
+    def hf_loss():
+        return hf(input_ids=x, labels=x).loss
+
+    def opt(m):
+        return build_optimizer(m, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps)
+
+    sides = {"plm": (plm, plm_loss, opt(plm)), "transformers": (hf, hf_loss, opt(hf))}
+    return recipe, sides, (B, T, V), n_plm
+
+
+def train_step(model, loss_fn, optimizer, clip: float = 1.0):
+    import torch
+
+    loss = loss_fn()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def profile(name, model, loss_fn, optimizer, steps: int, rows: int) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            train_step(model, loss_fn, optimizer)
+    print(f"\n=== {name}: top {rows} ops by self CPU time over {steps} steps ===")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def run(args) -> int:
+    common.set_threads(args.threads)
+    info = common.machine_info()
+    recipe, sides, (B, T, V), n_params = build(args)
+    tokens = B * T
+    print(f"{common.machine_line(info)}\n{recipe.name}: {n_params:,} parameters, batch {B} x {T} tokens, vocab {V}")
+
+    def runner(model, loss_fn, optimizer):
+        def once() -> float:  # tokens/s over args.steps steps
+            return args.steps * tokens / common.timed(lambda: train_step(model, loss_fn, optimizer), args.steps)
+        return once
+
+    # warmup=1 runs args.warmup steps: the first steps allocate, pick kernels and create optimizer state.
+    warm = {name: (lambda s=s: [train_step(*s) for _ in range(args.warmup)]) for name, s in sides.items()}
+    for name, fn in warm.items():
+        fn()
+    samples = common.interleave({name: runner(*s) for name, s in sides.items()}, args.repeats, warmup=0)
+
+    if args.profile:
+        for name, s in sides.items():
+            profile(name, *s, steps=args.profile_steps, rows=args.profile_rows)
+
+    stats = {name: common.summary(v) for name, v in samples.items()}
+    ratio = stats["plm"]["median"] / stats["transformers"]["median"]
+    rows = [[name, f"{s['median']:,.0f}", f"{s['min']:,.0f}–{s['max']:,.0f}",
+             f"{1000 * tokens / s['median']:.1f}", f"{100 * s['spread']:.0f}%"] for name, s in stats.items()]
+    rows.append([f"**plm / transformers**", f"**{ratio:.2f}×**", "", "", ""])
+    table = common.markdown_table(
+        ["model", "tokens/s (median)", "tokens/s (min–max)", "ms/step (median)", "spread"], rows)
+    m = recipe.model
+    text = f"""
+One full training step of `{recipe.name}`'s GPT-2 ({m.n_layer} layers, {m.n_head} heads, d_model {m.d_model},
+vocab {V}, {n_params:,} parameters) on a batch of {B} × {T} random token ids, in train mode (dropout
+{m.dropout}/{m.attn_dropout}): forward, loss, backward, `clip_grad_norm_(1.0)`, {recipe.optim.name} step
+(torch foreach kernel, lr {recipe.optim.lr}, weight decay {recipe.optim.weight_decay} on ≥2-D parameters, via
+`plmcli.train.optim.build_optimizer` for both), `zero_grad(set_to_none=True)`.
+
+- **plm**: `plmcli.models.gpt.GPT`, loss `F.cross_entropy(model(x).flatten(0, 1), y.flatten())` on inputs
+  and pre-shifted targets, as the `clm` objective computes it.
+- **transformers**: `GPT2LMHeadModel` from the same config (`activation_function="gelu_new"`, same dropouts,
+  `attn_implementation="sdpa"`), loss `model(input_ids=x, labels=x).loss` (shifted inside).
+
+Tokens/s = {B} × {T} / step time. {args.warmup} untimed steps each, then {args.repeats} repeats of
+{args.steps} steps, alternating plm, transformers, plm, ... Spread = (max − min) / median. Goal: plm ≥ 1.2×.
+"""
+    common.publish(NAME, common.section_body("GPT-2 training step: plm vs transformers", args, text, table, info), args)
+    return 0
