@@ -13,6 +13,18 @@ BENCHMARKS = {
 }
 
 
+class _Help(argparse.HelpFormatter):
+    """Shows a default only where it says something: None, False and [] mean 'see the help text'."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        silent = d is None or d is False or d == [] or d == argparse.SUPPRESS
+        if not silent and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -24,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         # Modules import torch lazily inside run(), so building the parser (and --help) stays fast.
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=_Help)
         module.add_arguments(p)
         p.add_argument("--threads", type=int, default=2, help="torch CPU threads (torch.set_num_threads)")
         p.add_argument("--no-write", action="store_true", help="print the results only; leave BENCHMARKS.md alone")

@@ -66,7 +66,7 @@ def show_recipe(name: str, overrides: list[str] | None = None) -> str:
 # ---------------------------------------------------------------- tokenize
 
 
-def tokenize(inputs: list[str], out: str, tokenizer: str = "bytelevel-bpe", vocab_size: int | None = None,
+def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_size: int | None = None,
              min_frequency: int | None = None, lowercase: bool | None = None, special_tokens: dict | None = None,
              recipe: str | None = None, doc_per_line: bool = False, val_fraction: float = 0.05, num_proc: int = 1,
              force: bool = False) -> dict:
@@ -77,9 +77,9 @@ def tokenize(inputs: list[str], out: str, tokenizer: str = "bytelevel-bpe", voca
 
     _quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
-    if tokenizer.endswith(".json"):
+    if tokenizer and tokenizer.endswith(".json"):
         base = replace(base, path=tokenizer)
-    else:
+    elif tokenizer:
         base = replace(base, kind=tokenizer, path=None)
     changes = {k: v for k, v in dict(vocab_size=vocab_size, min_frequency=min_frequency, lowercase=lowercase,
                                      special_tokens=special_tokens).items() if v is not None}
@@ -220,10 +220,13 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     from plmcli.data.corpus import iter_text_lines
     from plmcli.eval.perplexity import report, sequence_nll
 
-    net, tok, cfg = load_run(model)
-    if not getattr(net, "causal", False):
-        raise PlmError(f"run {model or 'runs/latest'} ({cfg['family']}) is not a causal LM, so it has no left-to-right perplexity",
+    from plmcli.models.registry import model_class
+
+    family = json.loads((resolve_run(model) / RUN_CONFIG).read_text())["family"]
+    if not getattr(model_class(family), "causal", False):
+        raise PlmError(f"run {model or 'runs/latest'} ({family}) is not a causal LM, so it has no left-to-right perplexity",
                        "evaluate a causal run (gpt recipes) instead")
+    net, tok, cfg = load_run(model)
     positions = net.max_positions
     L = max_length or positions
     if not 1 <= L <= positions:

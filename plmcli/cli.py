@@ -130,7 +130,7 @@ def recipes_show(
 def tokenize(
     inputs: List[str] = typer.Argument(..., help="Text files, directories of them, .gz files, or - for stdin."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (tokenizer.json, dataset/, meta.json)."),
-    tokenizer: str = typer.Option("bytelevel-bpe", help="wordpiece | bpe | bytelevel-bpe | unigram | char | word, or a tokenizer.json to load."),
+    tokenizer: Optional[str] = typer.Option(None, help="wordpiece | bpe | bytelevel-bpe | unigram | char | word, or a tokenizer.json to load (default: the recipe's, else bytelevel-bpe)."),
     vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size to train (default 8192, or the recipe's)."),
     min_frequency: Optional[int] = typer.Option(None, help="Minimum count of a piece to enter the vocabulary."),
     lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Lower-case the text first."),

@@ -25,3 +25,29 @@ def tiny_corpus(path: Path, n_docs: int = 30) -> Path:
 def tiny_recipe(path: Path) -> Path:
     path.write_text(TINY_RECIPE, encoding="utf-8")
     return path
+
+
+# A stand-in encoder family for CLI checks that need a run that is not a causal LM.
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+
+@dataclass
+class ToyEncoderConfig:
+    vocab_size: int = 0
+    max_positions: int = 32
+    d_model: int = 8
+
+
+class ToyEncoder(torch.nn.Module):
+    Config = ToyEncoderConfig
+    causal = False
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.emb = torch.nn.Embedding(max(cfg.vocab_size, 1), cfg.d_model)
+
+    def forward(self, input_ids):
+        return self.emb(input_ids)

@@ -1,0 +1,146 @@
+"""The command line through Typer's CliRunner (in process) and a real subprocess."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import save_model
+from typer.testing import CliRunner
+
+from helpers import ToyEncoder, ToyEncoderConfig, tiny_corpus, tiny_recipe
+from plmcli.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_clean_error(res, *needles):
+    """Exit 2, exactly one line on stderr starting `error:`, no traceback."""
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.fixture
+def files(tmp_path):
+    return tiny_recipe(tmp_path / "tiny.yaml"), tiny_corpus(tmp_path / "corpus.txt")
+
+
+def test_help_has_examples():
+    for cmd in ([], ["tokenize"], ["pretrain"], ["eval-ppl"], ["recipes", "show"]):
+        res = run(*cmd, "--help")
+        assert res.exit_code == 0
+        assert "Example" in res.output or "Start with" in res.output, cmd
+
+
+def test_recipes_list_and_show():
+    res = run("recipes", "--json")
+    rows = {r["name"]: r for r in json.loads(res.output)}
+    assert rows["gpt2-small"]["params"] == pytest.approx(124.4e6, rel=0.01)
+    assert rows["gpt-char-shakespeare"]["family"] == "gpt"
+    res = run("recipes", "show", "gpt2-small", "--set", "train.max_steps=5")
+    assert res.exit_code == 0 and "max_steps: 5" in res.output and "family: gpt" in res.output
+
+
+def test_tokenize_pretrain_eval_roundtrip(files, tmp_path):
+    recipe, corpus = files
+    res = run("tokenize", corpus, "--out", tmp_path / "tok", "--recipe", recipe, "--val-fraction", "0.2", "--json")
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.output)
+    assert meta["counts"]["validation"]["documents"] == 6 and meta["tokenizer"]["kind"] == "char"
+    res = run("pretrain", "--recipe", recipe, "--data", tmp_path / "tok", "--out", tmp_path / "run", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["steps"] == 6 and summary["val_loss"] > 0
+    # A text far longer than the model's 32 positions is windowed.
+    long_text = tmp_path / "long.txt"
+    long_text.write_text(corpus.read_text() * 3)
+    res = run("eval-ppl", long_text, "--model", tmp_path / "run", "--json", "--max-length", "32", "--stride", "16")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["tokens"] == len(long_text.read_text()) and 1 < out["ppl"] < 60
+    assert {"ppl", "nll", "tokens", "bpb", "words", "word_ppl", "stride", "max_length"} <= set(out)
+    # runs/latest is the default model
+    res = run("eval-ppl", long_text, "--json", "--max-length", "32", "--stride", "16")
+    assert res.exit_code == 0 and json.loads(res.stdout)["ppl"] == pytest.approx(out["ppl"], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "binary", "latin1", "blank-gz"])
+def test_bad_corpus(kind, tmp_path):
+    p = tmp_path / "in.txt"
+    if kind == "empty":
+        p.write_text("")
+    elif kind == "binary":
+        p.write_bytes(b"\x7fELF\x00\x01\x02" * 100)
+    elif kind == "latin1":
+        p.write_bytes("fine line\ncaf\xe9 au lait\n".encode("latin-1"))
+    elif kind == "blank-gz":
+        p = tmp_path / "in.txt.gz"
+        p.write_bytes(gzip.compress(b"\n\n  \n"))
+    res = run("tokenize", p, "--out", tmp_path / "out", "--tokenizer", "char")
+    needle = {"missing": "not found", "empty": "no text", "binary": "binary", "latin1": "line 2", "blank-gz": "no text"}[kind]
+    assert_clean_error(res, needle)
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_bad_recipe_inputs(files, tmp_path):
+    recipe, corpus = files
+    assert_clean_error(run("pretrain", "--recipe", "gpt-mni"), "unknown recipe", "gpt-mini")
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--set", "optim.lrr=1"), "unknown key 'lrr'", "did you mean 'lr'")
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--set", "train.max_steps=abc"), "not an integer")
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--set", "max_steps"), "section.key=value")
+    assert_clean_error(run("pretrain", "--resume", "--out", tmp_path / "nope"), "not a run directory")
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--data", corpus, "--out", tmp_path / "r",
+                           "--set", "model.vocab_size=10"), "tokenizer has", "model.vocab_size")
+    assert not (tmp_path / "r").exists()
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--data", corpus, "--set", "train.seq_len=64"), "max_positions")
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--data", corpus, "--time-budget", "soon"), "duration")
+
+
+def test_eval_ppl_on_an_encoder_run(tmp_path, monkeypatch):
+    from plmcli.models import registry
+
+    monkeypatch.setitem(registry.FAMILIES, "toyenc", "helpers:ToyEncoder")
+    run_dir = tmp_path / "enc"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"family": "toyenc", "model": {"vocab_size": 5}, "tokenizer": {}}))
+    save_model(ToyEncoder(ToyEncoderConfig(vocab_size=5)), str(run_dir / "model.safetensors"))
+    (run_dir / "tokenizer.json").write_text("{}")
+    text = tmp_path / "t.txt"
+    text.write_text("hello\n")
+    assert_clean_error(run("eval-ppl", text, "--model", run_dir), "not a causal LM")
+
+
+def test_eval_ppl_without_runs(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello\n")
+    assert_clean_error(run("eval-ppl", text), "runs/latest")
+
+
+def test_debug_shows_traceback():
+    res = run("--debug", "pretrain", "--recipe", "gpt-mni")
+    assert res.exit_code != 0 and res.exception is not None and type(res.exception).__name__ == "PlmError"
+
+
+def test_real_subprocess(files, tmp_path):
+    recipe, corpus = files
+    env = {**os.environ, "PLM_RUNS": str(tmp_path / "runs")}
+    cmd = [sys.executable, "-m", "plmcli"]
+    p = subprocess.run(cmd + ["pretrain", "--recipe", str(recipe), "--data", str(corpus), "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(cmd + ["eval-ppl", str(corpus), "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["tokens"] > 100
+    p = subprocess.run(cmd + ["pretrain", "--recipe", "nope"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and p.stderr.startswith("error: unknown recipe 'nope'") and "Traceback" not in p.stderr
