@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 FORMAT = "plm-tokenized"
-VERSION = 1
+VERSION = 2  # 2: word_starts column
 STDIN = "-"
 _PROBE_BYTES = 8192  # how much of each file is checked for NUL bytes (as git and grep do)
 
@@ -216,16 +216,22 @@ def _encode(batch: dict, tok) -> dict:
         lines.extend(doc_lines)
         per_doc.append(len(doc_lines))
     encodings = iter(tok.encode_batch_fast(lines, add_special_tokens=False))
-    ids_out, starts_out = [], []
+    ids_out, starts_out, words_out = [], [], []
     for n in per_doc:
         ids: list[int] = []
         starts = []
+        word_starts: list[bool] = []
         for _ in range(n):
+            enc = next(encodings)
             starts.append(len(ids))
-            ids.extend(next(encodings).ids)
+            ids.extend(enc.ids)
+            # The pre-tokenizer's words, for whole-word masking with any tokenizer (no "##" assumption).
+            w = enc.word_ids
+            word_starts.extend(i == 0 or w[i] != w[i - 1] for i in range(len(w)))
         ids_out.append(ids)
         starts_out.append(starts)
-    return {"input_ids": ids_out, "sentence_starts": starts_out,
+        words_out.append(word_starts)
+    return {"input_ids": ids_out, "sentence_starts": starts_out, "word_starts": words_out,
             "num_bytes": [len(doc.encode("utf-8")) for doc in batch["text"]]}
 
 
@@ -283,7 +289,7 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
     if num_proc > 1:  # forked workers would otherwise warn that rayon parallelism was already used
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     features = Features({"input_ids": Sequence(Value("int32")), "sentence_starts": Sequence(Value("int32")),
-                         "num_bytes": Value("int64")})
+                         "word_starts": Sequence(Value("bool")), "num_bytes": Value("int64")})
     encoded = raw.map(_encode, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
                       remove_columns=["text"], features=features, fn_kwargs={"tok": tok},
                       new_fingerprint=f"enc-{key[:32]}", desc="tokenizing")

@@ -108,7 +108,8 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     micro, accum = batch_sizes(t.global_batch_size, t.micro_batch_size, world)
 
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
-    scheduler = build_scheduler(optimizer, o.schedule, o.warmup_steps, t.max_steps, o.min_lr_ratio, o.power)
+    # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
+    scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio, o.power)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
     accelerator.register_for_checkpointing(scheduler)

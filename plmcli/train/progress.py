@@ -43,11 +43,10 @@ class TrainProgress:
         if not self.enabled:
             return
         self.row = row or self.row
-        text = _fmt(self.row, ev)
         if self.live:
-            self.progress.update(self.task, completed=step, info=text)
-        elif row is not None or ev:
-            self.console.print(f"step {step}  {text}", highlight=False)
+            self.progress.update(self.task, completed=step, info=_fmt(self.row, ev))
+        else:  # a log file gets each training row once, and each evaluation once
+            self.console.print(f"step {step}  {_fmt(row, ev if row is None else {})}", highlight=False)
 
     def close(self) -> None:
         if self.progress is not None:
