@@ -97,26 +97,29 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
              overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
              time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
              console=None) -> dict:
-    """Train a model from a recipe; returns the run summary (also written to RUN/summary.json)."""
+    """Train a model from a recipe; returns the run summary (also written to RUN/summary.json).
+
+    A recipe with `phases` trains them in order (RUN/phases/<name>/ each), every phase continuing the
+    previous one's weights with a fresh optimizer and schedule.
+    """
     import torch
     from accelerate import PartialState
 
     from plmcli.config import load_recipe
-    from plmcli.data.corpus import prepare_corpus
+    from plmcli.data.corpus import default_cache_dir, prepare_corpus
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.models.registry import build_model
-    from plmcli.objectives.registry import objective_class
     from plmcli.train import checkpoint as ckpt
-    from plmcli.train.loop import train
 
     _quiet_datasets_off_terminal()
-    resume_from = None
     if resume:
         run_dir = Path(out) if out else ckpt.runs_root() / "latest"
         if not (run_dir / "recipe.yaml").is_file():
             raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN_DIR of the run to continue")
-        resume_from = ckpt.latest_checkpoint(run_dir)
         run_dir = run_dir.resolve()
+        if not list(run_dir.glob("checkpoints/step-*")) + list(run_dir.glob("phases/*/checkpoints/step-*")) \
+                + list(run_dir.glob("phases/*/summary.json")):
+            ckpt.latest_checkpoint(run_dir)  # raises the clear "no checkpoint" error
         r = load_recipe(str(run_dir / "recipe.yaml"), overrides)
         if not data:  # the same corpus as the interrupted run: its tokenized dir if still there, else its inputs
             prev = json.loads((run_dir / RUN_CONFIG).read_text())
@@ -126,10 +129,11 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
         r = load_recipe(recipe, overrides)
         run_dir = Path(out) if out else ckpt.runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    t = r.train
-    t.max_steps = max_steps or t.max_steps
-    t.max_tokens = max_tokens if max_tokens is not None else t.max_tokens
-    t.time_budget = time_budget if time_budget is not None else t.time_budget
+    names = [ph["name"] for ph in r.phases] or [None]
+    stages = [r.phase(i) for i in range(len(r.phases))] or [r]
+    for st in stages:
+        st.train.max_steps = max_steps or st.train.max_steps
+        st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
 
     inputs = list(data) if data else ([r.data.path] if r.data.path else [default_corpus()])
     state = PartialState()
@@ -137,21 +141,13 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         corpus_dir = prepare_corpus(inputs, r.tokenizer, r.data)
     meta = json.loads((corpus_dir / "meta.json").read_text())
     tok = load_tokenizer(corpus_dir / "tokenizer.json")
-    vocab = tok.get_vocab_size()
-
-    obj = objective_class(r.objective_name)(r.objective, tok, meta["tokenizer"]["special_token_ids"], t.seq_len)
-    obj.configure_model(r.model, vocab)
-    model_vocab = getattr(r.model, "vocab_size", vocab)
-    if model_vocab < vocab:
-        raise PlmError(f"the tokenizer has {vocab} tokens but model.vocab_size is {model_vocab}",
-                       f"--set model.vocab_size={vocab} (or 0 to follow the tokenizer), or use a smaller tokenizer")
-    max_pos = getattr(r.model, "max_positions", None)
-    if max_pos and t.seq_len > max_pos:
-        raise PlmError(f"train.seq_len {t.seq_len} exceeds the model's max_positions {max_pos}",
-                       f"--set train.seq_len={max_pos} (longer texts are chunked into sequences of seq_len)")
-    torch.manual_seed(t.seed)
+    special_ids = meta["tokenizer"]["special_token_ids"]
+    objectives = [_objective(st, tok, special_ids) for st in stages]
+    objectives[0].configure_model(r.model, tok.get_vocab_size())
+    _check_sizes(r, stages, tok.get_vocab_size())
+    torch.manual_seed(r.train.seed)
     model = build_model(r.family, r.model)
-    obj.check_model(model)
+    objectives[0].check_model(model)
 
     if state.is_main_process:
         if not resume:
@@ -163,16 +159,69 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             shutil.copyfile(corpus_dir / "tokenizer.json", run_dir / "tokenizer.json")
             ckpt.write_json(run_dir / RUN_CONFIG, {
                 "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
-                "tokenizer": meta["tokenizer"], "seq_len": t.seq_len, "corpus": str(Path(corpus_dir).resolve()),
+                "tokenizer": meta["tokenizer"], "seq_len": r.train.seq_len, "corpus": str(Path(corpus_dir).resolve()),
                 "inputs": [str(Path(i).resolve()) for i in inputs],
             })
         ckpt.point_latest(run_dir)
     state.wait_for_everyone()
-    summary = train(r, model, obj, corpus_dir, run_dir, resume_from=resume_from, stop_after=stop_after, console=console)
+
+    summary: dict = {}
+    started = time.monotonic()
+    for name, st, obj in zip(names, stages, objectives):
+        sub = run_dir if name is None else run_dir / "phases" / name
+        if name is not None and (sub / "summary.json").is_file():  # finished before an interruption
+            _load_weights(model, sub)
+            continue
+        sub.mkdir(parents=True, exist_ok=True)
+        resume_from = ckpt.list_checkpoints(sub)[-1:] if resume else []
+        if time_budget is not None:
+            st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
+        with state.main_process_first():
+            data_dir = obj.prepare(corpus_dir, default_cache_dir())
+        summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
+                             stop_after=stop_after, console=console)
+        if summary["stop_reason"] not in ("max_steps", "max_tokens"):
+            break  # stopped early: the next --resume continues this phase
+        if name is not None and state.is_main_process:
+            ckpt.write_json(sub / "summary.json", summary)
     summary["run_dir"] = str(run_dir)
     if state.is_main_process:
+        if names[0] is not None:
+            shutil.copyfile(sub / "model.safetensors", run_dir / ".model.safetensors.tmp")
+            Path(run_dir / ".model.safetensors.tmp").replace(run_dir / "model.safetensors")
         ckpt.write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def loop_train(*args, **kwargs):
+    from plmcli.train.loop import train
+
+    return train(*args, **kwargs)
+
+
+def _objective(recipe, tok, special_ids):
+    from plmcli.objectives.registry import objective_class
+
+    return objective_class(recipe.objective_name)(recipe.objective, tok, special_ids, recipe.train.seq_len)
+
+
+def _check_sizes(r, stages, vocab: int) -> None:
+    """The tokenizer must fit the model's vocabulary and every phase's sequences its positions."""
+    model_vocab = getattr(r.model, "vocab_size", vocab)
+    if model_vocab < vocab:
+        raise PlmError(f"the tokenizer has {vocab} tokens but model.vocab_size is {model_vocab}",
+                       f"--set model.vocab_size={vocab} (or 0 to follow the tokenizer), or use a smaller tokenizer")
+    max_pos = getattr(r.model, "max_positions", None)
+    for st in stages:
+        if max_pos and st.train.seq_len > max_pos:
+            raise PlmError(f"train.seq_len {st.train.seq_len} exceeds the model's max_positions {max_pos}",
+                           f"--set train.seq_len={max_pos} (longer texts are chunked into sequences of seq_len)")
+
+
+def _load_weights(model, run_dir: Path) -> None:
+    from safetensors.torch import load_model
+
+    load_model(model, str(Path(run_dir) / "model.safetensors"))
 
 
 # ---------------------------------------------------------------- runs

@@ -83,7 +83,8 @@ class OptimConfig:
 
 
 SECTIONS = ("model", "tokenizer", "data", "objective", "train", "optim")
-TOP_KEYS = ("name", "description", "extends") + SECTIONS
+TOP_KEYS = ("name", "description", "extends", "phases") + SECTIONS
+PHASE_KEYS = ("name", "max_steps", "set")
 
 
 @dataclass
@@ -98,11 +99,26 @@ class Recipe:
     objective: Any
     train: TrainConfig
     optim: OptimConfig
+    phases: list = field(default_factory=list)
+    """Training phases run in order, each continuing the previous weights with a fresh optimizer and
+    schedule (BERT's seq-128 then seq-512): dicts {name, max_steps, set: {section.key: value}}."""
+    raw: dict = field(default_factory=dict, repr=False)
+    cli: dict = field(default_factory=dict, repr=False)
+
+    def phase(self, i: int) -> "Recipe":
+        """The recipe of phase i: the base with that phase's overrides and max_steps."""
+        ph = self.phases[i]
+        over = parse_overrides([f"{k}={_yaml_scalar(v)}" for k, v in (ph.get("set") or {}).items()])
+        over = _merge(over, {"train": {"max_steps": ph["max_steps"]}})
+        base = {k: v for k, v in self.raw.items() if k != "phases"}
+        # --set beats the phase's own settings, so a smoke test can shrink every phase at once.
+        return _from_raw(_merge(_merge(base, over), self.cli))
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "description": self.description,
+            **({"phases": self.phases} if self.phases else {}),
             **{s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS},
         } | {
             "model": {"family": self.family, **dataclasses.asdict(self.model)},
@@ -193,13 +209,39 @@ def parse_overrides(items: list[str] | None) -> dict:
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | dict | None = None) -> Recipe:
-    from plmcli.models.registry import model_config_class
-    from plmcli.objectives.registry import objective_config_class
-
     raw = _read_raw(name_or_path)
     over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     _reject_unknown(over, SECTIONS + ("name", "description"), "--set")
-    raw = _merge(raw, over)
+    recipe = _from_raw(_merge(raw, over))
+    recipe.raw, recipe.cli = raw, over
+    for i in range(len(recipe.phases)):  # every phase must resolve now, not hours into a run
+        recipe.phase(i)
+    return recipe
+
+
+def _yaml_scalar(v) -> str:
+    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def _check_phases(phases, label) -> list:
+    if not isinstance(phases, list) or not phases:
+        raise PlmError(f"recipe {label}: phases must be a non-empty list", "write phases: [{name: p1, max_steps: N, set: {...}}, ...]")
+    for i, ph in enumerate(phases):
+        if not isinstance(ph, dict):
+            raise PlmError(f"recipe {label}: phase {i + 1} is not a mapping", "write {name: ..., max_steps: N, set: {...}}")
+        _reject_unknown(ph, PHASE_KEYS, f"phase {i + 1}")
+        if not isinstance(ph.get("max_steps"), int) or ph["max_steps"] < 1:
+            raise PlmError(f"recipe {label}: phase {i + 1} needs max_steps ≥ 1", "add max_steps: N to the phase")
+        ph.setdefault("name", f"phase{i + 1}")
+        if not isinstance(ph.get("set") or {}, dict):
+            raise PlmError(f"recipe {label}: phase {ph['name']} set must map section.key to values", "e.g. set: {train.seq_len: 512}")
+    return phases
+
+
+def _from_raw(raw: dict) -> Recipe:
+    from plmcli.models.registry import model_config_class
+    from plmcli.objectives.registry import objective_config_class
+
     model_raw = dict(raw.get("model") or {})
     family = model_raw.pop("family", None)
     if not family:
@@ -221,6 +263,8 @@ def load_recipe(name_or_path: str, overrides: list[str] | dict | None = None) ->
         objective=obj_cfg,
         train=build_section(TrainConfig, raw.get("train") or {}, "train"),
         optim=build_section(OptimConfig, raw.get("optim") or {}, "optim"),
+        phases=_check_phases(raw["phases"], raw["name"]) if raw.get("phases") is not None else [],
+        raw=raw,
     )
     _check_recipe(recipe)
     return recipe

@@ -66,3 +66,24 @@ def test_yaml_round_trip(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text(r.to_yaml())
     assert load_recipe(str(p)).to_dict() == r.to_dict()
+
+
+def test_phases_resolve_in_order(tmp_path):
+    p = tmp_path / "ph.yaml"
+    p.write_text("extends: gpt-mini\nphases:\n  - {name: short, max_steps: 5, set: {train.seq_len: 64, optim.lr: 1.0e-3}}\n"
+                 "  - {name: long, max_steps: 2, set: {train.seq_len: 128}}\n")
+    r = load_recipe(str(p), ["optim.warmup_steps=1"])
+    a, b = r.phase(0), r.phase(1)
+    assert (a.train.seq_len, a.train.max_steps, a.optim.lr, a.optim.warmup_steps) == (64, 5, 1e-3, 1)
+    assert (b.train.seq_len, b.train.max_steps, b.optim.warmup_steps) == (128, 2, 1)
+    assert b.optim.lr == r.optim.lr
+
+
+def test_bad_phase_rejected(tmp_path):
+    p = tmp_path / "ph.yaml"
+    p.write_text("extends: gpt-mini\nphases:\n  - {name: a, max_steps: 5, set: {train.seq_lenn: 64}}\n")
+    with pytest.raises(PlmError, match="unknown key 'seq_lenn'"):
+        load_recipe(str(p))
+    p.write_text("extends: gpt-mini\nphases:\n  - {name: a, set: {}}\n")
+    with pytest.raises(PlmError, match="max_steps"):
+        load_recipe(str(p))

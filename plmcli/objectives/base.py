@@ -24,12 +24,19 @@ class Objective:
     """Owns masking, collation and loss. Subclasses set `Config` and implement the methods below."""
 
     Config: type
+    ppl_metric = "loss"
+    """The metric whose exponential is reported as perplexity (MLM with NSP: the MLM part only)."""
 
     def __init__(self, cfg, tokenizer, special_ids: dict[str, int], seq_len: int):
         self.cfg, self.tokenizer, self.special_ids, self.seq_len = cfg, tokenizer, special_ids, seq_len
 
     def configure_model(self, model_cfg, vocab_size: int) -> None:
         """Fill in model settings the data decides (vocab size) before the model is built."""
+
+    def prepare(self, corpus_dir, cache_root):
+        """Turn a tokenized corpus into this objective's training data (e.g. static masked instances);
+        returns the directory `stream` reads. Runs on the main process first, cached."""
+        return corpus_dir
 
     def check_model(self, model) -> None:
         """Raise PlmError when the model cannot serve this objective."""

@@ -69,7 +69,17 @@ def _to(batch, device):
 
 
 def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
-    """Token-weighted mean of the objective's metrics over the validation stream."""
+    """Token-weighted mean of the objective's metrics over the validation stream.
+
+    An objective with its own `evaluate(accelerator, model, stream, max_batches)` (task metrics that
+    need all predictions, such as MCC or F1) is asked instead.
+    """
+    if hasattr(objective, "evaluate"):
+        model.eval()
+        try:
+            return objective.evaluate(accelerator, model, stream, max_batches)
+        finally:
+            model.train()
     model.eval()
     sums: dict = {}
     count = torch.zeros((), device=accelerator.device)
@@ -93,14 +103,19 @@ def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
         return {}
     vec = accelerator.reduce(torch.stack([sums[k] for k in keys] + [count]), reduction="sum")
     res = {f"val_{k}": (vec[i] / vec[-1]).item() for i, k in enumerate(keys)}
-    if "val_loss" in res:
-        res["val_ppl"] = math.exp(min(res["val_loss"], 50.0))
+    key = f"val_{getattr(objective, 'ppl_metric', 'loss')}"
+    if key in res:
+        res["val_ppl"] = math.exp(min(res[key], 50.0))
     return res
 
 
 def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: Path | None = None,
-          stop_after: int | None = None, console=None) -> dict:
-    """Train `model` with `objective` on `corpus_dir` as the recipe says; returns the summary."""
+          stop_after: int | None = None, console=None, select_metric: str | None = None) -> dict:
+    """Train `model` with `objective` on `corpus_dir` as the recipe says; returns the summary.
+
+    With `select_metric` (a key of the evaluation results, higher is better) model.safetensors holds
+    the best evaluated weights instead of the last ones, and the summary reports that evaluation.
+    """
     t, o = recipe.train, recipe.optim
     run_dir = Path(run_dir)
     accelerator = make_accelerator(t.mixed_precision)
@@ -162,6 +177,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main)
     window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
     last_eval, last_saved, reason = {}, -1, stop_reason()
+    best = loop.get("best") or {}
     model.train()
     start = time.perf_counter() - loop["elapsed"]
     try:
@@ -198,6 +214,11 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                 last_eval = evaluate(accelerator, model, objective, val_stream, t.eval_batches)
                 log.write({"step": loop["step"], "tokens": loop["tokens"], **last_eval})
                 progress.update(loop["step"], None, last_eval)
+                if select_metric and (not best or last_eval[select_metric] > best[select_metric]):
+                    best = {"step": loop["step"], **last_eval}
+                    loop["best"] = best
+                    if main:
+                        save_weights(accelerator.unwrap_model(model), run_dir)
             if (t.save_every and loop["step"] % t.save_every == 0) or reason:
                 snapshot()
                 last_saved = loop["step"]
@@ -212,7 +233,9 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
 
     summary = {"steps": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 2),
                "stop_reason": reason, "train_loss": log.last.get("loss"), **last_eval}
-    if main:
+    if select_metric and best:
+        summary["best"] = best
+    elif main:
         save_weights(accelerator.unwrap_model(model), run_dir)
     accelerator.wait_for_everyone()
     return summary
