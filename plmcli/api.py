@@ -90,6 +90,21 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
                            num_proc=num_proc, force=force)
 
 
+# ---------------------------------------------------------------- make-mlm-data
+
+
+def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
+                  mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
+                  seed: int = 12345, num_proc: int = 1, force: bool = False) -> dict:
+    """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics)."""
+    from plmcli.data.mlm_data import make_mlm_data as build
+
+    _quiet_datasets_off_terminal()
+    return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
+                 mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
+                 num_proc=num_proc, force=force)
+
+
 # ---------------------------------------------------------------- pretrain
 
 

@@ -163,6 +163,42 @@ def tokenize(
                f"{c['train']['tokens'] + c['validation']['tokens']:,} tokens, vocab {meta['tokenizer']['vocab_size']:,}")
 
 
+# ---------------------------------------------------------------- make-mlm-data
+
+
+@app.command("make-mlm-data")
+@guarded
+def make_mlm_data(
+    corpus: str = typer.Argument(..., help="A `plm tokenize` output directory."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory (dataset/, meta.json, tokenizer.json)."),
+    max_seq_len: int = typer.Option(128, help="Tokens per instance, [CLS] and [SEP]s included."),
+    short_seq_prob: float = typer.Option(0.1, help="Share of instances with a shorter random target length."),
+    dupe_factor: int = typer.Option(5, help="Copies of the corpus, each masked differently."),
+    mask_prob: float = typer.Option(0.15, help="Share of tokens to predict."),
+    max_predictions: int = typer.Option(20, help="At most this many predictions per instance."),
+    pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
+    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | chinese-wwm (jieba words) | span (SpanBERT)."),
+    seed: int = typer.Option(12345, help="Random seed: the output is deterministic for a seed."),
+    num_proc: int = typer.Option(1, help="Worker processes."),
+    force: bool = typer.Option(False, help="Rebuild even when the cache matches."),
+    as_json: bool = typer.Option(False, "--json", help="Print meta.json."),
+):
+    """Create static masked-LM instances with BERT's create_pretraining_data semantics.
+
+    80% of the chosen tokens become [MASK], 10% a random token, 10% stay; [CLS]/[SEP] are never masked.
+
+    Example: plm make-mlm-data tok/ --out mlm128 --max-seq-len 128 --max-predictions 20 --masking wwm --pairs nsp
+    """
+    from plmcli import api
+
+    meta = api.make_mlm_data(corpus, out, max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions,
+                             pairs, masking, seed, num_proc, force)
+    if as_json:
+        return _print_json(meta)
+    c = meta.get("counts", {})
+    typer.echo(f"{out}: " + ", ".join(f"{k} {v.get('instances', v) if isinstance(v, dict) else v:,}" for k, v in c.items()))
+
+
 # ---------------------------------------------------------------- pretrain
 
 

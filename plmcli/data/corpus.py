@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 FORMAT = "plm-tokenized"
-VERSION = 2  # 2: word_starts column
+VERSION = 3  # 2: word_starts column; 3: word_starts filled (encode_batch)
 STDIN = "-"
 _PROBE_BYTES = 8192  # how much of each file is checked for NUL bytes (as git and grep do)
 
@@ -215,7 +215,8 @@ def _encode(batch: dict, tok) -> dict:
         doc_lines = _split_lines(doc)
         lines.extend(doc_lines)
         per_doc.append(len(doc_lines))
-    encodings = iter(tok.encode_batch_fast(lines, add_special_tokens=False))
+    # encode_batch, not encode_batch_fast: the fast path leaves word_ids empty, and whole-word masking needs them.
+    encodings = iter(tok.encode_batch(lines, add_special_tokens=False))
     ids_out, starts_out, words_out = [], [], []
     for n in per_doc:
         ids: list[int] = []

@@ -1,0 +1,514 @@
+"""`plm make-mlm-data`: static masked-LM instances with BERT's create_pretraining_data semantics.
+
+The corpus (a `plm tokenize` output) is first flattened, per split, into memory-mapped arrays: all
+tokens, their word starts, sentence start offsets and each document's first sentence. Every instance is
+then two token ranges of those arrays (A and B), so building instances is a little Python per chunk of
+sentences and everything per token — assembling [CLS] A [SEP] B [SEP], masking — is numpy over a whole
+batch of instances at once (`masking.mask_batch`).
+
+Work is cut into shards of whole documents (about SHARD_TOKENS tokens each) and one job per (dupe, shard),
+each with its own random stream seeded by (seed, split, dupe, shard): the output is the same for any
+`num_proc`. Jobs run through `datasets.map` straight into Arrow files on disk, so memory stays flat.
+
+Deviations from Google's script (each small, all on purpose):
+- instances are not shuffled across the corpus (pretrain shuffles at load time);
+- a random next segment is drawn from the other documents uniformly in one draw (not 10 tries);
+- truncate_seq_pair's per-token coin flips are drawn as one binomial per side (same distribution);
+- the masking budget counts only maskable tokens (not [CLS]/[SEP]), see masking.py;
+- SOP with a one-sentence chunk splits that sentence at a random word boundary instead of taking a
+  random segment of another document (ALBERT's code), which keeps the label meaning "swapped";
+- empty sentences/documents (lines that tokenize to nothing) are dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from plmcli.data.corpus import _find_plm_error, _require_meta
+from plmcli.data.masking import chinese_word_starts, mask_batch
+from plmcli.errors import PlmError
+
+FORMAT = "plm-mlm"
+VERSION = 1
+PAIRS = ("nsp", "sop", "none")
+MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span")
+SHARD_TOKENS = 1 << 18
+"""Tokens per unit of work (whole documents). Fixed, so the output does not depend on num_proc."""
+BATCH = 1024
+"""Instances masked together."""
+_SPLITS = ("train", "validation")
+
+
+def _features():
+    from datasets import Features, Sequence, Value
+
+    return Features({
+        "input_ids": Sequence(Value("int32")), "token_type_ids": Sequence(Value("int8")),
+        "attention_mask": Sequence(Value("int8")), "masked_lm_positions": Sequence(Value("int32")),
+        "masked_lm_labels": Sequence(Value("int32")), "next_sentence_label": Value("int8"),
+    })
+
+
+def _read_out_meta(directory: Path) -> dict | None:
+    try:
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+# ----------------------------------------------------------------------------- flattening the corpus
+
+
+def _memmap(path: Path, dtype) -> np.ndarray:
+    if path.stat().st_size == 0:  # numpy cannot map an empty file
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)  # plain views index faster than np.memmap
+
+
+class _Flat:
+    """One split as flat arrays on disk: tokens, word starts, sentence starts (+ end), doc first sentences (+ end)."""
+
+    def __init__(self, prefix: str):
+        p = Path(prefix)
+        self.tokens = _memmap(p.with_suffix(".tokens"), np.int32)
+        self.ws = _memmap(p.with_suffix(".ws"), np.bool_)
+        self.sent = _memmap(p.with_suffix(".sent"), np.int64)
+        self.doc = _memmap(p.with_suffix(".doc"), np.int64)
+        self.n_docs = max(len(self.doc) - 1, 0)
+
+
+def _flatten(ds, prefix: Path) -> dict:
+    """Write `ds` (documents) as _Flat arrays, dropping empty sentences and documents; returns counts."""
+    import pyarrow.compute as pc
+
+    n_tok = n_sent = n_docs = max_sents = 0
+    files = {k: open(prefix.with_suffix("." + k), "wb") for k in ("tokens", "ws", "sent", "doc")}
+    try:
+        for tbl in ds.with_format("arrow").iter(batch_size=1000):
+            ids = pc.list_flatten(tbl["input_ids"]).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+            ws = pc.list_flatten(tbl["word_starts"]).to_numpy(zero_copy_only=False).astype(np.bool_)
+            doc_len = pc.list_value_length(tbl["input_ids"]).to_numpy(zero_copy_only=False).astype(np.int64)
+            rel = pc.list_flatten(tbl["sentence_starts"]).to_numpy(zero_copy_only=False).astype(np.int64)
+            per_doc = pc.list_value_length(tbl["sentence_starts"]).to_numpy(zero_copy_only=False).astype(np.int64)
+            doc_start = np.cumsum(doc_len) - doc_len
+            doc_of = np.repeat(np.arange(len(doc_len)), per_doc)
+            start = rel + doc_start[doc_of]
+            end = np.append(start[1:], 0)
+            last = np.cumsum(per_doc) - 1
+            end[last[per_doc > 0]] = (doc_start + doc_len)[per_doc > 0]
+            keep = end > start
+            start, doc_of = start[keep], doc_of[keep]
+            kept = np.bincount(doc_of, minlength=len(doc_len))
+            first = np.cumsum(kept) - kept
+            files["tokens"].write(ids.tobytes())
+            files["ws"].write(ws.tobytes())
+            files["sent"].write((start + n_tok).tobytes())
+            files["doc"].write((first[kept > 0] + n_sent).tobytes())
+            n_tok += len(ids)
+            n_sent += len(start)
+            n_docs += int((kept > 0).sum())
+            max_sents = max(max_sents, int(kept.max(initial=0)))
+        files["sent"].write(np.array([n_tok], dtype=np.int64).tobytes())
+        files["doc"].write(np.array([n_sent], dtype=np.int64).tobytes())
+    finally:
+        for f in files.values():
+            f.close()
+    return {"documents": n_docs, "sentences": n_sent, "tokens": n_tok, "max_sentences": max_sents}
+
+
+def _chinese_batch(batch: dict, vocab: list[str]) -> dict:
+    out = []
+    for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
+        ws = np.asarray(ws, dtype=bool)
+        bounds = list(starts) + [len(ids)]
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            if e > s:
+                ws[s:e] &= chinese_word_starts([vocab[i] for i in ids[s:e]])
+        out.append(ws.tolist())
+    return {"word_starts": out}
+
+
+def _text_vocab(corpus_dir: Path, kind: str) -> list[str]:
+    from plmcli.data.tokenizers import load_tokenizer
+
+    if kind == "bytelevel-bpe":
+        raise PlmError("--masking chinese-wwm needs a tokenizer whose tokens are text; byte-level BPE tokens are bytes",
+                       "re-run `plm tokenize` with --tokenizer wordpiece (or char), as Chinese BERT does")
+    vocab = load_tokenizer(corpus_dir / "tokenizer.json").get_vocab(with_added_tokens=True)
+    words = [""] * (max(vocab.values()) + 1)
+    for tok, i in vocab.items():
+        words[i] = tok.removesuffix("</w>").removeprefix("\u2581")  # bpe end-of-word, unigram word start
+    return words
+
+
+# ----------------------------------------------------------------------------- instances
+
+
+def _pair_instances(flat: _Flat, lo: int, hi: int, rng: np.random.Generator, cfg: dict):
+    """NSP/SOP instances of documents lo..hi-1 as (a_start, a_len, b_start, b_len, label) arrays."""
+    max_tokens = cfg["max_seq_len"] - 3
+    sop = cfg["pairs"] == "sop"
+    doc = np.asarray(flat.doc[lo: hi + 1])
+    st = np.asarray(flat.sent[doc[0]: doc[-1] + 1])
+    out = []
+    for d in range(lo, hi):
+        s0, s1 = doc[d - lo] - doc[0], doc[d - lo + 1] - doc[0]
+        starts = st[s0: s1 + 1]  # sentence starts of this document, then its end
+        n = int(s1 - s0)
+        target = max_tokens
+        if rng.random() < cfg["short_seq_prob"]:  # once per document, as in Google's code
+            target = int(rng.integers(2, max_tokens + 1))
+        i = 0
+        while i < n:
+            # The chunk: sentences from i until their length reaches target (or the document ends).
+            e = min(int(np.searchsorted(starts, starts[i] + target)), n)
+            m = e - i
+            a_end = i + (int(rng.integers(1, m)) if m >= 2 else 1)
+            a_s, a_l = int(starts[i]), int(starts[a_end] - starts[i])
+            nxt = e
+            if sop:
+                if m == 1:  # one sentence: split it at a random word boundary
+                    cut = _split_point(flat, a_s, a_l, rng)
+                    if cut is None:
+                        i = nxt
+                        continue
+                    b_s, b_l, a_l = a_s + cut, a_l - cut, cut
+                else:
+                    b_s, b_l = int(starts[a_end]), int(starts[e] - starts[a_end])
+                label = int(rng.random() < 0.5)
+                if label:  # swapped order is the negative
+                    a_s, a_l, b_s, b_l = b_s, b_l, a_s, a_l
+            elif m == 1 or rng.random() < 0.5:
+                label = 1  # B is a random segment of another document
+                b_s, b_l = _random_segment(flat, d, target - a_l, rng)
+                nxt = a_end  # the unused sentences go back
+            else:
+                label = 0
+                b_s, b_l = int(starts[a_end]), int(starts[e] - starts[a_end])
+            out.append((a_s, a_l, b_s, b_l, label))
+            i = nxt
+    if not out:
+        return (np.zeros(0, dtype=np.int64),) * 5
+    a_s, a_l, b_s, b_l, label = (np.array(c, dtype=np.int64) for c in zip(*out))
+    _truncate_pairs(a_s, a_l, b_s, b_l, max_tokens, rng)
+    return a_s, a_l, b_s, b_l, label
+
+
+def _split_point(flat: _Flat, start: int, length: int, rng) -> int | None:
+    if length < 2:
+        return None
+    cuts = np.flatnonzero(flat.ws[start + 1: start + length]) + 1
+    if not len(cuts):
+        cuts = np.arange(1, length)
+    return int(cuts[rng.integers(len(cuts))])
+
+
+def _random_segment(flat: _Flat, d: int, want: int, rng) -> tuple[int, int]:
+    """Sentences of another random document from a random sentence on, until `want` tokens (at least one)."""
+    if flat.n_docs > 1:
+        r = int(rng.integers(flat.n_docs - 1))
+        r += r >= d
+    else:
+        r = d
+    s0, s1 = int(flat.doc[r]), int(flat.doc[r + 1])
+    s = s0 + int(rng.integers(s1 - s0))
+    st = np.asarray(flat.sent[s: min(s1, s + max(want, 1)) + 1])  # `want` sentences surely reach `want` tokens
+    k = min(max(int(np.searchsorted(st, st[0] + want)), 1), len(st) - 1)
+    return int(st[0]), int(st[k] - st[0])
+
+
+def _truncate_pairs(a_s, a_l, b_s, b_l, max_tokens: int, rng) -> None:
+    """truncate_seq_pair in place: drop from the longer side (B on ties), each drop from its front or back."""
+    extra = np.maximum(a_l + b_l - max_tokens, 0)
+    diff = a_l - b_l
+    ra = np.where(diff > 0, np.minimum(extra, diff), 0)
+    rb = np.where(diff < 0, np.minimum(extra, -diff), 0)
+    rest = extra - ra - rb  # once equal, drops alternate starting with B
+    rb += (rest + 1) // 2
+    ra += rest // 2
+    a_s += rng.binomial(ra, 0.5)
+    b_s += rng.binomial(rb, 0.5)
+    a_l -= ra
+    b_l -= rb
+
+
+def _packed_instances(flat: _Flat, lo: int, hi: int, cfg: dict):
+    """RoBERTa FULL-SENTENCES: whole sentences packed across documents, a separator between documents.
+
+    Positions are "extended": token t of document d sits at t + d, leaving a slot for the separator
+    before each document, so every block is one contiguous range. Sentences longer than a block are cut.
+    """
+    cap = cfg["max_seq_len"] - 2
+    doc = np.asarray(flat.doc[lo: hi + 1])
+    st = np.asarray(flat.sent[doc[0]: doc[-1] + 1])
+    d_of = np.repeat(np.arange(lo, hi), np.diff(doc))
+    s_ext, e_ext = st[:-1] + d_of, st[1:] + d_of
+    pieces = -(-(e_ext - s_ext) // cap)
+    idx = np.repeat(np.arange(len(s_ext)), pieces)
+    within = np.arange(len(idx)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    item_s = s_ext[idx] + within * cap
+    item_e = np.minimum(item_s + cap, e_ext[idx])
+    blocks = []
+    i, n = 0, len(item_s)
+    while i < n:
+        j = int(np.searchsorted(item_e, item_s[i] + cap, side="right"))
+        blocks.append((item_s[i], item_e[j - 1]))
+        i = j
+    a_s = np.array([b[0] for b in blocks], dtype=np.int64)
+    a_l = np.array([b[1] - b[0] for b in blocks], dtype=np.int64)
+    zeros = np.zeros(len(blocks), dtype=np.int64)
+    return a_s, a_l, zeros, zeros, zeros - 1
+
+
+# ----------------------------------------------------------------------------- assembling and masking
+
+
+def _assemble(flat: _Flat, a_s, a_l, b_s, b_l, paired: bool, lo: int, hi: int, ids: dict):
+    """Padded (N, T) ids, special, word starts, token types and lengths of [CLS] A [SEP] (B [SEP])."""
+    lengths = 2 + a_l + (b_l + 1 if paired else 0)
+    T = int(lengths.max())
+    c = np.arange(T)[None, :]
+    al, bl = a_l[:, None], b_l[:, None]
+    in_a = (c >= 1) & (c <= al)
+    in_b = (c >= al + 2) & (c < al + 2 + bl) if paired else np.zeros_like(in_a)
+    content = in_a | in_b
+    src = np.where(in_a, a_s[:, None] + c - 1, b_s[:, None] + c - al - 2)[content]
+    is_sep = np.zeros(len(src), dtype=bool)
+    if not paired:  # extended positions -> token offsets, and the separator slots between documents
+        doc = np.asarray(flat.doc[lo: hi + 1])
+        doc_tok = np.asarray(flat.sent[doc])
+        doc_ext = doc_tok[:-1] + np.arange(lo, hi)
+        k = np.searchsorted(doc_ext, src, side="right") - 1
+        src = src - (k + lo)
+        is_sep = src >= doc_tok[k + 1]
+        src = np.where(is_sep, 0, src)
+    out = np.full((len(a_s), T), ids.get("pad", 0), dtype=np.int32)
+    out[:, 0] = ids["cls"]
+    out[content] = np.where(is_sep, ids["sep"], flat.tokens[src])
+    out[c == al + 1] = ids["sep"]
+    ws = np.zeros(out.shape, dtype=bool)
+    ws[content] = flat.ws[src]
+    special = ~content
+    special[content] = is_sep
+    if paired:
+        out[c == al + bl + 2] = ids["sep"]
+        types = in_b | (c == al + bl + 2)
+    else:
+        types = np.zeros(out.shape, dtype=bool)
+    return out, special, ws, types, lengths
+
+
+def _table(masked, target, original, types, lengths, labels):
+    import pyarrow as pa
+
+    valid = np.arange(masked.shape[1])[None, :] < lengths[:, None]
+    offsets = np.append(0, np.cumsum(lengths)).astype(np.int32)
+    rows, cols = np.nonzero(target)
+    pred_off = np.append(0, np.cumsum(np.bincount(rows, minlength=len(lengths)))).astype(np.int32)
+
+    def lists(off, values):
+        return pa.ListArray.from_arrays(pa.array(off), pa.array(values))
+
+    return pa.table({
+        "input_ids": lists(offsets, masked[valid].astype(np.int32)),
+        "token_type_ids": lists(offsets, types[valid].astype(np.int8)),
+        "attention_mask": lists(offsets, np.ones(int(offsets[-1]), dtype=np.int8)),
+        "masked_lm_positions": lists(pred_off, cols.astype(np.int32)),
+        "masked_lm_labels": lists(pred_off, original[rows, cols].astype(np.int32)),
+        "next_sentence_label": pa.array(labels.astype(np.int8)),
+    })
+
+
+def _run_job(batch: dict, cfg: dict):
+    """One (split, dupe, shard) job: its instances, masked, as an Arrow table."""
+    import pyarrow as pa
+
+    split, dupe, shard = batch["split"][0], batch["dupe"][0], batch["shard"][0]
+    lo, hi = batch["lo"][0], batch["hi"][0]
+    flat = _Flat(cfg["prefix"][split])
+    rng = np.random.default_rng([cfg["seed"] & (2**64 - 1), _SPLITS.index(split), dupe, shard])
+    paired = cfg["pairs"] != "none"
+    inst = _pair_instances(flat, lo, hi, rng, cfg) if paired else _packed_instances(flat, lo, hi, cfg)
+    ids, strategy = cfg["special_ids"], cfg["masking"]
+    random_ids = np.asarray(cfg["random_ids"])
+    tables = []
+    for k in range(0, len(inst[0]), BATCH):
+        a_s, a_l, b_s, b_l, labels = (x[k: k + BATCH] for x in inst)
+        tokens, special, ws, types, lengths = _assemble(flat, a_s, a_l, b_s, b_l, paired, lo, hi, ids)
+        masked, target = mask_batch(
+            tokens, special, None if strategy == "token" else ws, rng, mask_prob=cfg["mask_prob"],
+            max_predictions=cfg["max_predictions"], strategy="wwm" if strategy == "chinese-wwm" else strategy,
+            mask_id=ids["mask"], vocab_size=cfg["vocab_size"], random_ids=random_ids)
+        tables.append(_table(masked, target, tokens, types, lengths, labels))
+    if not tables:
+        return _features().arrow_schema.empty_table()
+    return pa.concat_tables(tables)
+
+
+def _shards(flat: _Flat) -> list[tuple[int, int]]:
+    """Document ranges of about SHARD_TOKENS tokens each (a document is never split)."""
+    if flat.n_docs == 0:
+        return []
+    doc_tok = np.asarray(flat.sent[np.asarray(flat.doc)])  # token offset of each document, then the end
+    cuts = np.searchsorted(doc_tok[:-1], np.arange(SHARD_TOKENS, int(doc_tok[-1]), SHARD_TOKENS))
+    bounds = np.unique(np.concatenate([[0], cuts, [flat.n_docs]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc):
+    if pairs not in PAIRS or masking not in MASKINGS:
+        name, value, choices = ("--pairs", pairs, PAIRS) if pairs not in PAIRS else ("--masking", masking, MASKINGS)
+        raise PlmError(f"unknown {name} '{value}'", f"use one of: {', '.join(choices)}")
+    problems = [
+        (max_seq_len < 5, f"--max-seq-len {max_seq_len} is too short ([CLS] A [SEP] B [SEP] needs at least 5)",
+         "--max-seq-len 128"),
+        (not 0 < mask_prob < 1, f"--mask-prob {mask_prob} must be between 0 and 1", "--mask-prob 0.15"),
+        (not 0 <= short_seq_prob <= 1, f"--short-seq-prob {short_seq_prob} must be in [0, 1]", "--short-seq-prob 0.1"),
+        (dupe_factor < 1, f"--dupe-factor {dupe_factor} must be at least 1", "--dupe-factor 5"),
+        (max_predictions < 0, f"--max-predictions {max_predictions} must be >= 0 (0 = no cap)", "--max-predictions 20"),
+        (num_proc < 1, f"--num-proc {num_proc} must be at least 1", "--num-proc 4"),
+    ]
+    for bad, message, example in problems:
+        if bad:
+            raise PlmError(message, f"use e.g. {example}")
+
+
+def _check_corpus(stats: dict, pairs: str) -> None:
+    if stats["tokens"] == 0:
+        raise PlmError("the corpus's train split has no tokens", "tokenize some text first with `plm tokenize`")
+    if pairs == "nsp" and stats["documents"] < 2:
+        raise PlmError("--pairs nsp needs at least 2 documents (random next segments come from other documents), "
+                       "but the corpus has 1", "use --pairs sop or --pairs none, or tokenize more documents "
+                       "(documents are separated by blank lines)")
+    if pairs != "none" and stats["max_sentences"] < 2:
+        raise PlmError(f"--pairs {pairs} needs documents with at least 2 sentences (lines), but every document "
+                       "of the corpus has one", "use --pairs none, or tokenize without --doc-per-line")
+
+
+def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
+                  mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
+                  seed: int = 12345, num_proc: int = 1, force: bool = False) -> dict:
+    """Masked-LM instances from a `plm tokenize` directory into `out_dir`; returns the output's meta.
+
+    Reuses `out_dir` when it already holds this exact output (same corpus and settings) unless `force`.
+    """
+    _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc)
+    corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
+    cmeta = _require_meta(corpus_dir)
+    special_ids = cmeta["tokenizer"].get("special_token_ids", {})
+    missing = [r for r in ("cls", "sep", "mask") if r not in special_ids]
+    if missing:
+        raise PlmError(f"the corpus's tokenizer has no {'/'.join(missing)} token",
+                       "re-run `plm tokenize` with --special-tokens 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'")
+    settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
+                    mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
+    blob = json.dumps([cmeta.get("key"), cmeta["tokenizer"].get("hash"), settings, FORMAT, VERSION], sort_keys=True)
+    key = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    if out_dir.exists():
+        old = _read_out_meta(out_dir) if out_dir.is_dir() else None
+        if old is None and not (out_dir.is_dir() and not any(out_dir.iterdir())):
+            raise PlmError(f"'{out_dir}' exists and is not a `plm make-mlm-data` output",
+                           "choose another --out directory (plm will not overwrite it)")
+        if old is not None and old.get("key") == key and not force:
+            return old
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        try:
+            meta = _build(tmp, corpus_dir, cmeta, settings, num_proc, key)
+        except Exception as e:
+            plm = _find_plm_error(e)
+            if plm is not None and plm is not e:
+                raise plm from None
+            raise
+        if out_dir.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, trash / "old")
+            os.replace(tmp, out_dir)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def _count(ds, pairs: str) -> dict:
+    import pyarrow.compute as pc
+
+    positive = {"nsp": "random_next", "sop": "swapped"}.get(pairs)
+    c = {"instances": len(ds), "tokens": 0, "predictions": 0, **({positive: 0} if positive else {})}
+    for tbl in ds.with_format("arrow").iter(batch_size=10_000):
+        c["tokens"] += int(pc.sum(pc.list_value_length(tbl["input_ids"])).as_py() or 0)
+        c["predictions"] += int(pc.sum(pc.list_value_length(tbl["masked_lm_positions"])).as_py() or 0)
+        if positive:
+            c[positive] += int(pc.sum(pc.equal(tbl["next_sentence_label"], 1)).as_py() or 0)
+    return c
+
+
+def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: int, key: str) -> dict:
+    from datasets import Dataset, DatasetDict, load_from_disk
+
+    work = tmp / ".work"
+    work.mkdir()
+    source = load_from_disk(str(corpus_dir / "dataset"))
+    tok_meta = cmeta["tokenizer"]
+    masking = settings["masking"]
+    vocab = _text_vocab(corpus_dir, tok_meta.get("kind", "")) if masking == "chinese-wwm" else None
+
+    stats, prefix = {}, {}
+    for split in _SPLITS:
+        ds = source[split] if split in source else source["train"].select([])
+        prefix[split] = str(work / split)
+        if vocab is not None and len(ds):
+            ds = ds.map(_chinese_batch, batched=True, batch_size=200, fn_kwargs={"vocab": vocab},
+                        num_proc=num_proc if num_proc > 1 and len(ds) > 1 else None,
+                        cache_file_name=str(work / f"{split}.cws.arrow"), new_fingerprint=f"cws-{key[:24]}-{split}",
+                        desc="jieba word segmentation")
+        stats[split] = _flatten(ds, work / split)
+    _check_corpus(stats["train"], settings["pairs"])
+
+    special = set(tok_meta["special_token_ids"].values())
+    vocab_size = int(tok_meta["vocab_size"])
+    cfg = {**settings, "prefix": prefix, "special_ids": tok_meta["special_token_ids"], "vocab_size": vocab_size,
+           "random_ids": [i for i in range(vocab_size) if i not in special]}
+    features = _features()
+    splits = {}
+    for split in _SPLITS:
+        shards = _shards(_Flat(prefix[split]))
+        dupes = settings["dupe_factor"] if split == "train" else 1
+        jobs = [(split, d, s, lo, hi) for d in range(dupes) for s, (lo, hi) in enumerate(shards)]
+        if not jobs:
+            splits[split] = Dataset.from_dict({k: [] for k in features}, features=features)
+            continue
+        table = Dataset.from_dict({k: [j[i] for j in jobs] for i, k in enumerate(("split", "dupe", "shard", "lo", "hi"))})
+        splits[split] = table.map(
+            _run_job, batched=True, batch_size=1, fn_kwargs={"cfg": cfg}, remove_columns=table.column_names,
+            features=features, num_proc=min(num_proc, len(jobs)) if num_proc > 1 else None,
+            cache_file_name=str(work / f"{split}.out.arrow"), new_fingerprint=f"mlm-{key[:24]}-{split}",
+            desc=f"make-mlm-data ({split})")
+
+    out = DatasetDict(splits)
+    out.save_to_disk(str(tmp / "dataset"), num_shards={k: 1 for k, ds in out.items() if len(ds) == 0})
+    counts = {split: {"documents": stats[split]["documents"], **_count(ds, settings["pairs"])} for split, ds in out.items()}
+    shutil.copyfile(corpus_dir / "tokenizer.json", tmp / "tokenizer.json")
+    meta = {"format": FORMAT, "version": VERSION, **settings, "source": cmeta.get("key"),
+            "corpus": str(corpus_dir.resolve()), "counts": counts, "tokenizer": tok_meta, "key": key}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    del source, splits, out
+    shutil.rmtree(work, ignore_errors=True)
+    return meta
