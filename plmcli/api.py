@@ -192,7 +192,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         if time_budget is not None:
             st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
         with state.main_process_first():
-            data_dir = obj.prepare(corpus_dir, default_cache_dir())
+            data_dir = obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc)
         summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
                              stop_after=stop_after, console=console)
         if summary["stop_reason"] not in ("max_steps", "max_tokens"):
@@ -237,6 +237,20 @@ def _load_weights(model, run_dir: Path) -> None:
     from safetensors.torch import load_model
 
     load_model(model, str(Path(run_dir) / "model.safetensors"))
+
+
+# ---------------------------------------------------------------- finetune
+
+
+def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3, lr: float = 2e-5,
+             batch_size: int = 32, seed: int = 42, out: str | None = None, max_seq_len: int | None = None,
+             max_steps: int | None = None, init: str = "pretrained", console=None) -> dict:
+    """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.finetune)."""
+    from plmcli.finetune import finetune as run_finetune
+
+    _quiet_datasets_off_terminal()
+    return run_finetune(task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
+                        seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console)
 
 
 # ---------------------------------------------------------------- runs

@@ -230,6 +230,39 @@ def pretrain(
     typer.echo(f"{summary['run_dir']}: {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['elapsed_s']:.1f}s{val}")
 
 
+# ---------------------------------------------------------------- finetune
+
+
+@app.command()
+@guarded
+def finetune(
+    task: str = typer.Option(..., "--task", "-t", help="cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli."),
+    from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="GLUE folder holding SST-2/, CoLA/, … or one task's folder; none = the Hub."),
+    epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
+    lr: float = typer.Option(2e-5, help="Peak learning rate (10% warmup, linear decay)."),
+    batch_size: int = typer.Option(32, help="Examples per optimizer step."),
+    seed: int = typer.Option(42, help="Seeds the head init, data order and dropout."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
+    max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (default min(128, model positions))."),
+    max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs."),
+    init: str = typer.Option("pretrained", help="pretrained | random (same architecture, fresh weights: the baseline)."),
+    as_json: bool = typer.Option(False, "--json", help="Print metrics.json."),
+):
+    """Finetune an encoder run on a GLUE task; writes OUT/metrics.json and GLUE submission files.
+
+    Example: plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir data/glue-sample
+    """
+    from plmcli import api
+
+    res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
+                       console=_stderr())
+    if as_json:
+        return _print_json(res)
+    typer.echo(f"{res['out_dir']}: {res['task']} dev " + ", ".join(f"{k} {v:.4f}" for k, v in res["dev"].items())
+               + f" (best at epoch {res['best_epoch']}); test predictions: {', '.join(res['test_predictions'].values()) or 'none'}")
+
+
 # ---------------------------------------------------------------- eval-ppl
 
 

@@ -55,6 +55,15 @@ def _read_meta(directory: Path) -> dict | None:
     return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 
 
+def _is_derived_data(directory: Path) -> bool:
+    """A directory built from a tokenized corpus (e.g. `plm make-mlm-data`): meta.json with its tokenizer."""
+    try:
+        meta = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "tokenizer" in meta and (Path(directory) / "tokenizer.json").is_file()
+
+
 def _expand_inputs(inputs: list[str]) -> list[str]:
     """Input arguments -> the text files to read, in order (directories walked recursively, sorted)."""
     if isinstance(inputs, (str, Path)):
@@ -382,8 +391,9 @@ def prepare_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cache
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
     inputs = [str(i) for i in inputs]
-    if len(inputs) == 1 and inputs[0] != STDIN and Path(inputs[0]).is_dir() and _read_meta(Path(inputs[0])):
-        return Path(inputs[0])
+    if len(inputs) == 1 and inputs[0] != STDIN and Path(inputs[0]).is_dir():
+        if _read_meta(Path(inputs[0])) or _is_derived_data(Path(inputs[0])):
+            return Path(inputs[0])
     key = corpus_key(inputs, tok_cfg, data_cfg.doc_per_line, data_cfg.val_fraction)
     out = Path(cache_root) if cache_root is not None else default_cache_dir()
     out = out / "corpora" / key[:16]

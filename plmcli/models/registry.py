@@ -6,6 +6,7 @@ from plmcli.registry_util import resolve
 
 FAMILIES: dict[str, str] = {
     "gpt": "plmcli.models.gpt:GPT",
+    "bert": "plmcli.models.bert:Bert",
 }
 
 

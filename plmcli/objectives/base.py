@@ -33,7 +33,7 @@ class Objective:
     def configure_model(self, model_cfg, vocab_size: int) -> None:
         """Fill in model settings the data decides (vocab size) before the model is built."""
 
-    def prepare(self, corpus_dir, cache_root):
+    def prepare(self, corpus_dir, cache_root, num_proc: int = 1):
         """Turn a tokenized corpus into this objective's training data (e.g. static masked instances);
         returns the directory `stream` reads. Runs on the main process first, cached."""
         return corpus_dir

@@ -6,6 +6,8 @@ from plmcli.registry_util import resolve
 
 OBJECTIVES: dict[str, str] = {
     "clm": "plmcli.objectives.clm:CausalLM",
+    "mlm": "plmcli.objectives.mlm:MaskedLM",
+    "classify": "plmcli.objectives.classify:Classify",
 }
 
 

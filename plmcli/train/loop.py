@@ -243,7 +243,8 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
 
 def _has_split(corpus_dir, split) -> bool:
     meta = json.loads((Path(corpus_dir) / "meta.json").read_text())
-    return meta.get("counts", {}).get(split, {}).get("documents", 0) > 0
+    counts = meta.get("counts", {}).get(split, {})
+    return any(counts.get(k, 0) > 0 for k in ("documents", "instances", "examples"))
 
 
 def _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak) -> dict:

@@ -1,0 +1,125 @@
+"""Finetuning tasks: one file per task family (glue.py, later squad, ner, swag) + one registry line.
+
+A task knows how to read its data into splits of `Example`s, which objective trains it, how it is
+scored and how its test predictions are written. Encoding to ids lives here too, shared by every
+task that feeds [CLS] a [SEP] (b [SEP]) to an encoder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from plmcli.errors import PlmError
+
+
+@dataclass
+class Example:
+    text_a: str
+    text_b: str | None = None
+    label: int | float | None = None
+    """Class index (GLUE label order), a float for regression, None where the split is unlabeled."""
+    id: str | None = None
+    """The example's id in its file (the test set's `index`), for submission files."""
+
+
+class Task:
+    """What `plm finetune` needs from a task. Subclasses (or instances) fill in the attributes."""
+
+    name: str = ""
+    objective: str = "classify"
+    """The objective (plmcli.objectives.registry) that trains it."""
+    num_labels: int = 2
+    """Classes; 1 = regression."""
+    label_names: tuple = ()
+    metrics: tuple = ("accuracy",)
+    main_metric: str = "accuracy"
+    """Selects the best checkpoint (higher is better)."""
+    eval_splits: dict = {"dev": ""}
+    """Split -> prefix of its metric names; the first is the main dev set."""
+    test_splits: dict = {"test": "predictions.tsv"}
+    """Split -> submission file name."""
+
+    def load(self, data_dir: str | None) -> dict[str, list[Example]]:
+        raise NotImplementedError
+
+    def score(self, preds, labels) -> dict[str, float]:
+        from plmcli.eval.metrics import compute
+
+        return compute(self.metrics, preds, labels)
+
+    def format_prediction(self, pred) -> str:
+        if self.num_labels == 1:
+            return f"{float(pred):.3f}"
+        return str(self.label_names[int(pred)])
+
+    def write_predictions(self, path: Path, ids, preds) -> None:
+        lines = ["index\tprediction"] + [f"{i}\t{self.format_prediction(p)}" for i, p in zip(ids, preds)]
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def truncate_pair(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Longest-first truncation (BERT's _truncate_seq_pair) in closed form.
+
+    Popping one token at a time from the longer side (from b on ties) leaves the shorter side whole
+    when it fits in half the budget, else a = ⌈budget/2⌉ and b = ⌊budget/2⌋.
+    """
+    new_a = np.minimum(len_a, np.maximum(budget - len_b, -(-budget // 2)))
+    new_b = np.minimum(len_b, budget - new_a)
+    return new_a, new_b
+
+
+def encode_pairs(tokenizer, special_ids: dict, texts_a: list[str], texts_b: list[str] | None,
+                 max_seq_len: int, chunk: int = 8192) -> dict[str, np.ndarray]:
+    """[CLS] a [SEP] (b [SEP]) for each example, truncated longest-first to `max_seq_len`.
+
+    Returns flat arrays: `ids` (all tokens), `offsets` (n+1), `type_start` (where segment 1 begins
+    in each row; = row length for single sentences), `truncated` (bool per row). Encodes in chunks,
+    so memory stays at the size of the result (MNLI: 393k pairs).
+    """
+    missing = [r for r in ("cls", "sep") if r not in special_ids]
+    if missing:
+        raise PlmError(f"the run's tokenizer has no {' / '.join(missing)} token",
+                       "finetune from an encoder run whose tokenizer defines the cls and sep roles (bert recipes)")
+    cls, sep = special_ids["cls"], special_ids["sep"]
+    ids, lengths, type_start, truncated = [], [], [], []
+    for lo in range(0, len(texts_a), chunk):
+        enc_a = [e.ids for e in tokenizer.encode_batch(texts_a[lo:lo + chunk], add_special_tokens=False)]
+        la = np.array([len(x) for x in enc_a], dtype=np.int64)
+        if texts_b is None:
+            na = np.minimum(la, max_seq_len - 2)
+            rows = [[cls, *a[:n], sep] for a, n in zip(enc_a, na)]
+            truncated.append(na < la)
+        else:
+            enc_b = [e.ids for e in tokenizer.encode_batch(texts_b[lo:lo + chunk], add_special_tokens=False)]
+            lb = np.array([len(x) for x in enc_b], dtype=np.int64)
+            na, nb = truncate_pair(la, lb, max_seq_len - 3)
+            rows = [[cls, *a[:n], sep, *b[:m], sep] for a, b, n, m in zip(enc_a, enc_b, na, nb)]
+            truncated.append((na < la) | (nb < lb))
+        n_tok = np.array([len(r) for r in rows], dtype=np.int64)
+        ids.append(np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(n_tok.sum())))
+        lengths.append(n_tok)
+        type_start.append(n_tok if texts_b is None else na + 2)
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dtype=dt)  # noqa: E731
+    lengths = cat(lengths, np.int64)
+    return {"ids": cat(ids, np.int32), "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            "type_start": cat(type_start, np.int64), "truncated": cat(truncated, bool)}
+
+
+def save_split(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    np.savez(path, **arrays)
+
+
+def load_split(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def write_meta(data_dir: Path, meta: dict) -> None:
+    (Path(data_dir) / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,29 @@
+"""Finetuning tasks: one line each (name -> "module:Task"), imported only when asked for."""
+
+from __future__ import annotations
+
+import copy
+
+from plmcli.registry_util import resolve
+
+TASKS: dict[str, str] = {
+    "cola": "plmcli.data.tasks.glue:COLA",
+    "sst2": "plmcli.data.tasks.glue:SST2",
+    "mrpc": "plmcli.data.tasks.glue:MRPC",
+    "stsb": "plmcli.data.tasks.glue:STSB",
+    "qqp": "plmcli.data.tasks.glue:QQP",
+    "mnli": "plmcli.data.tasks.glue:MNLI",
+    "qnli": "plmcli.data.tasks.glue:QNLI",
+    "rte": "plmcli.data.tasks.glue:RTE",
+    "wnli": "plmcli.data.tasks.glue:WNLI",
+}
+
+
+def get_task(name: str):
+    """A fresh Task for `name` (a registered class is instantiated, an instance copied)."""
+    task = resolve(TASKS, name.lower().replace("-", ""), "task")
+    return task() if isinstance(task, type) else copy.deepcopy(task)
+
+
+def task_names() -> list[str]:
+    return list(TASKS)

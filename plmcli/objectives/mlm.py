@@ -1,0 +1,318 @@
+"""Masked language modelling (BERT, RoBERTa): predict masked tokens from both sides, plus NSP / SOP.
+
+Two data paths, one loss:
+- static (BERT): `make-mlm-data` instances, masked once per copy (dupe_factor copies); the collator pads.
+- dynamic (RoBERTa): packed windows of a tokenized corpus, masked afresh in the collator each time a
+  sample is read; the mask is a pure function of (seed, epoch, sample), so a resumed run masks identically.
+Batches carry the masked tokens as flat indices b·T + t, so the model runs its MLM head there only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from plmcli.data.batching import BatchStream
+from plmcli.errors import PlmError
+from plmcli.objectives.base import Objective, StepOutput
+
+MLM_FORMAT = "plm-mlm"
+MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span")
+PAIRS = ("nsp", "sop", "none")
+_WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the masks draw independent streams
+
+
+@dataclass
+class MLMConfig:
+    mask_prob: float = 0.15
+    """Share of tokens chosen as prediction targets."""
+    max_predictions: int = 20
+    """At most this many targets per sequence (BERT: 20 at 128 tokens, 80 at 512); 0 = no cap."""
+    masking: str = "token"
+    """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10) | chinese-wwm (jieba words; static) | span."""
+    pairs: str = "nsp"
+    """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
+    dynamic: bool = False
+    """Mask each batch afresh from the tokenized corpus (RoBERTa) instead of reading make-mlm-data instances."""
+    dupe_factor: int = 5
+    """Static data: copies of the corpus, each masked differently."""
+    short_seq_prob: float = 0.1
+    """Static data: share of instances built shorter than max length (BERT's short_seq_prob)."""
+    replace_probs: list = field(default_factory=lambda: [0.8, 0.1, 0.1])
+    """Of the targets: share replaced by [MASK], by a random token, kept unchanged (dynamic masking)."""
+    nsp_weight: float = 1.0
+    """Weight of the NSP / SOP loss added to the MLM loss."""
+
+
+class MaskedLM(Objective):
+    Config = MLMConfig
+    ppl_metric = "mlm_loss"
+    """The loss whose exp is reported as val_ppl (the NSP loss is not a perplexity)."""
+
+    def __init__(self, cfg: MLMConfig, tokenizer, special_ids: dict[str, int], seq_len: int):
+        super().__init__(cfg, tokenizer, special_ids, seq_len)
+        if cfg.masking not in MASKINGS:
+            raise PlmError(f"objective.masking '{cfg.masking}' is not one of {', '.join(MASKINGS)}", "e.g. --set objective.masking=wwm")
+        if cfg.pairs not in PAIRS:
+            raise PlmError(f"objective.pairs '{cfg.pairs}' is not one of {', '.join(PAIRS)}", "e.g. --set objective.pairs=none")
+        if not 0 < cfg.mask_prob < 1:
+            raise PlmError(f"objective.mask_prob {cfg.mask_prob} must be in (0, 1)", "e.g. --set objective.mask_prob=0.15")
+        if len(cfg.replace_probs) != 3 or min(cfg.replace_probs) < 0 or abs(sum(cfg.replace_probs) - 1) > 1e-6:
+            raise PlmError(f"objective.replace_probs {cfg.replace_probs} must be three shares summing to 1",
+                           "e.g. [0.8, 0.1, 0.1]: [MASK], random token, unchanged")
+        if cfg.dynamic and cfg.pairs != "none":
+            raise PlmError(f"dynamic masking packs full sentences and has no sentence pairs (objective.pairs is {cfg.pairs})",
+                           "set objective.pairs=none (RoBERTa), or objective.dynamic=false for NSP/SOP pairs")
+        if cfg.dynamic and cfg.masking == "chinese-wwm":
+            raise PlmError("chinese-wwm needs jieba word boundaries, which only make-mlm-data computes",
+                           "set objective.dynamic=false, or objective.masking=wwm")
+        self.vocab_size = tokenizer.get_vocab_size() if tokenizer is not None else 0
+
+    def configure_model(self, model_cfg, vocab_size):
+        if getattr(model_cfg, "vocab_size", None) == 0:
+            model_cfg.vocab_size = vocab_size
+        self.vocab_size = self.vocab_size or vocab_size
+
+    def check_model(self, model):
+        if not getattr(model, "encoder", False):
+            raise PlmError(f"{type(model).__name__} is not an encoder with a masked-LM head",
+                           "use objective.name: mlm with an encoder recipe (bert-mini, bert-base, roberta-base)")
+        if self.seq_len > model.max_positions:
+            raise PlmError(f"train.seq_len {self.seq_len} exceeds the model's {model.max_positions} positions",
+                           f"--set train.seq_len={model.max_positions}, or raise model.max_positions")
+
+    def _id(self, role: str) -> int:
+        if role not in self.special_ids:
+            raise PlmError(f"masked-LM training needs a '{role}' special token, and the tokenizer has none",
+                           f"add tokenizer.special_tokens.{role} (e.g. [{role.upper()}]) to the recipe")
+        return self.special_ids[role]
+
+    # ------------------------------------------------------------ data
+
+    def prepare(self, corpus_dir, cache_root=None, num_proc: int = 1) -> Path:
+        """The directory `stream` reads: static -> make-mlm-data output (built into the cache), dynamic -> the corpus."""
+        corpus_dir = Path(corpus_dir)
+        meta = _read_meta(corpus_dir)
+        c = self.cfg
+        if meta.get("format") == MLM_FORMAT:
+            if c.dynamic:
+                raise PlmError(f"'{corpus_dir}' holds pre-masked make-mlm-data instances, but objective.dynamic is true",
+                               "pass the `plm tokenize` directory (or the text) instead, or --set objective.dynamic=false")
+            built = int(meta.get("max_seq_len") or 0)
+            if built > self.seq_len:
+                raise PlmError(f"'{corpus_dir}' holds instances of up to {built} tokens, more than train.seq_len {self.seq_len}",
+                               f"--set train.seq_len={built}, or re-run make-mlm-data with --max-seq-len {self.seq_len}")
+            return corpus_dir
+        if c.dynamic:
+            return corpus_dir
+        if [float(p) for p in c.replace_probs] != [0.8, 0.1, 0.1]:
+            raise PlmError("objective.replace_probs applies to dynamic masking; make-mlm-data uses BERT's 80/10/10",
+                           "leave replace_probs at [0.8, 0.1, 0.1], or --set objective.dynamic=true")
+        from plmcli.data.corpus import default_cache_dir
+        from plmcli.data.mlm_data import make_mlm_data
+
+        settings = dict(max_seq_len=self.seq_len, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
+                        mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking)
+        blob = json.dumps([meta.get("key"), meta.get("tokenizer", {}).get("hash"), settings], sort_keys=True)
+        out = Path(cache_root or default_cache_dir()) / "mlm" / hashlib.sha256(blob.encode()).hexdigest()[:16]
+        if _read_meta(out).get("format") != MLM_FORMAT:
+            make_mlm_data(corpus_dir, out, num_proc=num_proc, **settings)
+        return out
+
+    def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
+        if _read_meta(Path(data_dir)).get("format") == MLM_FORMAT:
+            return self._static_stream(Path(data_dir), split, batch_size, seed, rank, world, shuffle)
+        if not self.cfg.dynamic:
+            raise PlmError(f"'{data_dir}' is not make-mlm-data output and objective.dynamic is false",
+                           "run `plm make-mlm-data` on it first, or --set objective.dynamic=true")
+        return self._dynamic_stream(Path(data_dir), split, batch_size, seed, rank, world, shuffle)
+
+    def _static_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
+        from datasets import load_from_disk
+
+        ds = load_from_disk(str(data_dir / "dataset" / split)).with_format("arrow")
+        if len(ds) < 1 and not shuffle:
+            return _NoBatches()  # a validation split whose documents were too short for any instance
+        if len(ds) < 1:
+            raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
+        pad = self.special_ids.get("pad", 0)
+        return BatchStream(len(ds), batch_size, lambda epochs, idx: collate_static(ds[list(idx)], pad),
+                           seed, rank, world, shuffle)
+
+    def _dynamic_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
+        cls, sep, mask_id = self._id("cls"), self._id("sep"), self._id("mask")
+        from plmcli.data.corpus import token_stream
+        from plmcli.data.masking import mask_batch
+
+        tokens = token_stream(data_dir, split, sep)
+        c, T = self.cfg, self.seq_len
+        W = T - 2  # [CLS] window [SEP]
+        starts = word_start_stream(data_dir, split, sep) if c.masking != "token" else None
+        shift = shuffle  # a fresh window alignment each epoch, as CausalLM
+        n = (len(tokens) - W) // W if shift else len(tokens) // W
+        if W < 1 or n < 1:
+            raise PlmError(f"the {split} split has {len(tokens)} tokens, too few for one sequence of {T}",
+                           "add text, lower train.seq_len, or lower data.val_fraction")
+        never = np.array(sorted({v for r, v in self.special_ids.items() if r != "unk"}), dtype=np.int64)
+        vocab = self.vocab_size or int(tokens.max()) + 1
+        random_ids = np.setdiff1d(np.arange(vocab), list(self.special_ids.values()))
+
+        def fetch(epochs, indices):
+            B = len(indices)
+            ids = np.empty((B, T), dtype=np.int64)
+            ids[:, 0], ids[:, -1] = cls, sep
+            ws = np.ones((B, T), dtype=bool) if starts is not None else None
+            for r, (e, i) in enumerate(zip(epochs, indices)):
+                off = int(np.random.default_rng((seed, e, _WINDOW_TAG)).integers(W)) if shift else 0
+                a = off + i * W
+                ids[r, 1:-1] = tokens[a : a + W]
+                if ws is not None:
+                    ws[r, 1:-1] = starts[a : a + W]
+                    ws[r, 1] = True  # a word cut by the window edge starts a word here
+            special = np.isin(ids, never)
+            masked, target = np.empty_like(ids), np.empty((B, T), dtype=bool)
+            for r, (e, i) in enumerate(zip(epochs, indices)):  # one generator per sample: independent of batching
+                rng = np.random.default_rng((seed, e, i, _MASK_TAG))
+                m, t = mask_batch(ids[r : r + 1], special[r : r + 1], None if ws is None else ws[r : r + 1], rng,
+                                  mask_prob=c.mask_prob, max_predictions=c.max_predictions, strategy=c.masking,
+                                  mask_id=mask_id, vocab_size=vocab, replace_probs=tuple(c.replace_probs),
+                                  random_ids=random_ids)
+                masked[r], target[r] = m[0], t[0]
+            positions = np.flatnonzero(target)  # row-major: b·T + t
+            return {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
+                    "mlm_labels": torch.from_numpy(ids.reshape(-1)[positions]), "num_tokens": B * T}
+
+        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+
+    # ------------------------------------------------------------ loss
+
+    def step(self, model, batch, state=None):
+        labels = batch["mlm_labels"]  # (N,)
+        out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch["mlm_positions"])
+        logits = out.mlm_logits.float()  # (N, V)
+        n = labels.numel()
+        mlm = F.cross_entropy(logits, labels) if n else logits.sum() * 0.0
+        count = torch.tensor(n, device=labels.device)
+        loss, metrics = mlm, {"mlm_loss": mlm.detach() * count}
+        nsp_labels = batch.get("nsp_labels")
+        if out.nsp_logits is not None and nsp_labels is not None:
+            nsp_logits = out.nsp_logits.float()  # (B, 2)
+            nsp = F.cross_entropy(nsp_logits, nsp_labels, ignore_index=-1)
+            loss = loss + self.cfg.nsp_weight * nsp
+            valid = nsp_labels >= 0
+            acc = ((nsp_logits.argmax(-1) == nsp_labels) & valid).sum() / valid.sum().clamp(min=1)
+            metrics |= {"nsp_loss": nsp.detach() * count, "nsp_acc": acc.detach() * count}
+        elif out.nsp_logits is not None:
+            # No pair labels (pairs: none): keep the NSP head in the graph so DDP finds every parameter used.
+            loss = loss + 0.0 * out.nsp_logits.sum()
+        metrics["loss"] = loss.detach() * count
+        return StepOutput(loss, metrics, count)
+
+    def tokens_in(self, batch):
+        return int(batch.get("num_tokens", batch["input_ids"].numel()))
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class _NoBatches:
+    """An evaluation stream with nothing in it: evaluate() reads zero batches."""
+
+    num_samples = 0
+
+    def batches_per_epoch(self) -> int:
+        return 0
+
+    def __getitem__(self, k):
+        return None
+
+
+def _read_meta(directory: Path) -> dict:
+    try:
+        meta = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _padded(col, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Arrow list column -> ((B, T_max) int64 right-padded with `pad`, (B,) lengths)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+    out = np.full((len(lengths), int(lengths.max(initial=0))), pad, dtype=np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = values
+    return out, lengths
+
+
+def collate_static(tbl, pad: int) -> dict:
+    """make-mlm-data rows (an Arrow table) -> a padded batch with flat MLM positions.
+
+    attention_mask / token_type_ids are left out when they carry nothing (no padding / one segment),
+    so the model takes its unmasked fast path.
+    """
+    import pyarrow.compute as pc
+
+    ids, lengths = _padded(tbl["input_ids"], pad)
+    B, T = ids.shape
+    batch = {"input_ids": torch.from_numpy(ids), "num_tokens": int(lengths.sum())}
+    if "token_type_ids" in tbl.column_names:
+        types, _ = _padded(tbl["token_type_ids"], 0)
+        if types.any():
+            batch["token_type_ids"] = torch.from_numpy(types)
+    if lengths.min(initial=T) < T:
+        batch["attention_mask"] = torch.from_numpy((np.arange(T) < lengths[:, None]).astype(np.int64))
+    per_row = pc.list_value_length(tbl["masked_lm_positions"]).to_numpy(zero_copy_only=False).astype(np.int64)
+    pos = pc.list_flatten(tbl["masked_lm_positions"]).to_numpy(zero_copy_only=False).astype(np.int64)
+    batch["mlm_positions"] = torch.from_numpy(np.repeat(np.arange(B, dtype=np.int64) * T, per_row) + pos)
+    batch["mlm_labels"] = torch.from_numpy(pc.list_flatten(tbl["masked_lm_labels"]).to_numpy(zero_copy_only=False).astype(np.int64))
+    if "next_sentence_label" in tbl.column_names:
+        nsp = tbl["next_sentence_label"].to_numpy().astype(np.int64)
+        if (nsp >= 0).any():
+            batch["nsp_labels"] = torch.from_numpy(nsp)
+    return batch
+
+
+def word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
+    """The corpus' `word_starts` flattened in step with `token_stream(corpus_dir, split, sep_id)`.
+
+    A separator counts as a word of its own. Built once by streaming and cached next to the tokens as
+    `{split}.{sep_id}.word_starts.bin` (one byte per token), so memory stays flat in corpus size.
+    """
+    from datasets import load_from_disk
+
+    path = corpus_dir / f"{split}.{sep_id}.word_starts.bin"
+    side = path.with_suffix(".json")
+    if not side.is_file():
+        ds = load_from_disk(str(corpus_dir / "dataset" / split))
+        length = 0
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=corpus_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for tbl in ds.with_format("arrow").iter(batch_size=10_000):
+                    col = tbl["word_starts"].combine_chunks()
+                    values = col.flatten().to_numpy(zero_copy_only=False).astype(np.uint8)
+                    offsets = col.offsets.to_numpy()
+                    values = np.insert(values, offsets[1:] - offsets[0], 1)  # the separator after each document
+                    f.write(values.tobytes())
+                    length += len(values)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        side_tmp = side.with_name(f".{side.name}.tmp")
+        side_tmp.write_text(json.dumps({"length": length}))
+        os.replace(side_tmp, side)
+    length = json.loads(side.read_text())["length"]
+    if length == 0:
+        return np.zeros(0, dtype=bool)
+    return np.memmap(path, dtype=np.bool_, mode="r", shape=(length,))
