@@ -10,6 +10,7 @@ import sys
 BENCHMARKS = {
     "gpt-train-step": "benchmarks.gpt_train_step",
     "nanogpt-char": "benchmarks.nanogpt_char",
+    "bert-sst2": "benchmarks.bert_sst2",
 }
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from safetensors.torch import save_model
@@ -144,3 +145,57 @@ def test_real_subprocess(files, tmp_path):
     assert json.loads(p.stdout)["tokens"] > 100
     p = subprocess.run(cmd + ["pretrain", "--recipe", "nope"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("error: unknown recipe 'nope'") and "Traceback" not in p.stderr
+
+
+BERT_TINY = """\
+extends: bert-mini
+model: {n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, max_positions: 64}
+tokenizer: {vocab_size: 300, min_frequency: 1}
+data: {val_fraction: 0.2}
+objective: {dupe_factor: 1}
+train: {seq_len: 32, global_batch_size: 4, max_steps: 3, eval_every: 3, eval_batches: 2, save_every: 3, log_every: 1}
+"""
+
+
+def test_make_mlm_data_pretrain_finetune(tmp_path):
+    recipe = tmp_path / "bert-tiny.yaml"
+    recipe.write_text(BERT_TINY)
+    corpus = tiny_corpus(tmp_path / "c.txt", n_docs=40)
+    assert run("tokenize", corpus, "--out", tmp_path / "tok", "--recipe", recipe).exit_code == 0
+    res = run("make-mlm-data", tmp_path / "tok", "--out", tmp_path / "mlm", "--max-seq-len", 32, "--dupe-factor", 2,
+              "--masking", "wwm", "--json")
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.stdout)
+    assert meta["format"] == "plm-mlm" and meta["counts"]["train"]["instances"] > 0
+    res = run("pretrain", "--recipe", recipe, "--data", tmp_path / "mlm", "--out", tmp_path / "bert", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["steps"] == 3 and summary["val_ppl"] > 1
+    sample = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
+    res = run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "bert", "--out", tmp_path / "ft",
+              "--max-steps", 4, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    assert out["task"] == "sst2" and 0 <= out["dev"]["accuracy"] <= 1 and (tmp_path / "ft" / "SST-2.tsv").is_file()
+    # A static dataset longer than the model's positions is refused, naming the fix.
+    assert run("make-mlm-data", tmp_path / "tok", "--out", tmp_path / "mlm128", "--max-seq-len", 128).exit_code == 0
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--data", tmp_path / "mlm128", "--set", "train.seq_len=32"))
+
+
+def test_make_mlm_data_bad_inputs(tmp_path):
+    (tmp_path / "plain").mkdir()
+    assert_clean_error(run("make-mlm-data", tmp_path / "plain", "--out", tmp_path / "o"), "plm tokenize")
+    one = tmp_path / "one.txt"
+    one.write_text("just one document\nwith two lines\n")
+    assert run("tokenize", one, "--out", tmp_path / "tok1", "--recipe", "bert-mini", "--val-fraction", "0").exit_code == 0
+    assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o"), "at least 2 documents", "--pairs sop")
+    assert not (tmp_path / "o").exists()
+
+
+def test_finetune_bad_inputs(files, tmp_path):
+    recipe, corpus = files
+    assert run("pretrain", "--recipe", recipe, "--data", corpus, "--out", tmp_path / "gpt").exit_code == 0
+    sample = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
+    assert_clean_error(run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "gpt"), "causal", "bert-mini")
+    assert_clean_error(run("finetune", "--task", "sst3", "--from", tmp_path / "gpt"), "unknown task")
+    assert_clean_error(run("finetune", "--task", "cola", "--data-dir", sample, "--from", tmp_path / "gpt"))
