@@ -74,7 +74,7 @@ def run(args) -> int:
 
     # Calibrate: a short run measures this machine's tokens/s, so the schedule's horizon (max_steps) can
     # end when the budget does instead of being cut mid-decay by the time limit.
-    cal = api.pretrain(args.recipe, [str(corpus)], str(root / "calibrate"), overrides=args.set or None, max_steps=30)
+    api.pretrain(args.recipe, [str(corpus)], str(root / "calibrate"), overrides=args.set or None, max_steps=30)
     rates = [r["tok_per_s"] for r in map(json.loads, (root / "calibrate" / "metrics.jsonl").read_text().splitlines())
              if "tok_per_s" in r][1:]
     rate = statistics.median(rates)

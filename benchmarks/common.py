@@ -19,9 +19,11 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 INTRO = """# Benchmarks
 
-plm side by side with its peers. Run `python -m benchmarks --help` for the list, and
-`python -m benchmarks NAME --help` for one benchmark's options. Each benchmark rewrites only its own
-section below (between its `<!-- bench:NAME -->` markers), recording the command, machine and date.
+plm side by side with its peers. From the repository root, `python -m benchmarks --help` lists the
+benchmarks and `python -m benchmarks NAME --help` shows one benchmark's options. Each benchmark rewrites only
+its own section below (between its `bench:NAME` comment markers) with the command, machine and date of the
+run, so re-running the recorded command reproduces a section. Throughput is CPU-bound and sensitive to
+other load: sections marked *Preliminary* were measured on a shared machine.
 """
 
 

@@ -77,6 +77,7 @@ def build(args):
     plm = GPT(cfg).train()
     torch.manual_seed(args.seed)
     hf = GPT2LMHeadModel(hf_config(cfg)).train()
+    hf.loss_type = "ForCausalLM"  # the loss it falls back to anyway; naming it skips a warning
     n_plm, n_hf = (sum(p.numel() for p in m.parameters()) for m in (plm, hf))
     if n_plm != n_hf:
         raise SystemExit(f"gpt-train-step: the models differ ({n_plm:,} vs {n_hf:,} parameters); the config mapping is wrong")
@@ -137,9 +138,11 @@ def run(args) -> int:
 
     stats = {name: common.summary(v) for name, v in samples.items()}
     ratio = stats["plm"]["median"] / stats["transformers"]["median"]
+    # Each side's best repeat is its least-disturbed one: on a busy machine that ratio is the steadier estimate.
+    best_ratio = stats["plm"]["max"] / stats["transformers"]["max"]
     rows = [[name, f"{s['median']:,.0f}", f"{s['min']:,.0f}–{s['max']:,.0f}",
              f"{1000 * tokens / s['median']:.1f}", f"{100 * s['spread']:.0f}%"] for name, s in stats.items()]
-    rows.append([f"**plm / transformers**", f"**{ratio:.2f}×**", "", "", ""])
+    rows.append(["**plm / transformers**", f"**{ratio:.2f}×**", f"best/best {best_ratio:.2f}×", "", ""])
     table = common.markdown_table(
         ["model", "tokens/s (median)", "tokens/s (min–max)", "ms/step (median)", "spread"], rows)
     m = recipe.model
@@ -156,7 +159,8 @@ vocab {V}, {n_params:,} parameters) on a batch of {B} × {T} random token ids, i
   `attn_implementation="sdpa"`), loss `model(input_ids=x, labels=x).loss` (shifted inside).
 
 Tokens/s = {B} × {T} / step time. {args.warmup} untimed repeat(s) each, then {args.repeats} repeats of
-{args.steps} steps, alternating plm, transformers, plm, ... Spread = (max − min) / median. Goal: plm ≥ 1.2×.
+{args.steps} steps, alternating plm, transformers, plm, ... Spread = (max − min) / median; best/best = the
+ratio of each side's fastest repeat. Goal: plm ≥ 1.2× (ratio of medians).
 """
     common.publish(NAME, common.section_body("GPT-2 training step: plm vs transformers", args, text, table, info), args)
     return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from typing import List, Optional
 
 import typer

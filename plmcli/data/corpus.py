@@ -31,6 +31,7 @@ from plmcli.data.tokenizers import (
     tokenizer_kind,
     train_tokenizer,
 )
+from plmcli.data.outdir import build_atomically
 from plmcli.errors import PlmError
 
 if TYPE_CHECKING:
@@ -262,17 +263,6 @@ def _counts(ds) -> dict:
     return c
 
 
-def _find_plm_error(e: BaseException) -> PlmError | None:
-    # datasets wraps errors raised inside a generator in DatasetGenerationError; surface ours.
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, PlmError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
-
-
 def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool,
            val_fraction: float, num_proc: int, key: str) -> dict:
     from datasets import DatasetDict, Dataset, Features, Sequence, Value
@@ -346,35 +336,8 @@ def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerCo
     files = _expand_inputs(inputs)
     key = _key(_input_stats(files), tok_cfg, doc_per_line, val_fraction)
 
-    if out_dir.exists():
-        old = _read_meta(out_dir) if out_dir.is_dir() else None
-        if old is None and not (out_dir.is_dir() and not any(out_dir.iterdir())):
-            raise PlmError(f"'{out_dir}' exists and is not a `plm tokenize` output",
-                           "choose another --out directory (plm will not overwrite it)")
-        if old is not None and old.get("key") == key and not force:
-            return old
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        try:
-            meta = _build(tmp, files, tok_cfg, doc_per_line, val_fraction, num_proc, key)
-        except Exception as e:
-            plm = _find_plm_error(e)
-            if plm is not None and plm is not e:
-                raise plm from None
-            raise
-        if out_dir.exists():  # an older output or an empty dir: swap it out only once the new one is complete
-            trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, trash / "old")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return meta
+    return build_atomically(out_dir, key, _read_meta,
+                            lambda tmp: _build(tmp, files, tok_cfg, doc_per_line, val_fraction, num_proc, key), "plm tokenize", force)
 
 
 # ----------------------------------------------------------------------------- using a corpus
@@ -432,37 +395,47 @@ def token_stream(corpus_dir: str | Path, split: str, sep_id: int | None) -> np.n
 
     Built once by streaming over the dataset and cached next to it as `{split}.{sep_id}.tokens.bin`.
     """
+    meta = _require_meta(Path(corpus_dir))
+    top = max(meta["tokenizer"]["vocab_size"], (sep_id or 0) + 1)
+    dtype = np.uint16 if top <= 65536 else np.uint32
+    return column_stream(corpus_dir, split, "input_ids", sep_id, dtype, f"{split}.{sep_id}.tokens.bin")
+
+
+def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, filename: str) -> np.ndarray:
+    """A list column of `split` flattened into one read-only memmap, `sep` after each document unless None.
+
+    Streams the dataset in batches (memory flat in corpus size) into corpus_dir/filename once; a json
+    sidecar, written last, marks the file complete.
+    """
     from datasets import load_from_disk
 
     corpus_dir = Path(corpus_dir)
     meta = _require_meta(corpus_dir)
     if split not in meta["counts"]:
         raise PlmError(f"no split '{split}' in '{corpus_dir}'", f"use one of: {', '.join(meta['counts'])}")
-    bin_path = corpus_dir / f"{split}.{sep_id}.tokens.bin"
+    bin_path = corpus_dir / filename
     side_path = bin_path.with_suffix(".json")
-    # The sidecar is written last, so its presence means the .bin is complete.
+    dtype = np.dtype(dtype)
     if not side_path.is_file():
-        top = max(meta["tokenizer"]["vocab_size"], (sep_id or 0) + 1)
-        dtype = np.dtype(np.uint16 if top <= 65536 else np.uint32)
         ds = load_from_disk(str(corpus_dir / "dataset" / split))
         length = 0
         fd, tmp = tempfile.mkstemp(prefix=f".{bin_path.name}.", dir=corpus_dir)
         try:
             with os.fdopen(fd, "wb") as f:
                 for tbl in ds.with_format("arrow").iter(batch_size=10_000):
-                    col = tbl["input_ids"].combine_chunks()
-                    values = col.flatten().to_numpy(zero_copy_only=False)
-                    if sep_id is not None:
+                    col = tbl[column].combine_chunks()
+                    values = col.flatten().to_numpy(zero_copy_only=False).astype(dtype)
+                    if sep is not None:
                         offsets = col.offsets.to_numpy()
-                        values = np.insert(values, offsets[1:] - offsets[0], sep_id)
-                    f.write(values.astype(dtype).tobytes())
+                        values = np.insert(values, offsets[1:] - offsets[0], sep)
+                    f.write(values.tobytes())
                     length += len(values)
             os.replace(tmp, bin_path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         side_tmp = side_path.with_name(f".{side_path.name}.{uuid.uuid4().hex[:8]}")
-        side_tmp.write_text(json.dumps({"dtype": dtype.name, "length": length, "sep_id": sep_id}))
+        side_tmp.write_text(json.dumps({"dtype": dtype.name, "length": length, "sep": None if sep is None else int(sep)}))
         os.replace(side_tmp, side_path)
     side = json.loads(side_path.read_text())
     if side["length"] == 0:  # numpy cannot memmap an empty file

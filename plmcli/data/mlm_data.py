@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from plmcli.data.corpus import _find_plm_error, _require_meta
+from plmcli.data.corpus import _require_meta
+from plmcli.data.outdir import build_atomically
 from plmcli.data.masking import chinese_word_starts, mask_batch
 from plmcli.errors import PlmError
 
@@ -416,35 +415,8 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
     blob = json.dumps([cmeta.get("key"), cmeta["tokenizer"].get("hash"), settings, FORMAT, VERSION], sort_keys=True)
     key = hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
-    if out_dir.exists():
-        old = _read_out_meta(out_dir) if out_dir.is_dir() else None
-        if old is None and not (out_dir.is_dir() and not any(out_dir.iterdir())):
-            raise PlmError(f"'{out_dir}' exists and is not a `plm make-mlm-data` output",
-                           "choose another --out directory (plm will not overwrite it)")
-        if old is not None and old.get("key") == key and not force:
-            return old
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        try:
-            meta = _build(tmp, corpus_dir, cmeta, settings, num_proc, key)
-        except Exception as e:
-            plm = _find_plm_error(e)
-            if plm is not None and plm is not e:
-                raise plm from None
-            raise
-        if out_dir.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, trash / "old")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return meta
+    return build_atomically(out_dir, key, _read_out_meta,
+                            lambda tmp: _build(tmp, corpus_dir, cmeta, settings, num_proc, key), "plm make-mlm-data", force)
 
 
 def _count(ds, pairs: str) -> dict:

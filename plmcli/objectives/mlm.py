@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,34 +283,9 @@ def collate_static(tbl, pad: int) -> dict:
 def word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
     """The corpus' `word_starts` flattened in step with `token_stream(corpus_dir, split, sep_id)`.
 
-    A separator counts as a word of its own. Built once by streaming and cached next to the tokens as
-    `{split}.{sep_id}.word_starts.bin` (one byte per token), so memory stays flat in corpus size.
+    A separator counts as a word of its own. Cached next to the tokens, one byte per token.
     """
-    from datasets import load_from_disk
+    from plmcli.data.corpus import column_stream
 
-    path = corpus_dir / f"{split}.{sep_id}.word_starts.bin"
-    side = path.with_suffix(".json")
-    if not side.is_file():
-        ds = load_from_disk(str(corpus_dir / "dataset" / split))
-        length = 0
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=corpus_dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for tbl in ds.with_format("arrow").iter(batch_size=10_000):
-                    col = tbl["word_starts"].combine_chunks()
-                    values = col.flatten().to_numpy(zero_copy_only=False).astype(np.uint8)
-                    offsets = col.offsets.to_numpy()
-                    values = np.insert(values, offsets[1:] - offsets[0], 1)  # the separator after each document
-                    f.write(values.tobytes())
-                    length += len(values)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        side_tmp = side.with_name(f".{side.name}.tmp")
-        side_tmp.write_text(json.dumps({"length": length}))
-        os.replace(side_tmp, side)
-    length = json.loads(side.read_text())["length"]
-    if length == 0:
-        return np.zeros(0, dtype=bool)
-    return np.memmap(path, dtype=np.bool_, mode="r", shape=(length,))
+    return column_stream(corpus_dir, split, "word_starts", True, np.bool_, f"{split}.{sep_id}.word_starts.bin")
+

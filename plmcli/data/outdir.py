@@ -1,0 +1,60 @@
+"""Output directories that are either complete or absent: built in a temp dir, then renamed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from plmcli.errors import PlmError
+
+
+def find_plm_error(e: BaseException) -> PlmError | None:
+    """datasets wraps errors raised inside generators and map workers; dig ours out of the chain."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, PlmError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict | None], build: Callable[[Path], dict],
+                     what: str, force: bool = False) -> dict:
+    """Return the meta of `out_dir` if it was built with `key`, else `build(tmp)` it and swap it into place.
+
+    `read_meta(dir)` gives the meta of an output of this kind or None; a non-empty directory of another
+    kind is never overwritten. An interrupted build leaves the old output (or nothing) behind.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        old = read_meta(out_dir) if out_dir.is_dir() else None
+        if old is None and not (out_dir.is_dir() and not any(out_dir.iterdir())):
+            raise PlmError(f"'{out_dir}' exists and is not a `{what}` output",
+                           "choose another --out directory (plm will not overwrite it)")
+        if old is not None and old.get("key") == key and not force:
+            return old
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        try:
+            meta = build(tmp)
+        except Exception as e:
+            plm = find_plm_error(e)
+            if plm is not None and plm is not e:
+                raise plm from None
+            raise
+        if out_dir.exists():  # an older output or an empty dir: swap it out only once the new one is complete
+            trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, trash / "old")
+            os.replace(tmp, out_dir)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
