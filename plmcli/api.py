@@ -121,9 +121,10 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     from accelerate import PartialState
 
     from plmcli.config import load_recipe
-    from plmcli.data.corpus import default_cache_dir, prepare_corpus
+    from plmcli.data.corpus import default_cache_dir
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.models.registry import build_model
+    from plmcli.objectives.registry import objective_class
     from plmcli.train import checkpoint as ckpt
 
     _quiet_datasets_off_terminal()
@@ -153,7 +154,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     inputs = list(data) if data else ([r.data.path] if r.data.path else [default_corpus()])
     state = PartialState()
     with state.main_process_first():  # one process tokenizes; the others then read its cache
-        corpus_dir = prepare_corpus(inputs, r.tokenizer, r.data)
+        corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
     meta = json.loads((corpus_dir / "meta.json").read_text())
     tok = load_tokenizer(corpus_dir / "tokenizer.json")
     special_ids = meta["tokenizer"]["special_token_ids"]
@@ -193,8 +194,11 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
         with state.main_process_first():
             data_dir = obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc)
-        summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
-                             stop_after=stop_after, console=console)
+        if hasattr(model, "fit"):  # no gradient (n-gram counts): the model fits itself and writes RUN/model.*
+            summary = model.fit(data_dir, st, sub, console=console)
+        else:
+            summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
+                                 stop_after=stop_after, console=console)
         if summary["stop_reason"] not in ("max_steps", "max_tokens"):
             break  # stopped early: the next --resume continues this phase
         if name is not None and state.is_main_process:
@@ -264,7 +268,7 @@ def resolve_run(run: str | None) -> Path:
         if run is None:
             raise PlmError("no run given and runs/latest does not exist", "pass --model RUN_DIR, or train one with `plm pretrain`")
         raise PlmError(f"{path} is not a plm run directory (no {RUN_CONFIG})", "pass the directory `plm pretrain` wrote")
-    if not (path / "model.safetensors").is_file():
+    if not any(path.glob("model.*")):
         raise PlmError(f"run {path} has no model.safetensors yet", "let the run finish, or resume it with `plm pretrain --resume --out RUN`")
     return path
 
@@ -281,7 +285,10 @@ def load_run(run: str | None):
     cfg = json.loads((path / RUN_CONFIG).read_text())
     model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
     model = build_model(cfg["family"], model_cfg)
-    load_model(model, str(path / "model.safetensors"))
+    if hasattr(model, "load_run_weights"):  # state whose shapes depend on the data (n-gram count tables)
+        model.load_run_weights(path)
+    else:
+        load_model(model, str(path / "model.safetensors"))
     model.eval()
     return model, load_tokenizer(path / "tokenizer.json"), cfg
 
@@ -291,20 +298,25 @@ def load_run(run: str | None):
 
 def eval_ppl(files: list[str], model: str | None = None, max_length: int | None = None, stride: int | None = None,
              batch_size: int = 8, console=None) -> dict:
-    """Perplexity of `files` under a causal LM run (see plmcli.eval.perplexity for the conventions)."""
-    import numpy as np
+    """Perplexity of `files` under a run (see plmcli.eval.perplexity for the conventions).
+
+    Causal LMs are scored with sliding windows; a family with its own `eval_ppl` (stateful RNNs, n-grams,
+    bidirectional or conditional LMs) scores the text itself and returns the same keys.
+    """
     import torch
 
-    from plmcli.data.corpus import iter_text_lines
-    from plmcli.eval.perplexity import report, sequence_nll
-
+    from plmcli.eval.perplexity import encode_file, report, sequence_nll
     from plmcli.models.registry import model_class
 
     family = json.loads((resolve_run(model) / RUN_CONFIG).read_text())["family"]
-    if not getattr(model_class(family), "causal", False):
+    cls = model_class(family)
+    if not (getattr(cls, "causal", False) or hasattr(cls, "eval_ppl")):
         raise PlmError(f"run {model or 'runs/latest'} ({family}) is not a causal LM, so it has no left-to-right perplexity",
                        "evaluate a causal run (gpt recipes) instead")
     net, tok, cfg = load_run(model)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if hasattr(net, "eval_ppl"):
+        return net.eval_ppl(files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size, device=device)
     positions = net.max_positions
     L = max_length or positions
     if not 1 <= L <= positions:
@@ -316,25 +328,10 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     prefix = ids.get("bos", ids.get("eos"))
     prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     net.to(device)
     total_nll, total_tok, total_bytes, total_words, per_file = 0.0, 0, 0, 0, []
     for f in files:
-        pieces, n_bytes, n_words = [], 0, 0
-        batch: list[str] = []
-        for line in iter_text_lines([f]):
-            n_bytes += len(line.encode("utf-8"))
-            n_words += len(line.split())
-            batch.append(line)
-            if len(batch) == 1024:
-                pieces.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(batch, add_special_tokens=False))
-                batch = []
-        if batch:
-            pieces.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(batch, add_special_tokens=False))
-        text_ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-        if len(text_ids) == 0:
-            raise PlmError(f"{f} has no tokens to score", "pass a file with text")
-        seq = np.concatenate([[prefix], text_ids]) if prefix is not None else text_ids
+        seq, n_bytes, n_words = encode_file(f, tok, prefix)
         nll, n = sequence_nll(lambda x: net(x), seq, L, S, batch_size, device)
         per_file.append({"file": f, **report(nll, n, n_bytes, n_words, S, L)})
         total_nll, total_tok, total_bytes, total_words = total_nll + nll, total_tok + n, total_bytes + n_bytes, total_words + n_words

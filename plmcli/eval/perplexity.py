@@ -72,3 +72,30 @@ def report(nll: float, tokens: int, n_bytes: int, n_words: int, stride: int, max
         "stride": stride,
         "max_length": max_length,
     }
+
+
+def encode_file(path: str, tok, prefix: int | None = None, batch_lines: int = 1024) -> tuple[np.ndarray, int, int]:
+    """(token ids of the whole file with `prefix` in front if given, UTF-8 bytes, whitespace words), streamed."""
+    from plmcli.data.corpus import iter_text_lines
+    from plmcli.errors import PlmError
+
+    pieces, n_bytes, n_words, batch = [], 0, 0, []
+
+    def flush():
+        pieces.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(batch, add_special_tokens=False))
+        batch.clear()
+
+    for line in iter_text_lines([path]):
+        n_bytes += len(line.encode("utf-8"))
+        n_words += len(line.split())
+        batch.append(line)
+        if len(batch) == batch_lines:
+            flush()
+    if batch:
+        flush()
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    if len(ids) == 0:
+        raise PlmError(f"{path} has no tokens to score", "pass a file with text")
+    if prefix is not None:
+        ids = np.concatenate([[prefix], ids])
+    return ids, n_bytes, n_words

@@ -33,6 +33,14 @@ class Objective:
     def configure_model(self, model_cfg, vocab_size: int) -> None:
         """Fill in model settings the data decides (vocab size) before the model is built."""
 
+    @staticmethod
+    def prepare_corpus(inputs, tokenizer_cfg, data_cfg):
+        """Raw inputs (or a ready directory) -> a directory with meta.json (its `tokenizer` entry) and
+        tokenizer.json. Plain documents by default; objectives on other data (parallel text) override it."""
+        from plmcli.data.corpus import prepare_corpus
+
+        return prepare_corpus(inputs, tokenizer_cfg, data_cfg)
+
     def prepare(self, corpus_dir, cache_root, num_proc: int = 1):
         """Turn a tokenized corpus into this objective's training data (e.g. static masked instances);
         returns the directory `stream` reads. Runs on the main process first, cached."""
