@@ -73,13 +73,19 @@ class OptimConfig:
     momentum: float = 0.0
     """SGD momentum."""
     schedule: str = "linear"
-    """linear | cosine | constant | inverse-sqrt | polynomial."""
+    """linear | cosine | constant | inverse-sqrt | polynomial | step."""
     warmup_steps: int = 0
     """Linear warmup steps."""
     min_lr_ratio: float = 0.0
     """The decayed learning rate as a fraction of lr."""
     power: float = 1.0
     """Exponent of the polynomial schedule."""
+    decay_factor: float = 0.5
+    """step schedule: multiply the lr by this every `decay_every` steps (Zaremba et al.: 0.5 per epoch)."""
+    decay_every: int = 1000
+    """step schedule: steps between two decays."""
+    decay_start: int = 0
+    """step schedule: the first decay happens after this many steps."""
 
 
 SECTIONS = ("model", "tokenizer", "data", "objective", "train", "optim")
