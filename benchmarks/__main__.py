@@ -11,6 +11,8 @@ BENCHMARKS = {
     "gpt-train-step": "benchmarks.gpt_train_step",
     "nanogpt-char": "benchmarks.nanogpt_char",
     "bert-sst2": "benchmarks.bert_sst2",
+    "bert-train-step": "benchmarks.bert_train_step",
+    "mlm-data": "benchmarks.mlm_data",
 }
 
 
