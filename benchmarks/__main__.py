@@ -13,6 +13,7 @@ BENCHMARKS = {
     "bert-sst2": "benchmarks.bert_sst2",
     "bert-train-step": "benchmarks.bert_train_step",
     "mlm-data": "benchmarks.mlm_data",
+    "ngram-ptb": "benchmarks.ngram_ptb",
 }
 
 

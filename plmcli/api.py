@@ -24,9 +24,9 @@ def _quiet_datasets_off_terminal() -> None:
         datasets.disable_progress_bars()
 
 
-def default_corpus() -> str:
-    """The small corpus shipped inside the package, so the first `plm pretrain` needs no data."""
-    return str(resources.files("plmcli") / "corpus" / "shakespeare-sample.txt")
+def default_corpus(name: str = "shakespeare-sample.txt") -> str:
+    """A small corpus shipped inside the package, so the first `plm pretrain` needs no data."""
+    return str(resources.files("plmcli") / "corpus" / name)
 
 
 # ---------------------------------------------------------------- recipes
@@ -151,7 +151,8 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         st.train.max_steps = max_steps or st.train.max_steps
         st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
 
-    inputs = list(data) if data else ([r.data.path] if r.data.path else [default_corpus()])
+    shipped = default_corpus(objective_class(r.objective_name).default_data)
+    inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
     state = PartialState()
     with state.main_process_first():  # one process tokenizes; the others then read its cache
         corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
@@ -257,6 +258,16 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
                         seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console)
 
 
+# ---------------------------------------------------------------- export
+
+
+def export(run: str | None, format: str, out: str):
+    """Write a run in another tool's format (arpa for n-gram runs); returns the written path."""
+    from plmcli.export import export as export_run
+
+    return export_run(run, format, out)
+
+
 # ---------------------------------------------------------------- runs
 
 
@@ -339,3 +350,28 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
     res["files"] = per_file
     return res
+
+
+# ---------------------------------------------------------------- generate
+
+
+def generate(model: str | None = None, prompts: list[str] | None = None, input_file: str | None = None,
+             max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4, top_k: int = 0,
+             top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
+             batch_size: int = 16) -> list[dict]:
+    """Generate from a run for each prompt (--prompt texts, then the non-blank lines of --input);
+    returns [{"prompt", "output"}] where output is the generated text only (see plmcli.generate)."""
+    from plmcli.data.corpus import iter_text_lines
+    from plmcli.generate import generate as run_generate
+
+    texts = list(prompts or [])
+    if input_file:
+        texts += [line.rstrip("\n") for line in iter_text_lines([input_file]) if line.strip()]
+    if not texts:
+        raise PlmError("no prompts given", "pass --prompt TEXT (repeatable) or --input FILE (one prompt per line)")
+    if batch_size < 1:
+        raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 16")
+    outputs = run_generate(model, texts, max_new_tokens=max_new_tokens, strategy=strategy, num_beams=num_beams,
+                           top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
+                           length_penalty=length_penalty, batch_size=batch_size)
+    return [{"prompt": p, "output": o} for p, o in zip(texts, outputs)]

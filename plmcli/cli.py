@@ -280,7 +280,8 @@ def eval_ppl(
     Windows of --max-length tokens move by --stride; each window scores only its new tokens, so every
     token gets between max_length-stride and max_length tokens of context. The first token is scored
     given the tokenizer's BOS/EOS when it has one (else it is context only; the output says which).
-    Also reports bits per byte (comparable across tokenizers) and word-level perplexity.
+    Also reports bits per byte (comparable across tokenizers) and word-level perplexity. n-gram runs score
+    each line as a sentence (N-1 <s> before it, </s> scored), ignore the windows and report the OOV rate.
 
     Example: plm eval-ppl wiki.test.raw --model runs/latest --max-length 1024 --stride 512 --json
     """
@@ -291,7 +292,65 @@ def eval_ppl(
         return _print_json({k: v for k, v in res.items() if k != "files"} | {"files": res["files"]})
     typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
                f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window {res['max_length']}/{res['stride']}  "
-               f"first token {res['first_token']}")
+               f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else ""))
+
+
+# ---------------------------------------------------------------- export
+
+
+@app.command()
+@guarded
+def export(
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
+    format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format."),
+    out: str = typer.Option(..., "--out", "-o", help="File to write."),
+):
+    """Write a finished run in another tool's format.
+
+    Example: plm pretrain --recipe ngram-kn5 --data train.txt && plm export runs/latest --format arpa --out lm.arpa
+    """
+    from plmcli import api
+
+    typer.echo(str(api.export(run, format, out)))
+
+
+# ---------------------------------------------------------------- generate
+
+
+@app.command()
+@guarded
+def generate(
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
+    prompts: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text (repeatable); for an encoder-decoder run, the source."),
+    input_file: Optional[str] = typer.Option(None, "--input", "-i", help="A file of prompts, one per line (blank lines skipped; '-' = stdin)."),
+    max_new_tokens: int = typer.Option(50, help="Generate at most this many tokens (stops earlier at eos)."),
+    strategy: str = typer.Option("greedy", help="greedy | beam | sample."),
+    num_beams: int = typer.Option(4, help="Beams for --strategy beam."),
+    top_k: int = typer.Option(0, help="sample: only the k most likely tokens (0 = no limit)."),
+    top_p: float = typer.Option(1.0, help="sample: only the smallest set of tokens with probability ≥ p (1 = no limit)."),
+    temperature: float = typer.Option(1.0, help="sample: divide the logits by this first (< 1 sharper, > 1 flatter)."),
+    seed: int = typer.Option(0, help="sample: seed of the sampler (the same seed gives the same text)."),
+    length_penalty: float = typer.Option(1.0, help="beam: hypotheses ranked by log-probability / length^this."),
+    batch_size: int = typer.Option(16, help="Prompts decoded together."),
+    as_json: bool = typer.Option(False, "--json", help="Print [{prompt, output}, ...] as JSON."),
+):
+    """Generate text from a run: a causal LM continues each prompt; an encoder-decoder (seq2seq,
+    transformer) translates it (or, trained with denoising, restores it).
+
+    Greedy, beam search (length-normalized, stops once num_beams hypotheses end), or sampling with
+    temperature, top-k and top-p (nucleus). Prints each output (only the generated text) on its own
+    line; use --json to keep prompts and multi-line outputs apart.
+
+    Example: plm generate runs/latest --prompt "First Citizen:" --strategy sample --top-p 0.9 --max-new-tokens 100
+    """
+    from plmcli import api
+
+    rows = api.generate(run, prompts, input_file, max_new_tokens, strategy, num_beams, top_k, top_p, temperature,
+                        seed, length_penalty, batch_size)
+    if as_json:
+        return _print_json(rows)
+    for row in rows:
+        typer.echo(row["output"])
 
 
 if __name__ == "__main__":

@@ -51,3 +51,38 @@ class ToyEncoder(torch.nn.Module):
 
     def forward(self, input_ids):
         return self.emb(input_ids)
+
+
+# Encoder-decoder runs: a word-reversal "translation" task ("a b c<TAB>c b a") that a tiny model learns in seconds.
+S2S_SPECIALS = '{pad: "<pad>", unk: "<unk>", mask: "<mask>", bos: "<s>", eos: "</s>"}'
+S2S_MODELS = {
+    "seq2seq": "{family: seq2seq, cell: gru, d_embed: 32, d_hidden: 128, attention: additive, dropout: 0.0, max_positions: 16}",
+    "transformer": "{family: transformer, n_encoder_layers: 1, n_decoder_layers: 1, d_model: 32, d_ff: 128, n_head: 2, "
+                   "dropout: 0.0, max_positions: 16}",
+}
+
+
+def reverse_pairs(path: Path, n: int = 600, seed: int = 0, letters: str = "a b c d e f g h") -> Path:
+    import random
+
+    rng, words = random.Random(seed), letters.split()
+    lines = []
+    for _ in range(n):
+        w = [rng.choice(words) for _ in range(rng.randint(3, 5))]
+        lines.append(" ".join(w) + "\t" + " ".join(reversed(w)))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny_s2s_recipe(path: Path, family: str = "seq2seq", max_steps: int = 250, objective: str = "translation") -> Path:
+    base = {"seq2seq": "seq2seq-attn-mini", "transformer": "transformer-mini"}[family]
+    path.write_text(f"""\
+extends: {base}
+model: {S2S_MODELS[family]}
+tokenizer: {{kind: word, vocab_size: 100, min_frequency: 1, special_tokens: {S2S_SPECIALS}}}
+data: {{val_fraction: 0.1}}
+objective: {{name: {objective}, label_smoothing: 0.0}}
+train: {{seq_len: 16, global_batch_size: 32, max_steps: {max_steps}, eval_every: 0, eval_batches: 0, save_every: 0, log_every: 50}}
+optim: {{name: adam, lr: 1.0e-2, warmup_steps: 10, schedule: cosine, min_lr_ratio: 0.0, betas: [0.9, 0.98]}}
+""", encoding="utf-8")
+    return path

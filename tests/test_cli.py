@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import save_model
 from typer.testing import CliRunner
 
-from helpers import ToyEncoder, ToyEncoderConfig, tiny_corpus, tiny_recipe
+from helpers import ToyEncoder, ToyEncoderConfig, reverse_pairs, tiny_corpus, tiny_recipe, tiny_s2s_recipe
 from plmcli.cli import app
 
 runner = CliRunner()
@@ -199,3 +199,26 @@ def test_finetune_bad_inputs(files, tmp_path):
     assert_clean_error(run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "gpt"), "causal", "bert-mini")
     assert_clean_error(run("finetune", "--task", "sst3", "--from", tmp_path / "gpt"), "unknown task")
     assert_clean_error(run("finetune", "--task", "cola", "--data-dir", sample, "--from", tmp_path / "gpt"))
+
+
+def test_generate_cli(tmp_path):
+    res = run("pretrain", "--recipe", tiny_s2s_recipe(tmp_path / "r.yaml", "transformer", max_steps=3),
+              "--data", reverse_pairs(tmp_path / "rev.txt", n=40), "--out", tmp_path / "s2s")
+    assert res.exit_code == 0, res.output
+    (tmp_path / "in.txt").write_text("a b c\n\nd e f\n")
+    res = run("generate", tmp_path / "s2s", "--prompt", "a b", "--input", tmp_path / "in.txt", "--strategy", "beam",
+              "--max-new-tokens", "4", "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["prompt"] for r in rows] == ["a b", "a b c", "d e f"] and all(isinstance(r["output"], str) for r in rows)
+    res = run("pretrain", "--recipe", tiny_recipe(tmp_path / "g.yaml"), "--data", tiny_corpus(tmp_path / "c.txt"),
+              "--out", tmp_path / "gpt")
+    assert res.exit_code == 0, res.output
+    res = run("generate", "--prompt", "the cat", "--strategy", "sample", "--top-p", "0.9", "--max-new-tokens", "5")
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) >= 1, res.output  # runs/latest = the GPT run
+    res = run("generate", "--prompt", "x", "--strategy", "nucleus")
+    assert res.exit_code == 2 and res.stderr.startswith("error: unknown decoding strategy")
+    res = run("generate", tmp_path / "gpt")
+    assert res.exit_code == 2 and "no prompts" in res.stderr
+    res = run("generate", "--help")
+    assert res.exit_code == 0 and "Example" in res.output

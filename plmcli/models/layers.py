@@ -92,3 +92,35 @@ def scale_residual_init(blocks, std: float, n_layer: int) -> None:
     for b in blocks:
         for lin in (b.attn.proj, b.mlp.proj):
             nn.init.normal_(lin.weight, 0.0, std / math.sqrt(2 * n_layer))
+
+
+class CrossAttention(nn.Module):
+    """Attention from queries x (B, T, C) to a memory (B, S, C): the encoder-decoder attention of an
+    encoder-decoder Transformer. Keys and values come from the memory; `memory_kv` computes them once
+    so incremental decoding does not redo them at every step."""
+
+    def __init__(self, d_model: int, n_head: int, bias: bool = True, attn_dropout: float = 0.0, resid_dropout: float = 0.0):
+        super().__init__()
+        assert d_model % n_head == 0, "d_model must be divisible by n_head"
+        self.n_head = n_head
+        self.q = nn.Linear(d_model, d_model, bias=bias)
+        self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.attn_dropout = attn_dropout
+        self.resid_dropout = nn.Dropout(resid_dropout)
+
+    def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S, C) memory -> keys and values, each (B, H, S, D)."""
+        B, S, C = memory.shape
+        k, v = self.kv(memory).view(B, S, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def forward(self, x: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor],
+                memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`memory_mask` (B, S) is True at real memory positions; padding gets no attention."""
+        B, T, C = x.shape
+        k, v = memory_kv
+        q = self.q(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
+        mask = memory_mask[:, None, None, :] if memory_mask is not None else None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))

@@ -7,6 +7,11 @@ from plmcli.registry_util import resolve
 FAMILIES: dict[str, str] = {
     "gpt": "plmcli.models.gpt:GPT",
     "bert": "plmcli.models.bert:Bert",
+    "ngram": "plmcli.models.ngram:NGramLM",
+    "seq2seq": "plmcli.models.seq2seq:Seq2Seq",
+    "transformer": "plmcli.models.transformer:Transformer",
+    "nnlm": "plmcli.models.nnlm:NNLM",
+    "rnn": "plmcli.models.rnn:RNNLM",
 }
 
 

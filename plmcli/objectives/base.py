@@ -24,6 +24,8 @@ class Objective:
     """Owns masking, collation and loss. Subclasses set `Config` and implement the methods below."""
 
     Config: type
+    default_data = "shakespeare-sample.txt"
+    """The shipped sample (in plmcli/corpus/) that pretrain uses when no --data is given."""
     ppl_metric = "loss"
     """The metric whose exponential is reported as perplexity (MLM with NSP: the MLM part only)."""
 

@@ -8,6 +8,10 @@ OBJECTIVES: dict[str, str] = {
     "clm": "plmcli.objectives.clm:CausalLM",
     "mlm": "plmcli.objectives.mlm:MaskedLM",
     "classify": "plmcli.objectives.classify:Classify",
+    "counts": "plmcli.objectives.ngram:Counting",
+    "translation": "plmcli.objectives.seq2seq:Translation",
+    "denoising": "plmcli.objectives.seq2seq:Denoising",
+    "bptt": "plmcli.objectives.bptt:TruncatedBPTT",
 }
 
 

@@ -124,7 +124,8 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
 
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
     # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
-    scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio, o.power)
+    scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio, o.power,
+                                decay_factor=o.decay_factor, decay_every=o.decay_every, decay_start=o.decay_start)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
     accelerator.register_for_checkpointing(scheduler)

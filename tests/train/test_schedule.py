@@ -109,7 +109,28 @@ def test_state_dict_round_trip_resumes_the_curve():
 def test_state_dict_carries_the_schedule_fields():
     sched = build_scheduler(_opt(), "polynomial", 3, 30, min_lr_ratio=0.05, power=2.0)
     (fields,) = sched.state_dict()["lr_lambdas"]
-    assert fields == {"name": "polynomial", "warmup_steps": 3, "total_steps": 30, "min_lr_ratio": 0.05, "power": 2.0}
+    assert fields == {"name": "polynomial", "warmup_steps": 3, "total_steps": 30, "min_lr_ratio": 0.05, "power": 2.0,
+                      "decay_factor": 0.5, "decay_every": 1000, "decay_start": 0}
+
+
+def test_step_schedule_is_zarembas_epoch_decay():
+    # Zaremba et al. small: lr 1 for epochs 0-3, then lr · 0.5^(epoch + 1 - 4); here an "epoch" is 3 steps.
+    E = 3
+    lrs = _lrs("step", 0, 0, 13 * E, decay_factor=0.5, decay_every=E, decay_start=4 * E)
+    for step, lr in enumerate(lrs):
+        epoch = step // E
+        assert lr == 0.5 ** max(epoch + 1 - 4, 0), (step, lr)
+
+
+def test_step_schedule_with_warmup_floor_and_state():
+    lrs = _lrs("step", 2, 0, 12, decay_factor=0.1, decay_every=2, decay_start=4, min_lr_ratio=0.005)
+    assert lrs == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 0.1, 0.1, 0.01, 0.01, 0.005, 0.005, 0.005, 0.005])
+    sched = build_scheduler(_opt(), "step", 0, 0, decay_factor=0.8, decay_every=7, decay_start=42)
+    (fields,) = sched.state_dict()["lr_lambdas"]
+    assert (fields["decay_factor"], fields["decay_every"], fields["decay_start"]) == (0.8, 7, 42)
+    for bad in ({"decay_factor": 0.0}, {"decay_factor": 1.5}, {"decay_every": 0}, {"decay_start": -1}):
+        with pytest.raises(PlmError):
+            build_scheduler(_opt(), "step", 0, 0, **bad)
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

@@ -1,0 +1,342 @@
+"""Text generation from a run: greedy, beam search and top-k / top-p sampling.
+
+Serves encoder-decoder runs (`seq2seq = True`: the prompt is the source, the output the decoded
+target) and causal LMs (`causal = True`: the prompt, after the tokenizer's bos (or eos), is continued).
+All decoding strategies drive one small interface, a *session* over N rows:
+`logits()` -> (N, V) next-token logits, `push(tokens)` appends one token per row, `select(index)`
+keeps / duplicates rows (beam search reorders them). Sessions exist for
+- encoder-decoders: `model.encode(src_ids, src_mask)` once, then `model.decode_step(tokens, state)`;
+- stateful causal LMs (`stateful = True`, forward(ids, state) -> (logits, state)): the state carried;
+- other causal LMs: the forward recomputed over the context, cropped to the model's max_positions.
+Generation stops at eos (which is not part of the output) or after max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from plmcli.errors import PlmError
+
+STRATEGIES = ("greedy", "beam", "sample")
+
+
+# ---------------------------------------------------------------- filters
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k highest logits of each row (ties with the k-th kept too); the rest -> -inf. k=0: all."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter (Holtzman et al. 2019): keep the smallest set of most likely tokens whose
+    probability mass is ≥ p; the rest -> -inf. p=1: all."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.float().softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass of the more likely tokens
+    drop_sorted = before >= p  # the set before this token already has mass ≥ p (never the first token)
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def select_state(state, index: torch.Tensor, dim: int = 0):
+    """Index every tensor of a nested dict / list / tuple state along `dim` (the batch)."""
+    if torch.is_tensor(state):
+        return state.index_select(dim, index.to(state.device))
+    if isinstance(state, dict):
+        return {k: select_state(v, index, dim) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(select_state(v, index, dim) for v in state)
+    return state
+
+
+class _Lazy:
+    """Logits are computed when asked for, so the token pushed last (at max_new_tokens) costs nothing."""
+
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            self._logits = self._advance(self._pending)
+            self._pending = None
+        return self._logits
+
+    def push(self, tokens: torch.Tensor) -> None:
+        self._pending, self._logits = tokens, None
+
+
+class Seq2SeqSession(_Lazy):
+    def __init__(self, model, sources: list[list[int]], pad: int, start: int, eos: int, device):
+        S = max(map(len, sources))
+        src = torch.full((len(sources), S), pad, dtype=torch.long)
+        mask = torch.zeros((len(sources), S), dtype=torch.bool)
+        for i, s in enumerate(sources):
+            src[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = True
+        self.model = model
+        self.state = model.encode(src.to(device), mask.to(device))
+        self._pending, self._logits = torch.full((len(sources),), start, dtype=torch.long, device=device), None
+
+    def _advance(self, tokens):
+        logits, self.state = self.model.decode_step(tokens, self.state)
+        return logits
+
+    def select(self, index):
+        self.state = select_state(self.state, index)
+        self._pending = None if self._pending is None else self._pending[index]
+        self._logits = None if self._logits is None else self._logits[index]
+
+
+class CausalSession(_Lazy):
+    """Right-padded token buffer; each step reruns the model over each row's last max_positions tokens."""
+
+    def __init__(self, model, contexts: list[list[int]], max_new: int, max_positions: int | None, device):
+        self.model, self.P = model, max_positions
+        width = max(map(len, contexts)) + max_new + 1
+        self.buf = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
+        for i, c in enumerate(contexts):
+            self.buf[i, : len(c)] = torch.tensor(c)
+        self.len = torch.tensor([len(c) for c in contexts], device=device)
+        self._pending, self._logits = None, None
+
+    def _forward(self, x):
+        out = self.model(x)
+        return out[0] if isinstance(out, tuple) else out
+
+    def _advance(self, tokens):
+        if tokens is not None:
+            self.buf[torch.arange(len(self.len), device=self.buf.device), self.len] = tokens
+            self.len = self.len + 1
+        n = self.len if self.P is None else self.len.clamp(max=self.P)
+        w = int(n.max())
+        # A causal model's position t sees positions ≤ t only, so whatever lies right of a row's end is harmless.
+        cols = (self.len - n)[:, None] + torch.arange(w, device=self.buf.device)
+        x = self.buf.gather(1, cols.clamp(max=self.buf.shape[1] - 1))
+        logits = self._forward(x)
+        return logits[torch.arange(len(n), device=logits.device), n - 1]
+
+    def select(self, index):
+        self.buf, self.len = self.buf[index], self.len[index]
+        self._pending = None if self._pending is None else self._pending[index]
+        self._logits = None if self._logits is None else self._logits[index]
+
+
+class StatefulSession(_Lazy):
+    """Causal LMs that carry a recurrent state: read each context once, then one token per step."""
+
+    def __init__(self, model, contexts: list[list[int]], device):
+        self.model = model
+        logits, states = [], []
+        for c in contexts:  # one at a time: padding would run into a shorter row's final state
+            out, st = model(torch.tensor([c], device=device))
+            logits.append(out[:, -1])
+            states.append(st)
+        self.state = _cat_states(states)
+        self._pending, self._logits = None, torch.cat(logits)
+
+    def _advance(self, tokens):
+        out, self.state = self.model(tokens[:, None], self.state)
+        return out[:, -1]
+
+    def select(self, index):
+        self.state = select_state(self.state, index, dim=1)  # RNN states are (layers, B, H)
+        self._pending = None if self._pending is None else self._pending[index]
+        self._logits = None if self._logits is None else self._logits[index]
+
+
+def _cat_states(states):
+    first = states[0]
+    if torch.is_tensor(first):
+        return torch.cat(states, dim=1)
+    return type(first)(_cat_states([s[i] for s in states]) for i in range(len(first)))
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def _per_row(session, n: int, max_new: int, eos: int | None, pick) -> list[list[int]]:
+    """Greedy or sampling: each row picks its next token from its own logits; finished rows leave."""
+    out = [[] for _ in range(n)]
+    alive = list(range(n))
+    for step in range(max_new):
+        tokens = pick(session.logits().float())
+        keep = []
+        for j, (row, t) in enumerate(zip(alive, tokens.tolist())):
+            if t == eos:
+                continue
+            out[row].append(t)
+            keep.append(j)
+        if not keep or step == max_new - 1:
+            break
+        if len(keep) < len(alive):
+            idx = torch.tensor(keep, device=tokens.device)
+            session.select(idx)
+            tokens = tokens[idx]
+            alive = [alive[j] for j in keep]
+        session.push(tokens)
+    return out
+
+
+def _beam(session, n: int, K: int, max_new: int, eos: int | None, length_penalty: float) -> list[list[int]]:
+    """Beam search with K beams per input. A hypothesis ending in eos (among the top K candidates of a
+    step) is finished with score logp / length^length_penalty (length counts the eos); an input stops
+    once it has K finished hypotheses; at max_new_tokens the live beams join the finished ones."""
+    device = session.logits().device
+    session.select(torch.arange(n, device=device).repeat_interleave(K))
+    scores = torch.full((n, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all K rows start identical: only one may expand
+    history = torch.zeros((n * K, 0), dtype=torch.long, device=device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    done = [False] * n
+    for step in range(max_new):
+        logp = F.log_softmax(session.logits().float(), -1)
+        V = logp.shape[-1]
+        cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
+        top_s, top_i = cand.topk(min(2 * K, K * V), dim=-1)
+        new_scores = torch.full((n, K), float("-inf"), device=device)
+        new_src = torch.zeros((n, K), dtype=torch.long, device=device)
+        new_tok = torch.zeros((n, K), dtype=torch.long, device=device)
+        for b in range(n):
+            if done[b]:
+                continue
+            j = 0
+            for rank, (s, i) in enumerate(zip(top_s[b].tolist(), top_i[b].tolist())):
+                if s == float("-inf"):
+                    break
+                src, tok = divmod(i, V)
+                if tok == eos:
+                    if rank < K:
+                        finished[b].append((s / (step + 1) ** length_penalty, history[b * K + src].tolist()))
+                    continue
+                new_scores[b, j], new_src[b, j], new_tok[b, j] = s, src, tok
+                j += 1
+                if j == K:
+                    break
+            done[b] = len(finished[b]) >= K
+        if all(done):
+            break
+        rows = (torch.arange(n, device=device)[:, None] * K + new_src).view(-1)
+        history = torch.cat([history[rows], new_tok.view(-1, 1)], 1)
+        scores = new_scores
+        if step == max_new - 1:
+            break
+        session.select(rows)
+        session.push(new_tok.view(-1))
+    results = []
+    for b in range(n):
+        pool = list(finished[b])
+        if not done[b]:  # out of steps: live beams compete, normalized by their length
+            length = max(history.shape[1], 1)
+            pool += [(scores[b, k].item() / length ** length_penalty, history[b * K + k].tolist())
+                     for k in range(K) if scores[b, k].item() > float("-inf")]
+        results.append(max(pool, key=lambda h: h[0])[1] if pool else [])
+    return results
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, length_penalty):
+    if strategy not in STRATEGIES:
+        raise PlmError(f"unknown decoding strategy '{strategy}'", f"use one of: {', '.join(STRATEGIES)}")
+    if max_new_tokens < 0:
+        raise PlmError(f"--max-new-tokens {max_new_tokens} must be ≥ 0", "e.g. --max-new-tokens 50")
+    if num_beams < 1:
+        raise PlmError(f"--num-beams {num_beams} must be ≥ 1", "e.g. --num-beams 4")
+    if top_k < 0:
+        raise PlmError(f"--top-k {top_k} must be ≥ 0 (0 = no top-k filter)", "e.g. --top-k 50")
+    if not 0 < top_p <= 1:
+        raise PlmError(f"--top-p {top_p} must be in (0, 1] (1 = no nucleus filter)", "e.g. --top-p 0.9")
+    if not temperature > 0 or math.isinf(temperature):
+        raise PlmError(f"--temperature {temperature} must be a positive number", "e.g. --temperature 0.8 (greedy: --strategy greedy)")
+    if math.isnan(length_penalty):
+        raise PlmError("length_penalty is not a number", "e.g. 1.0")
+
+
+@torch.no_grad()
+def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4,
+             top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
+             batch_size: int = 16, device=None) -> list[str]:
+    """Generate text for each prompt; returns the generated text only (a causal LM's continuation
+    without the prompt, an encoder-decoder's output for the prompt as source).
+
+    `run`: a run directory (None = runs/latest) or a loaded (model, tokenizer, run config) triple as
+    plmcli.api.load_run returns. strategy: greedy | beam (num_beams, length_penalty: hypotheses
+    ranked by logp / length^length_penalty) | sample (temperature, then top_k, then top_p; seeded, so
+    the same call gives the same text). Prompts are decoded batch_size at a time.
+    """
+    _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, length_penalty)
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if isinstance(run, tuple):
+        model, tok, cfg = run
+    else:
+        from plmcli.api import load_run
+
+        model, tok, cfg = load_run(run)
+    seq2seq, causal = getattr(model, "seq2seq", False), getattr(model, "causal", False)
+    if not (seq2seq or causal):
+        raise PlmError(f"a {cfg.get('family', type(model).__name__)} run cannot generate text (it is neither causal nor encoder-decoder)",
+                       "generate from a causal LM (gpt, rnn, ...) or a seq2seq / transformer run")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device).eval()
+    ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
+    eos = ids.get("eos")
+    P = getattr(model, "max_positions", None)
+    if seq2seq:
+        if "pad" not in ids or "eos" not in ids:
+            raise PlmError("the run's tokenizer has no pad/eos special tokens", "train it with a seq2seq recipe's tokenizer settings")
+        start = ids.get("bos", eos)
+        max_new_tokens = min(max_new_tokens, P - 1) if P else max_new_tokens  # the decoder's positions
+    prefix = [ids[r] for r in ("bos", "eos") if r in ids][:1]
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def pick(logits):
+        if strategy == "greedy":
+            return logits.argmax(-1)
+        logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
+        return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+    texts: list[str] = []
+    for b in range(0, len(prompts), batch_size):
+        batch = [str(p).rstrip("\n") for p in prompts[b : b + batch_size]]
+        encoded = [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
+        if max_new_tokens == 0:
+            texts.extend("" for _ in batch)
+            continue
+        if seq2seq:
+            keep = (P - 1) if P else None
+            session = Seq2SeqSession(model, [e[:keep] + [eos] for e in encoded], ids["pad"], start, eos, device)
+        else:
+            contexts = [prefix + e for e in encoded]
+            if any(not c for c in contexts):
+                raise PlmError("an empty prompt, and the run's tokenizer has no bos/eos to start from", "give every prompt some text")
+            if getattr(model, "stateful", False):
+                session = StatefulSession(model, contexts, device)
+            else:
+                session = CausalSession(model, contexts, max_new_tokens, P, device)
+        if strategy == "beam":
+            outs = _beam(session, len(batch), num_beams, max_new_tokens, eos, length_penalty)
+        else:
+            outs = _per_row(session, len(batch), max_new_tokens, eos, pick)
+        for e, out in zip(encoded, outs):
+            texts.append(_decode(tok, e, out, continuation=not seq2seq))
+    return texts
+
+
+def _decode(tok, prompt_ids: list[int], new_ids: list[int], continuation: bool) -> str:
+    if not continuation:
+        return tok.decode(new_ids, skip_special_tokens=True)
+    # Decode prompt + continuation together (so word joins come out right), then drop the prompt's text.
+    head = tok.decode(prompt_ids, skip_special_tokens=True)
+    full = tok.decode(prompt_ids + new_ids, skip_special_tokens=True)
+    return full[len(head):] if full.startswith(head) else tok.decode(new_ids, skip_special_tokens=True)

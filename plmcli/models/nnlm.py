@@ -1,0 +1,102 @@
+"""NNLM: Bengio, Ducharme, Vincent & Jauvin 2003, "A Neural Probabilistic Language Model" (JMLR 3).
+
+P(w_t | w_{t-n+1} .. w_{t-1}) = softmax(b + W·x + U·tanh(d + H·x)), where x is the concatenation of the
+n-1 previous words' feature vectors C(w) (m each). W is the paper's optional "direct connections" from
+the word features to the output; h is the hidden size. Names follow the paper: n = order, m = d_embed,
+h = d_hidden.
+
+It is an ordinary causal LM over a whole sequence: position t predicts t+1 from tokens t-n+2 .. t, so the
+`clm` objective trains it unchanged. At the start of a sequence the missing words are zero vectors.
+There are no positions, so any length is fine (max_positions is only a large bound for callers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class NNLMConfig:
+    vocab_size: int = 0
+    """Vocabulary size; 0 = take it from the tokenizer."""
+    order: int = 5
+    """n: each word is predicted from the n-1 words before it."""
+    d_embed: int = 60
+    """m: word feature vector size."""
+    d_hidden: int = 50
+    """h: tanh hidden units."""
+    direct: bool = True
+    """Direct connections W from the concatenated word features to the output (the paper's W)."""
+    dropout: float = 0.0
+    """Dropout on the concatenated features and the hidden layer (not in the paper; 0 = off)."""
+    init_range: float = 0.1
+    """Embeddings start uniform in ±init_range; linear layers use torch's fan-in default."""
+
+
+class NNLM(nn.Module):
+    Config = NNLMConfig
+    causal = True
+    max_positions = 1 << 20
+
+    def __init__(self, cfg: NNLMConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("NNLMConfig.vocab_size must be set (from the tokenizer) before building")
+        if cfg.order < 2:
+            raise ValueError(f"order must be ≥ 2 (a word predicted from at least one previous word), not {cfg.order}")
+        self.cfg = cfg
+        d_in = (cfg.order - 1) * cfg.d_embed
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_embed)  # C
+        self.hidden = nn.Linear(d_in, cfg.d_hidden)  # d + H·x
+        self.lm_head = nn.Linear(cfg.d_hidden, cfg.vocab_size)  # b + U·a
+        self.direct = nn.Linear(d_in, cfg.vocab_size, bias=False) if cfg.direct else None  # W·x
+        self.drop = nn.Dropout(cfg.dropout)
+        nn.init.uniform_(self.wte.weight, -cfg.init_range, cfg.init_range)
+        if self.direct is not None:
+            nn.init.zeros_(self.direct.weight)  # start as the plain MLP; the shortcut is learned
+
+    def context(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, T, (n-1)·m): at t, the features of tokens t-n+2 .. t, oldest first."""
+        B, T = input_ids.shape
+        n1, m = self.cfg.order - 1, self.cfg.d_embed
+        e = self.wte(input_ids)  # (B, T, m)
+        e = F.pad(e, (0, 0, n1 - 1, 0))  # (B, T+n-2, m): zero vectors before the first token
+        return e.unfold(1, n1, 1).transpose(2, 3).reshape(B, T, n1 * m)  # windows (B, T, m, n-1) -> (B, T, (n-1)m)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, T, V) next-token logits."""
+        x = self.drop(self.context(input_ids))  # (B, T, (n-1)m)
+        a = self.drop(torch.tanh(self.hidden(x)))  # (B, T, h)
+        logits = self.lm_head(a)  # (B, T, V)
+        if self.direct is not None:
+            logits = logits + self.direct(x)
+        return logits
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""
+        return 6 * (sum(p.numel() for p in self.parameters()) - self.wte.weight.numel())
+
+    @torch.no_grad()
+    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
+        """Perplexity where every token sees its full n-1 word context, text encoded as in training.
+
+        Windows of `max_length` tokens (default 512) advance by max_length - (n-2), so each scored token
+        has its n-1 predecessors inside its window: the result equals one pass over the whole text.
+        `stride` does not apply. Line ends as for the RNN LMs: <eos> after every line, scored.
+        """
+        from plmcli.errors import PlmError
+        from plmcli.eval.perplexity import sequence_nll
+        from plmcli.models.rnn import eval_files
+
+        L = max_length or 512
+        n1 = self.cfg.order - 1
+        if L < n1:
+            raise PlmError(f"--max-length {L} is shorter than the model's context of {n1} words", f"use --max-length ≥ {n1}")
+        S = L - (n1 - 1)
+        self.to(device).eval()
+        return eval_files(files, tok, cfg, lambda seq: sequence_nll(self, seq, L, S, batch_size, device), L, S,
+                          context=f"the {n1} previous tokens")

@@ -1,0 +1,200 @@
+"""Recurrent LMs: Elman RNN (tanh), LSTM and GRU, trained with truncated BPTT (objective `bptt`).
+
+embedding → n_layer recurrent layers → (projection) → softmax, as in Zaremba, Sutskever & Vinyals 2014,
+"Recurrent Neural Network Regularization". Dropout sits only on the non-recurrent connections (the
+embeddings, between layers, before the softmax): dropping h_{t-1} → h_t would erase the memory at
+every step, which is why plain dropout did not work for RNNs before that paper.
+
+The model is stateful: forward(input_ids, state) returns the next state, the objective carries it
+from one BPTT segment to the next, and `eval_ppl` carries it across the whole text (no windows).
+
+Line ends. The `word` tokenizer drops newlines, so a line end must be a token: as Mikolov's and
+Zaremba's PTB setup, <eos> ends every line. In training that is `data.doc_per_line: true` (every line a
+document, the token stream puts eos after each); `eval_ppl` appends eos after every non-blank line and
+scores it like any word (the PTB convention: the 82,430 test tokens are 78,669 words + 3,761 <eos>).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+
+@dataclass
+class RNNConfig:
+    vocab_size: int = 0
+    """Vocabulary size; 0 = take it from the tokenizer."""
+    cell: str = "lstm"
+    """rnn (Elman, tanh) | lstm | gru."""
+    n_layer: int = 2
+    """Stacked recurrent layers."""
+    d_embed: int = 200
+    """Word embedding size."""
+    d_hidden: int = 200
+    """Hidden (and LSTM cell) size of every layer."""
+    dropout_embed: float = 0.0
+    """Dropout on the embeddings entering the first layer."""
+    dropout_hidden: float = 0.0
+    """Dropout between recurrent layers (never on the recurrent connection itself)."""
+    dropout_output: float = 0.0
+    """Dropout on the last layer's output, before the softmax."""
+    tie_embeddings: bool = False
+    """The softmax shares the embedding matrix (Press & Wolf 2017); with d_embed ≠ d_hidden a linear
+    projection d_hidden → d_embed comes first."""
+    init_range: float = 0.1
+    """Every parameter starts uniform in ±init_range (Zaremba: 0.1 small, 0.05 medium, 0.04 large)."""
+
+
+class RNNLM(nn.Module):
+    Config = RNNConfig
+    causal = True
+    stateful = True
+    """forward takes and returns a recurrent state: objectives carry it across segments."""
+
+    def __init__(self, cfg: RNNConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("RNNConfig.vocab_size must be set (from the tokenizer) before building")
+        if cfg.cell not in CELLS:
+            raise ValueError(f"cell must be one of {', '.join(CELLS)}, not {cfg.cell!r}")
+        if cfg.n_layer < 1:
+            raise ValueError("n_layer must be ≥ 1")
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_embed)
+        self.drop_embed = nn.Dropout(cfg.dropout_embed)
+        # One multi-layer module: torch's fused kernels; its `dropout` is exactly the between-layer one.
+        self.rnn = CELLS[cfg.cell](cfg.d_embed, cfg.d_hidden, num_layers=cfg.n_layer, batch_first=True,
+                                   dropout=cfg.dropout_hidden if cfg.n_layer > 1 else 0.0)
+        self.drop_output = nn.Dropout(cfg.dropout_output)
+        d_out = cfg.d_hidden
+        self.proj = None
+        if cfg.tie_embeddings and cfg.d_embed != cfg.d_hidden:
+            self.proj = nn.Linear(cfg.d_hidden, cfg.d_embed, bias=False)
+            d_out = cfg.d_embed
+        self.lm_head = nn.Linear(d_out, cfg.vocab_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, input_ids: torch.Tensor, state=None):
+        """(B, T) ids, state from the previous segment (None = zeros) -> ((B, T, V) logits, new state).
+
+        The state is (h, c), each (n_layer, B, d_hidden), for an LSTM, and h alone for rnn / gru.
+        """
+        x = self.drop_embed(self.wte(input_ids))  # (B, T, E)
+        h, state = self.rnn(x, state)  # (B, T, H)
+        if self.proj is not None:
+            h = self.proj(h)  # (B, T, E)
+        return self.lm_head(self.drop_output(h)), state  # (B, T, V)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""
+        return 6 * (sum(p.numel() for p in self.parameters()) - self.wte.weight.numel() * (not self.cfg.tie_embeddings))
+
+    @torch.no_grad()
+    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
+        """Perplexity with the hidden state carried across each whole file (one stream, no windows).
+
+        The text is fed in chunks of `max_length` tokens (default 1024); that only bounds memory, the
+        result does not depend on it. `stride` and `batch_size` do not apply. See the module docstring
+        for line ends.
+        """
+        from plmcli.errors import PlmError
+
+        chunk = max_length or 1024
+        if chunk < 1:
+            raise PlmError(f"--max-length {chunk} must be ≥ 1", "it is only the chunk size: e.g. --max-length 1024")
+        self.to(device).eval()
+        return eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, chunk, device), chunk, chunk,
+                          context="the whole text before it (hidden state carried)")
+
+    @torch.no_grad()
+    def stream_nll(self, seq: np.ndarray, chunk: int, device="cpu") -> tuple[float, int]:
+        """Summed NLL of seq[1:] given everything before, reading `chunk` tokens per forward pass."""
+        seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
+        total, state = 0.0, None
+        for i in range(0, len(seq_t) - 1, chunk):
+            x = seq_t[i : min(i + chunk, len(seq_t) - 1)][None]  # (1, t)
+            y = seq_t[i + 1 : i + 1 + x.shape[1]]
+            logits, state = self(x, state)
+            total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
+        return total, len(seq_t) - 1
+
+
+# ----------------------------------------------------------------------------- text -> scored tokens
+# Shared with the NNLM (models/nnlm.py): both score text encoded as their training data was.
+
+
+def encode_lines(path: str, tok, line_end: int | None, prefix: int | None, batch_lines: int = 1024):
+    """(ids, UTF-8 bytes, whitespace words) of a file: `prefix` first, then each
+    non-blank line's tokens followed by `line_end` (when given). Streams the file in batches of lines."""
+    from plmcli.data.corpus import iter_text_lines
+    from plmcli.errors import PlmError
+
+    pieces = [np.asarray([prefix], dtype=np.int64)] if prefix is not None else []
+    end = np.asarray([line_end] if line_end is not None else [], dtype=np.int64)
+    n_bytes, n_words, batch = 0, 0, []
+
+    def flush():
+        for e in tok.encode_batch(batch, add_special_tokens=False):
+            pieces.extend((np.asarray(e.ids, dtype=np.int64), end))
+        batch.clear()
+
+    for line in iter_text_lines([path]):
+        n_bytes += len(line.encode("utf-8"))
+        n_words += len(line.split())
+        if line.strip():  # blank lines are not documents in training (data.doc_per_line) either
+            batch.append(line)
+        if len(batch) == batch_lines:
+            flush()
+    if batch:
+        flush()
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    if len(ids) - (prefix is not None) < 1:
+        raise PlmError(f"{path} has no tokens to score", "pass a file with text")
+    return ids, n_bytes, n_words
+
+
+def eval_files(files, tok, cfg: dict, nll_fn: Callable[[np.ndarray], tuple[float, int]], max_length: int, stride: int,
+               context: str) -> dict:
+    """The eval-ppl report (plmcli.eval.perplexity.report keys) of `nll_fn` over each file and in total.
+
+    Adds `line_end`, `first_token`, `context` and `oov_rate`: the share of the text's tokens (the added
+    <eos> not counted) that are <unk>.
+    """
+    from plmcli.errors import PlmError
+    from plmcli.eval.perplexity import report
+
+    ids = cfg["tokenizer"].get("special_token_ids", {})
+    eos, unk = ids.get("eos"), ids.get("unk")
+    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
+    prefix = ids.get(prefix_name) if prefix_name else None
+    totals = np.zeros(6)  # nll, tokens, bytes, words, text tokens, unk
+    per_file = []
+    for f in files:
+        seq, n_bytes, n_words = encode_lines(f, tok, eos, prefix)
+        nll, n = nll_fn(seq)
+        scored = seq[1:]
+        n_text = int((scored != eos).sum()) if eos is not None else n
+        n_unk = int((scored == unk).sum()) if unk is not None else 0
+        per_file.append({"file": f, **report(nll, n, n_bytes, n_words, stride, max_length), "oov_rate": n_unk / max(n_text, 1)})
+        totals += (nll, n, n_bytes, n_words, n_text, n_unk)
+    nll, n, n_bytes, n_words, n_text, n_unk = totals
+    if n_unk and n_unk == n_text:
+        raise PlmError(f"every word of {', '.join(map(str, files))} is out of the model's vocabulary (<unk>)",
+                       "evaluate text in the language, casing and tokenization of the training corpus")
+    res = report(float(nll), int(n), int(n_bytes), int(n_words), stride, max_length)
+    res["oov_rate"] = float(n_unk / max(n_text, 1))
+    res["line_end"] = "<eos> after every line, scored" if eos is not None else "not added (the tokenizer has no eos)"
+    res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
+    res["context"] = context
+    res["files"] = per_file
+    return res

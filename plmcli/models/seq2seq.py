@@ -1,0 +1,217 @@
+"""RNN encoder-decoder with attention (Bahdanau et al. 2015; Luong et al. 2015).
+
+Encoder: a (bi)directional LSTM/GRU over the source; a bidirectional encoder gives each direction
+d_hidden/2 units, so its outputs (the memory) and its final states (fwd ‖ bwd, per layer, which start
+the decoder) are d_hidden wide, as in OpenNMT's brnn.
+
+Decoder (Luong's global attention, as OpenNMT): at step t the RNN reads the previous target token
+(and, with input feeding, the previous attentional vector h̃_{t-1}); its output h_t scores every
+memory position m_s with
+    dot       h_t · m_s
+    general   h_t · W m_s
+    additive  v · tanh(W_q h_t + W_k m_s)        (Bahdanau's "concat"/MLP score)
+padding excluded; a_t = softmax of the scores, c_t = Σ_s a_ts m_s, h̃_t = tanh(W_c [c_t; h_t]) and
+the next-token logits come from h̃_t. Training is teacher-forced: the decoder reads the gold target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
+SCORES = ("dot", "general", "additive")
+
+
+@dataclass
+class Seq2SeqConfig:
+    vocab_size: int = 0
+    """Shared source/target vocabulary; 0 = take it from the tokenizer."""
+    max_positions: int = 512
+    """Longest source or target sequence accepted (RNNs have no position table; this bounds
+    train.seq_len and generation)."""
+    cell: str = "lstm"
+    """lstm | gru."""
+    n_layer: int = 1
+    """Stacked RNN layers in the encoder and in the decoder."""
+    d_embed: int = 256
+    """Token embedding size (one matrix for source and target)."""
+    d_hidden: int = 512
+    """Decoder hidden size = memory width (a bidirectional encoder gives each direction half)."""
+    bidirectional: bool = True
+    """Bidirectional encoder."""
+    attention: str = "general"
+    """dot | general | additive (Bahdanau)."""
+    d_attention: int = 0
+    """Additive score's inner size; 0 = d_hidden."""
+    input_feeding: bool = True
+    """Feed h̃_{t-1} into the decoder RNN with the next token (Luong §3.3); off, the decoder RNN runs
+    over the whole target at once (faster)."""
+    dropout: float = 0.2
+    """Dropout on embeddings, between RNN layers and on h̃ before the output layer."""
+    tie_embeddings: bool = True
+    """The output layer shares the embedding matrix (through a d_hidden→d_embed projection if they differ)."""
+    init_range: float = 0.1
+    """Parameters start uniform in ±init_range (Luong et al.)."""
+
+
+class Attention(nn.Module):
+    """Scores queries (B, T, Dq) against a memory (B, S, Dk); returns contexts (B, T, Dk) and weights (B, T, S)."""
+
+    def __init__(self, score: str, d_query: int, d_key: int, d_attention: int = 0):
+        super().__init__()
+        if score not in SCORES:
+            raise ValueError(f"attention must be one of {', '.join(SCORES)}, not {score!r}")
+        if score == "dot" and d_query != d_key:
+            raise ValueError(f"dot attention needs equal query and key sizes ({d_query} vs {d_key})")
+        self.score = score
+        if score == "general":
+            self.w = nn.Linear(d_key, d_query, bias=False)
+        elif score == "additive":
+            d_attention = d_attention or d_query
+            self.w_q = nn.Linear(d_query, d_attention, bias=False)
+            self.w_k = nn.Linear(d_key, d_attention, bias=True)
+            self.v = nn.Linear(d_attention, 1, bias=False)
+
+    def keys(self, memory: torch.Tensor) -> torch.Tensor:
+        """The query-independent part of the score, computed once per source."""
+        if self.score == "dot":
+            return memory
+        return self.w(memory) if self.score == "general" else self.w_k(memory)
+
+    def forward(self, query, keys, memory, mask):
+        """query (B, T, Dq), keys = self.keys(memory), memory (B, S, Dk), mask (B, S) True at real tokens."""
+        if self.score == "additive":
+            scores = self.v(torch.tanh(self.w_q(query)[:, :, None, :] + keys[:, None, :, :])).squeeze(-1)
+        else:
+            scores = query @ keys.transpose(1, 2)  # (B, T, S)
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        weights = scores.float().softmax(-1).to(memory.dtype)
+        return weights @ memory, weights
+
+
+class Seq2Seq(nn.Module):
+    Config = Seq2SeqConfig
+    seq2seq = True
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("Seq2SeqConfig.vocab_size must be set (from the tokenizer) before building")
+        if cfg.cell not in CELLS:
+            raise ValueError(f"cell must be one of {', '.join(CELLS)}, not {cfg.cell!r}")
+        if cfg.bidirectional and cfg.d_hidden % 2:
+            raise ValueError(f"a bidirectional encoder splits d_hidden between directions: {cfg.d_hidden} is odd")
+        self.cfg = cfg
+        H, E, L = cfg.d_hidden, cfg.d_embed, cfg.n_layer
+        rnn = CELLS[cfg.cell]
+        between = cfg.dropout if L > 1 else 0.0
+        self.embed = nn.Embedding(cfg.vocab_size, E)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = rnn(E, H // 2 if cfg.bidirectional else H, L, batch_first=True, dropout=between,
+                           bidirectional=cfg.bidirectional)
+        self.decoder = rnn(E + (H if cfg.input_feeding else 0), H, L, batch_first=True, dropout=between)
+        self.attention = Attention(cfg.attention, H, H, cfg.d_attention)
+        self.combine = nn.Linear(2 * H, H, bias=False)  # W_c: [c_t; h_t] -> h̃_t
+        if cfg.tie_embeddings:
+            self.to_embed = nn.Linear(H, E, bias=False) if H != E else nn.Identity()
+            self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        else:
+            self.out = nn.Linear(H, cfg.vocab_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
+        if cfg.tie_embeddings:
+            nn.init.zeros_(self.out_bias)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_positions
+
+    @property
+    def lstm(self) -> bool:
+        return self.cfg.cell == "lstm"
+
+    def logits(self, h_tilde: torch.Tensor) -> torch.Tensor:
+        h = self.drop(h_tilde)
+        if self.cfg.tie_embeddings:
+            return F.linear(self.to_embed(h), self.embed.weight, self.out_bias)
+        return self.out(h)
+
+    # ------------------------------------------------------------ encoder
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> dict:
+        """(B, S) source, (B, S) bool mask -> the decoder's starting state (every tensor batch-first)."""
+        B, S = src_ids.shape
+        lengths = src_mask.sum(1).clamp(min=1)
+        packed = pack_padded_sequence(self.drop(self.embed(src_ids)), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, final = self.encoder(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, H), zeros at padding
+        finals = final if self.lstm else (final,)
+        # (L·dirs, B, H/dirs) -> (B, L, H): per layer, the forward and backward final states side by side
+        L, dirs = self.cfg.n_layer, 2 if self.cfg.bidirectional else 1
+        h0 = [f.view(L, dirs, B, -1).permute(2, 0, 1, 3).reshape(B, L, -1) for f in finals]
+        state = {"memory": memory, "keys": self.attention.keys(memory), "mask": src_mask, "h": h0[0],
+                 "feed": memory.new_zeros(B, self.cfg.d_hidden)}
+        if self.lstm:
+            state["c"] = h0[1]
+        return state
+
+    # ------------------------------------------------------------ decoder
+
+    def _hidden(self, state):
+        h = state["h"].transpose(0, 1).contiguous()  # (L, B, H) as the RNN wants it
+        return (h, state["c"].transpose(0, 1).contiguous()) if self.lstm else h
+
+    def _store(self, state, hidden):
+        h, c = hidden if self.lstm else (hidden, None)
+        new = {**state, "h": h.transpose(0, 1)}
+        if c is not None:
+            new["c"] = c.transpose(0, 1)
+        return new
+
+    def _attend(self, out, state):
+        """RNN outputs (B, T, H) -> attentional vectors h̃ (B, T, H) and attention weights (B, T, S)."""
+        ctx, weights = self.attention(out, state["keys"], state["memory"], state["mask"])
+        return torch.tanh(self.combine(torch.cat([ctx, out], -1))), weights
+
+    def _run(self, tgt_in_ids, state):
+        """Teacher-forced decoder over (B, T) inputs -> h̃ (B, T, H), weights (B, T, S), state after the last step."""
+        emb = self.drop(self.embed(tgt_in_ids))
+        if not self.cfg.input_feeding:  # no recurrence through h̃: one RNN call over the whole target
+            out, hidden = self.decoder(emb, self._hidden(state))
+            h_tilde, weights = self._attend(out, state)
+            return h_tilde, weights, {**self._store(state, hidden), "feed": h_tilde[:, -1]}
+        steps, all_w = [], []
+        for t in range(emb.shape[1]):
+            inp = torch.cat([emb[:, t : t + 1], state["feed"][:, None]], -1)
+            out, hidden = self.decoder(inp, self._hidden(state))
+            h_tilde, weights = self._attend(out, state)
+            state = {**self._store(state, hidden), "feed": h_tilde[:, 0]}
+            steps.append(h_tilde)
+            all_w.append(weights)
+        return torch.cat(steps, 1), torch.cat(all_w, 1), state
+
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        """(B, S) source, (B, S) mask, (B, T) decoder input -> (B, T, V) next-token logits."""
+        h_tilde, _, _ = self._run(tgt_in_ids, self.encode(src_ids, src_mask))
+        return self.logits(h_tilde)
+
+    def attention_weights(self, src_ids, src_mask, tgt_in_ids) -> torch.Tensor:
+        """(B, T, S): where each target step looked in the source (for inspection and tests)."""
+        return self._run(tgt_in_ids, self.encode(src_ids, src_mask))[1]
+
+    def decode_step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """Feed one token per row (B,) -> ((B, V) logits for the next token, new state)."""
+        h_tilde, _, state = self._run(tokens[:, None], state)
+        return self.logits(h_tilde)[:, 0], state
+
+    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
+        """Target given source (translation runs) or each line given itself (denoising runs): see
+        plmcli.objectives.seq2seq.eval_ppl."""
+        from plmcli.objectives.seq2seq import eval_ppl
+
+        return eval_ppl(self, files, tok, cfg, max_length=max_length, batch_size=batch_size, device=device)

@@ -1,0 +1,206 @@
+"""The Transformer (Vaswani et al. 2017, "Attention Is All You Need"): an encoder-decoder for translation.
+
+Base model: 6 encoder + 6 decoder layers, d_model 512, d_ff 2048, 8 heads, ReLU, post-LN
+(x = LN(x + sublayer(x))), dropout 0.1 on every sublayer output and on embeddings + positions,
+sinusoidal positions, and one embedding matrix shared by the source, the target and the output
+softmax, multiplied by √d_model on input (§3.4) so that it is not drowned by the unit-scale
+positions. Built from the shared layers: the encoder is `layers.Block`, the decoder adds
+`layers.CrossAttention`. Generation decodes incrementally, caching each layer's self-attention keys
+and values and the memory's cross-attention keys and values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plmcli.models.layers import Block, CrossAttention, FeedForward, MultiHeadAttention
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int = 0
+    """Shared source/target vocabulary; 0 = take it from the tokenizer."""
+    max_positions: int = 1024
+    """Longest source or target sequence (rows of the sinusoid table)."""
+    n_encoder_layers: int = 6
+    """Encoder layers."""
+    n_decoder_layers: int = 6
+    """Decoder layers."""
+    d_model: int = 512
+    """Hidden size."""
+    d_ff: int = 2048
+    """Feed-forward inner size."""
+    n_head: int = 8
+    """Attention heads."""
+    dropout: float = 0.1
+    """Dropout on sublayer outputs and on embeddings + positions (the paper's P_drop)."""
+    attn_dropout: float = 0.0
+    """Dropout on attention probabilities (not in the paper; tensor2tensor later used 0.1)."""
+    activation: str = "relu"
+    """relu (the paper) | gelu | gelu_tanh | silu."""
+    norm_position: str = "post"
+    """post (the paper: LN(x + f(x))) | pre (x + f(LN(x)), with a final LN on each stack)."""
+    layer_norm_eps: float = 1e-5
+    """LayerNorm epsilon."""
+    share_embeddings: bool = True
+    """Source and target share one embedding matrix (needs the shared vocabulary plm builds)."""
+    tie_output: bool = True
+    """The output softmax uses the target embedding matrix (§3.4)."""
+    scale_embeddings: bool = True
+    """Multiply embeddings by √d_model before adding positions (§3.4)."""
+
+
+def sinusoids(n: int, d: int) -> torch.Tensor:
+    """(n, d) positions: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))."""
+    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))  # 10000^(-2i/d)
+    pe = torch.zeros(n, d)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq)[:, : d // 2]
+    return pe
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, attention over the encoder output, feed-forward; each a residual sublayer."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        d, eps = cfg.d_model, cfg.layer_norm_eps
+        self.pre_norm = cfg.norm_position == "pre"
+        self.self_attn = MultiHeadAttention(d, cfg.n_head, True, cfg.attn_dropout, cfg.dropout)
+        self.cross_attn = CrossAttention(d, cfg.n_head, True, cfg.attn_dropout, cfg.dropout)
+        self.mlp = FeedForward(d, cfg.d_ff, cfg.activation, True, cfg.dropout)
+        self.ln_1, self.ln_2, self.ln_3 = (nn.LayerNorm(d, eps=eps) for _ in range(3))
+
+    def _sub(self, x, ln, f):
+        return x + f(ln(x)) if self.pre_norm else ln(x + f(x))
+
+    def forward(self, x, memory_kv, memory_mask, cache=None):
+        """x (B, T, C). With `cache` (this layer's (k, v) of earlier positions, each (B, H, t, D)), x holds
+        only the new positions and the updated cache comes back; without it, x is the whole prefix."""
+        new_cache = None
+        if cache is None:
+            x = self._sub(x, self.ln_1, lambda h: self.self_attn(h, causal=True))
+        else:
+            def attend(h):
+                nonlocal new_cache
+                y, new_cache = _cached_self_attention(self.self_attn, h, cache)
+                return y
+            x = self._sub(x, self.ln_1, attend)
+        x = self._sub(x, self.ln_2, lambda h: self.cross_attn(h, memory_kv, memory_mask))
+        x = self._sub(x, self.ln_3, self.mlp)
+        return x, new_cache
+
+
+def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
+    """`attn` over cached keys/values plus the new positions x (B, T, C), T new tokens (usually 1)."""
+    B, T, C = x.shape
+    q, k, v = attn.qkv(x).view(B, T, 3, attn.n_head, C // attn.n_head).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, D)
+    k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+    t0 = cache[0].shape[2]
+    # New position t0+i sees cached positions and new ones up to itself.
+    mask = None if T == 1 else torch.ones(T, t0 + T, dtype=torch.bool, device=x.device).tril(t0)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return attn.resid_dropout(attn.proj(y.transpose(1, 2).reshape(B, T, C))), (k, v)
+
+
+class Transformer(nn.Module):
+    Config = TransformerConfig
+    seq2seq = True
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("TransformerConfig.vocab_size must be set (from the tokenizer) before building")
+        if cfg.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, d)  # target side (and source, and output, when shared)
+        self.src_embed = self.embed if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, d)
+        self.register_buffer("pe", sinusoids(cfg.max_positions, d), persistent=False)
+        self.scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(
+            Block(d, cfg.n_head, cfg.d_ff, cfg.activation, True, cfg.dropout, cfg.attn_dropout, cfg.norm_position,
+                  cfg.layer_norm_eps) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        pre = cfg.norm_position == "pre"  # pre-LN stacks end un-normalized: add the final LN
+        self.enc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else nn.Identity()
+        self.out = None if cfg.tie_output else nn.Linear(d, cfg.vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self):
+        # The paper gives no init; this is fairseq's: Xavier-uniform matrices, zero biases, and
+        # embeddings N(0, d^-1/2) so that √d-scaled embeddings start at unit variance like the positions.
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for emb in {id(e): e for e in (self.embed, self.src_embed)}.values():
+            nn.init.normal_(emb.weight, 0.0, self.cfg.d_model ** -0.5)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_positions
+
+    def embed_tokens(self, emb: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """(B, T) ids at positions offset.. -> (B, T, C): √d · embedding + sinusoid, then dropout."""
+        T = ids.shape[1]
+        if offset + T > self.cfg.max_positions:
+            raise ValueError(f"sequence of {offset + T} tokens exceeds max_positions={self.cfg.max_positions}")
+        return self.drop(emb(ids) * self.scale + self.pe[offset : offset + T])
+
+    def encode_hidden(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """(B, S) source ids, (B, S) bool mask (True = real token) -> (B, S, C) memory."""
+        x = self.embed_tokens(self.src_embed, src_ids)
+        attn_mask = src_mask[:, None, None, :]  # padding keys get no attention
+        for block in self.encoder:
+            x = block(x, attn_mask=attn_mask)
+        return self.enc_norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed.weight) if self.out is None else self.out(h)
+
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: (B, S) source, (B, S) mask, (B, T) decoder input -> (B, T, V) next-token logits."""
+        memory = self.encode_hidden(src_ids, src_mask)
+        x = self.embed_tokens(self.embed, tgt_in_ids)
+        for layer in self.decoder:
+            x, _ = layer(x, layer.cross_attn.memory_kv(memory), src_mask)
+        return self.logits(self.dec_norm(x))
+
+    # ------------------------------------------------------------ incremental decoding
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> dict:
+        """The decoder's starting state for `decode_step`: every tensor batch-first, so a beam search can
+        reorder the state with index_select on dim 0."""
+        memory = self.encode_hidden(src_ids, src_mask)
+        B, H = src_ids.shape[0], self.cfg.n_head
+        empty = memory.new_zeros(B, H, 0, self.cfg.d_model // H)
+        return {"mask": src_mask, "cross": [layer.cross_attn.memory_kv(memory) for layer in self.decoder],
+                "self": [(empty, empty) for _ in self.decoder]}
+
+    def decode_step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """Feed one token per row (B,) -> ((B, V) logits for the next token, new state)."""
+        pos = state["self"][0][0].shape[2] if state["self"] else 0
+        x = self.embed_tokens(self.embed, tokens[:, None], offset=pos)
+        caches = []
+        for layer, kv, cache in zip(self.decoder, state["cross"], state["self"]):
+            x, cache = layer(x, kv, state["mask"], cache=cache)
+            caches.append(cache)
+        return self.logits(self.dec_norm(x))[:, 0], {**state, "self": caches}
+
+    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
+        """Target given source (translation runs) or each line given itself (denoising runs): see
+        plmcli.objectives.seq2seq.eval_ppl."""
+        from plmcli.objectives.seq2seq import eval_ppl
+
+        return eval_ppl(self, files, tok, cfg, max_length=max_length, batch_size=batch_size, device=device)

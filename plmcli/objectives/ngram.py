@@ -1,0 +1,35 @@
+"""Counting: the objective of n-gram models, which are fitted by counting (`model.fit`), not by the loop.
+
+It only takes part in what pretrain shares with the other families: the corpus is prepared (tokenized) as
+for any objective, the tokenizer's size is recorded in the model config, and the model is checked to be
+one that fits itself. Its settings live in the model section (order, smoothing, k, min_count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plmcli.errors import PlmError
+from plmcli.objectives.base import Objective
+
+
+@dataclass
+class CountingConfig:
+    """No settings: an n-gram's choices are model settings (model.order, model.smoothing, model.k, model.min_count)."""
+
+
+class Counting(Objective):
+    Config = CountingConfig
+
+    def configure_model(self, model_cfg, vocab_size):
+        if getattr(model_cfg, "vocab_size", None) == 0:
+            model_cfg.vocab_size = vocab_size
+
+    def check_model(self, model):
+        if not hasattr(model, "fit"):
+            raise PlmError(f"{type(model).__name__} is trained by gradient descent, not by counting",
+                           "use objective.name: counts only with model.family: ngram")
+
+    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        raise PlmError("the counts objective has no batches: n-gram models are fitted by counting",
+                       "train it with `plm pretrain` (which calls the model's fit)")

@@ -1,0 +1,440 @@
+"""Sequence-to-sequence objectives for encoder-decoder models (families `seq2seq`, `transformer`).
+
+translation  parallel text, `source<TAB>target` per line (plmcli.data.parallel); predict the target
+             given the source.
+denoising    plain documents (the default corpus path), BART-style (Lewis et al. 2019): each chunk of a
+             document is corrupted (sentence permutation, token deletion, token masking or span
+             infilling) and the model restores the original.
+
+Both feed the model the same batch: the source plus eos (padded, with a mask), the decoder input
+bos + target, and the labels target + eos (padding -100). The loss is per target token, with label
+smoothing when asked; metric "nll" is the unsmoothed loss, the one perplexity is reported from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from plmcli.data.batching import BatchStream, EpochOrder
+from plmcli.errors import PlmError
+from plmcli.objectives.base import Objective, StepOutput
+
+MASK_LENGTHS = ("span-poisson", "token")
+_NOISE_TAG = 13  # seed-tuple tag of the noise draws (independent of the data order's draws)
+
+
+@dataclass
+class TranslationConfig:
+    label_smoothing: float = 0.0
+    """Label smoothing ε (Szegedy et al.; Vaswani et al. use 0.1): the target puts ε/V on every token."""
+    length_bucketing: bool = True
+    """Shuffle, then sort by length within groups of `bucket_batches` micro-batches (and shuffle those
+    batches), so a batch holds similar lengths and pads little."""
+    bucket_batches: int = 50
+    """Micro-batches per sorting group."""
+
+
+@dataclass
+class DenoisingConfig(TranslationConfig):
+    mask_ratio: float = 0.3
+    """Share of tokens masked (BART: 0.3); 0 turns masking off."""
+    mask_length: str = "span-poisson"
+    """span-poisson: text infilling, spans of Poisson(λ) length each become one mask (0-length spans
+    insert one); token: token masking, each chosen token becomes a mask."""
+    poisson_lambda: float = 3.0
+    """λ of the span lengths (BART: 3)."""
+    random_ratio: float = 0.1
+    """Share of the mask tokens replaced by a random token instead (BART: 0.1)."""
+    delete_ratio: float = 0.0
+    """Share of tokens deleted (token deletion; the model must find where)."""
+    permute_sentences: float = 1.0
+    """Share of a chunk's sentences (its corpus lines) shuffled among themselves (BART: 1.0)."""
+
+
+class Translation(Objective):
+    Config = TranslationConfig
+    ppl_metric = "nll"
+    """val_ppl = exp(unsmoothed NLL per target token), not exp of the smoothed training loss."""
+
+    def __init__(self, cfg, tokenizer, special_ids: dict[str, int], seq_len: int):
+        super().__init__(cfg, tokenizer, special_ids, seq_len)
+        if not 0 <= cfg.label_smoothing < 1:
+            raise PlmError(f"objective.label_smoothing {cfg.label_smoothing} must be in [0, 1)", "e.g. 0.1 (Vaswani et al.)")
+        if cfg.bucket_batches < 1:
+            raise PlmError(f"objective.bucket_batches {cfg.bucket_batches} must be ≥ 1", "e.g. 50")
+
+    default_data = "reverse-sample.txt"
+    """With no --data: Shakespeare lines paired with their words reversed, shipped in plmcli/corpus/."""
+
+    @staticmethod
+    def prepare_corpus(inputs, tokenizer_cfg, data_cfg):
+        from plmcli.data.parallel import prepare_parallel
+
+        return prepare_parallel(inputs, tokenizer_cfg, data_cfg)
+
+    def configure_model(self, model_cfg, vocab_size):
+        if getattr(model_cfg, "vocab_size", None) == 0:
+            model_cfg.vocab_size = vocab_size
+
+    def check_model(self, model):
+        if not getattr(model, "seq2seq", False):
+            raise PlmError(f"{type(model).__name__} is not an encoder-decoder model",
+                           "use this objective with family seq2seq or transformer (recipes seq2seq-attn-mini, transformer-mini)")
+        if self.seq_len > model.max_positions:
+            raise PlmError(f"train.seq_len {self.seq_len} exceeds the model's {model.max_positions} positions",
+                           f"--set train.seq_len={model.max_positions}, or raise model.max_positions")
+
+    def _ids(self) -> tuple[int, int, int]:
+        """(pad, decoder start, eos)."""
+        missing = [r for r in ("pad", "eos") if r not in self.special_ids]
+        if missing:
+            raise PlmError(f"{type(self).__name__.lower()} needs '{missing[0]}' in the tokenizer's special tokens",
+                           "add e.g. tokenizer.special_tokens: {pad: <pad>, bos: <s>, eos: </s>, mask: <mask>}")
+        ids = self.special_ids
+        return ids["pad"], ids.get("bos", ids["eos"]), ids["eos"]
+
+    # ------------------------------------------------------------ data
+
+    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        import pyarrow.compute as pc
+
+        from plmcli.data.parallel import load_split
+
+        ds = load_split(corpus_dir, split)
+        if len(ds) < 1:
+            raise PlmError(f"the {split} split of '{corpus_dir}' has no sentence pairs", "add pairs, or lower data.val_fraction")
+        pad, start, eos = self._ids()
+        L = self.seq_len
+
+        def fetch(epochs, indices):
+            tbl = ds[list(indices)]
+            return collate(tbl["src_ids"].to_pylist(), tbl["tgt_ids"].to_pylist(), pad, start, eos, L)
+
+        stream = BatchStream(len(ds), batch_size, fetch, seed, rank, world, shuffle)
+        if shuffle and self.cfg.length_bucketing:
+            lengths = np.concatenate([
+                np.maximum(pc.list_value_length(t["src_ids"]).to_numpy(zero_copy_only=False),
+                           pc.list_value_length(t["tgt_ids"]).to_numpy(zero_copy_only=False))
+                for t in ds.iter(batch_size=100_000)])
+            stream.order = BucketedOrder(lengths, seed, batch_size, self.cfg.bucket_batches)
+        return stream
+
+    def tokens_in(self, batch):
+        return int((batch["labels"] != -100).sum())
+
+    # ------------------------------------------------------------ loss
+
+    def step(self, model, batch, state=None):
+        logits = model(batch["src_ids"], batch["src_mask"], batch["tgt_in_ids"])  # (B, T, V)
+        labels = batch["labels"].flatten()
+        logp = F.log_softmax(logits.flatten(0, 1).float(), -1)
+        nll = F.nll_loss(logp, labels, ignore_index=-100)
+        eps = self.cfg.label_smoothing
+        # cross_entropy of log-probabilities = of the logits (log_softmax is idempotent)
+        loss = F.cross_entropy(logp, labels, ignore_index=-100, label_smoothing=eps) if eps else nll
+        count = (labels != -100).sum()
+        return StepOutput(loss, {"loss": loss.detach() * count, "nll": nll.detach() * count}, count)
+
+
+class BucketedOrder(EpochOrder):
+    """Each epoch: a seeded permutation, cut into groups of `bucket_batches` micro-batches; each group
+    sorted by length, cut into micro-batches, and those shuffled (a short last batch stays last so later
+    batches keep their alignment). Still a pure function of (seed, epoch), so positions stay random access."""
+
+    def __init__(self, lengths: np.ndarray, seed: int, batch_size: int, bucket_batches: int):
+        super().__init__(len(lengths), seed, shuffle=True)
+        self.lengths, self.batch_size, self.group = np.asarray(lengths), batch_size, batch_size * bucket_batches
+
+    def __call__(self, pos: int) -> tuple[int, int]:
+        epoch, i = divmod(pos, self.n)
+        if epoch != self._epoch:
+            self._perm, self._epoch = self._order(epoch), epoch
+        return epoch, int(self._perm[i])
+
+    def _order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, epoch))
+        perm, out, B = rng.permutation(self.n), [], self.batch_size
+        for g in range(0, self.n, self.group):
+            chunk = perm[g : g + self.group]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            full = len(chunk) // B
+            batches = [chunk[b * B : (b + 1) * B] for b in rng.permutation(full)]
+            out.extend(batches + ([chunk[full * B :]] if len(chunk) % B else []))
+        return np.concatenate(out)
+
+
+def collate(srcs: list, tgts: list, pad: int, start: int, eos: int, max_len: int) -> dict:
+    """Sources and targets (token lists) -> a padded batch. Each side is cut to max_len-1 tokens + eos:
+    src_ids = source + eos, tgt_in_ids = start + target, labels = target + eos (-100 at padding)."""
+    src = [list(s[: max_len - 1]) + [eos] for s in srcs]
+    tgt = [list(t[: max_len - 1]) for t in tgts]
+    S, T = max(map(len, src)), max(len(t) + 1 for t in tgt)
+    src_ids = torch.full((len(src), S), pad, dtype=torch.long)
+    src_mask = torch.zeros((len(src), S), dtype=torch.bool)
+    tgt_in = torch.full((len(tgt), T), pad, dtype=torch.long)
+    labels = torch.full((len(tgt), T), -100, dtype=torch.long)
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        src_ids[i, : len(s)] = torch.tensor(s)
+        src_mask[i, : len(s)] = True
+        tgt_in[i, : len(t) + 1] = torch.tensor([start] + t)
+        labels[i, : len(t) + 1] = torch.tensor(t + [eos])
+    return {"src_ids": src_ids, "src_mask": src_mask, "tgt_in_ids": tgt_in, "labels": labels}
+
+
+# ---------------------------------------------------------------- denoising
+
+
+class Denoising(Translation):
+    Config = DenoisingConfig
+    default_data = Objective.default_data  # plain documents, not pairs
+
+    def __init__(self, cfg, tokenizer, special_ids, seq_len):
+        super().__init__(cfg, tokenizer, special_ids, seq_len)
+        for name in ("mask_ratio", "random_ratio", "delete_ratio", "permute_sentences"):
+            v = getattr(cfg, name)
+            if not 0 <= v <= 1 or (name == "delete_ratio" and v == 1):
+                raise PlmError(f"objective.{name} {v} must be a share in [0, 1{')' if name == 'delete_ratio' else ']'}",
+                               f"e.g. --set objective.{name}=0.1")
+        if cfg.mask_length not in MASK_LENGTHS:
+            raise PlmError(f"objective.mask_length '{cfg.mask_length}' is not one of {', '.join(MASK_LENGTHS)}",
+                           "span-poisson (text infilling) or token (token masking)")
+        if cfg.poisson_lambda <= 0:
+            raise PlmError(f"objective.poisson_lambda {cfg.poisson_lambda} must be > 0", "BART uses 3")
+
+    @staticmethod
+    def prepare_corpus(inputs, tokenizer_cfg, data_cfg):
+        return Objective.prepare_corpus(inputs, tokenizer_cfg, data_cfg)  # plain documents
+
+    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        from plmcli.data.corpus import _require_meta, token_stream
+
+        meta = _require_meta(Path(corpus_dir))
+        pad, start, eos = self._ids()
+        if "mask" not in self.special_ids and self.cfg.mask_ratio > 0:
+            raise PlmError("denoising needs a 'mask' special token, and the tokenizer has none",
+                           "add tokenizer.special_tokens.mask (e.g. <mask>), or --set objective.mask_ratio=0")
+        chunks = DocumentChunks(Path(corpus_dir), split, self.seq_len - 1)
+        if chunks.n < 1:
+            raise PlmError(f"the {split} split of '{corpus_dir}' has no tokens", "add text, or lower data.val_fraction")
+        tokens = token_stream(corpus_dir, split, None)
+        vocab = meta["tokenizer"]["vocab_size"]
+        ordinary = np.setdiff1d(np.arange(vocab), list(self.special_ids.values()))
+        L, mask_id = self.seq_len, self.special_ids.get("mask", -1)
+
+        def fetch(epochs, indices):
+            srcs, tgts = [], []
+            for e, i in zip(epochs, indices):
+                a, b, bounds = chunks[i]
+                original = np.asarray(tokens[a:b], dtype=np.int64)
+                rng = np.random.default_rng((seed, e, int(i), _NOISE_TAG))
+                srcs.append(add_noise(original, bounds, self.cfg, rng, mask_id, ordinary).tolist())
+                tgts.append(original.tolist())
+            return collate(srcs, tgts, pad, start, eos, L)
+
+        stream = BatchStream(chunks.n, batch_size, fetch, seed, rank, world, shuffle)
+        if shuffle and self.cfg.length_bucketing:
+            stream.order = BucketedOrder(chunks.lengths(), seed, batch_size, self.cfg.bucket_batches)
+        return stream
+
+
+class DocumentChunks:
+    """Each document of a `plm tokenize` split cut into consecutive chunks of at most `width` tokens.
+    `chunks[i]` = (start, end) in the split's flat token stream and the chunk's sentence (corpus line)
+    starts relative to it. Memory is O(documents)."""
+
+    def __init__(self, corpus_dir: Path, split: str, width: int):
+        import pyarrow.compute as pc
+        from datasets import load_from_disk
+
+        from plmcli.data.corpus import column_stream
+
+        ds = load_from_disk(str(corpus_dir / "dataset" / split)).with_format("arrow")
+        doc_len, n_sent = [], []
+        for tbl in ds.iter(batch_size=10_000):
+            doc_len.append(pc.list_value_length(tbl["input_ids"]).to_numpy(zero_copy_only=False))
+            n_sent.append(pc.list_value_length(tbl["sentence_starts"]).to_numpy(zero_copy_only=False))
+        self.doc_len = np.concatenate(doc_len).astype(np.int64) if doc_len else np.zeros(0, np.int64)
+        n_sent = np.concatenate(n_sent).astype(np.int64) if n_sent else np.zeros(0, np.int64)
+        self.doc_start = np.concatenate([[0], np.cumsum(self.doc_len)])
+        self.sent_start = np.concatenate([[0], np.cumsum(n_sent)])
+        self.sentences = column_stream(corpus_dir, split, "sentence_starts", None, np.int32, f"{split}.sentence_starts.bin")
+        self.width = width
+        per_doc = -(-self.doc_len // width)
+        self.first_chunk = np.concatenate([[0], np.cumsum(per_doc)])
+        self.n = int(self.first_chunk[-1])
+
+    def lengths(self) -> np.ndarray:
+        idx = np.arange(self.n)
+        d = np.searchsorted(self.first_chunk, idx, side="right") - 1
+        c = idx - self.first_chunk[d]
+        return np.minimum(self.width, self.doc_len[d] - c * self.width)
+
+    def __getitem__(self, i: int):
+        d = int(np.searchsorted(self.first_chunk, i, side="right") - 1)
+        off = (i - int(self.first_chunk[d])) * self.width
+        a = off
+        b = min(off + self.width, int(self.doc_len[d]))
+        rel = np.asarray(self.sentences[self.sent_start[d] : self.sent_start[d + 1]], dtype=np.int64)
+        bounds = np.unique(np.concatenate([[0], rel[(rel > a) & (rel < b)] - a]))
+        base = int(self.doc_start[d])
+        return base + a, base + b, bounds
+
+
+def add_noise(tokens: np.ndarray, bounds: np.ndarray, cfg: DenoisingConfig, rng: np.random.Generator,
+              mask_id: int, ordinary: np.ndarray) -> np.ndarray:
+    """BART's noising of one chunk, in its order: sentence permutation, token deletion, then token
+    masking or span infilling. `bounds` are the sentence starts within the chunk (the first is 0)."""
+    x = tokens
+    if cfg.permute_sentences > 0 and len(bounds) > 1:
+        pieces = np.split(x, bounds[1:])
+        k = int(round(len(pieces) * cfg.permute_sentences))
+        if k > 1:
+            chosen = np.sort(rng.choice(len(pieces), k, replace=False))
+            order = np.arange(len(pieces))
+            order[chosen] = chosen[rng.permutation(k)]
+            x = np.concatenate([pieces[j] for j in order])
+    if cfg.delete_ratio > 0 and len(x) > 1:
+        keep = rng.random(len(x)) >= cfg.delete_ratio
+        keep[rng.integers(len(x))] = True  # never delete everything
+        x = x[keep]
+    if cfg.mask_ratio > 0 and len(x):
+        x = _mask(x, cfg, rng, mask_id)
+        masks = x == mask_id
+        swap = masks & (rng.random(len(x)) < cfg.random_ratio)
+        if swap.any() and len(ordinary):
+            x = x.copy()
+            x[swap] = rng.choice(ordinary, int(swap.sum()))
+    return x
+
+
+def _mask(x: np.ndarray, cfg: DenoisingConfig, rng: np.random.Generator, mask_id: int) -> np.ndarray:
+    n = len(x)
+    target = math.ceil(n * cfg.mask_ratio)
+    if cfg.mask_length == "token":
+        out = x.copy()
+        out[rng.choice(n, min(target, n), replace=False)] = mask_id
+        return out
+    # Text infilling: span lengths ~ Poisson(λ) until they cover `target` tokens (the last one cut to fit).
+    lengths = []
+    while sum(lengths) < target:
+        lengths.append(int(rng.poisson(cfg.poisson_lambda)))
+    if not lengths:
+        return x
+    lengths[-1] -= sum(lengths) - target
+    spans = [l for l in lengths if l > 0]
+    n_insert = len(lengths) - len(spans)
+    out = x
+    if spans:
+        # Place the spans, in their drawn order, at a uniformly random composition of the unmasked tokens
+        # into the k+1 gaps around them, with ≥ 1 token between spans when there are enough tokens, so
+        # exactly `target` tokens are masked and each span becomes its own mask token.
+        k, free = len(spans), n - target
+        between = 1 if free >= k - 1 else 0
+        free -= between * (k - 1)
+        cuts = np.sort(rng.choice(free + k, k, replace=False))
+        gaps = np.diff(np.concatenate([[-1], cuts, [free + k]])) - 1
+        gaps[1:-1] += between
+        starts = np.cumsum(gaps[:-1]) + np.concatenate([[0], np.cumsum(spans)[:-1]])
+        covered = np.zeros(n, dtype=bool)
+        for s, l in zip(starts, spans):
+            covered[s : s + l] = True
+        run_start = covered & ~np.concatenate([[False], covered[:-1]])
+        out = np.where(run_start, mask_id, x)[~covered | run_start]
+    if n_insert:  # 0-length spans: a mask inserted where nothing is missing
+        out = np.insert(out, np.sort(rng.integers(0, len(out) + 1, n_insert)), mask_id)
+    return out
+
+
+# ---------------------------------------------------------------- eval-ppl
+
+
+def eval_ppl(model, files, tok, cfg, max_length=None, batch_size=8, device="cpu") -> dict:
+    """Perplexity of an encoder-decoder run, one line at a time.
+
+    translation run: every non-blank line is `source<TAB>target`; the score is -log p(target + eos |
+    source), summed over target tokens. denoising run: every non-blank line is both the source
+    (uncorrupted) and the target, an autoencoding perplexity (how well the model restores text it
+    is shown intact); a line longer than max_length-1 tokens is scored in consecutive pieces.
+    tokens = target tokens + one eos per line; bytes = target UTF-8 bytes + one per line (its line
+    end, which eos stands for); words = whitespace words of the targets. Sources longer than
+    max_length-1 tokens are cut (counted in `truncated_sources`).
+    """
+    from plmcli.data.corpus import _expand_inputs, _text_lines
+    from plmcli.data.parallel import split_pair
+    from plmcli.eval.perplexity import report
+
+    P = model.max_positions
+    L = max_length or P
+    if not 2 <= L <= P:
+        raise PlmError(f"--max-length {L} is outside 2..{P} (the model's positions)", f"use --max-length ≤ {P}")
+    ids = cfg["tokenizer"].get("special_token_ids", {})
+    if "pad" not in ids or "eos" not in ids:
+        raise PlmError("the run's tokenizer has no pad/eos special tokens", "retrain with a seq2seq recipe's tokenizer settings")
+    pad, eos, start = ids["pad"], ids["eos"], ids.get("bos", ids["eos"])
+    translation = cfg.get("objective", "translation") != "denoising"
+    model.to(device).eval()
+
+    def score(pairs):
+        srcs = [e.ids for e in tok.encode_batch([p[0] for p in pairs], add_special_tokens=False)]
+        tgts = [e.ids for e in tok.encode_batch([p[1] for p in pairs], add_special_tokens=False)]
+        s_ids, t_ids, cut = [], [], 0
+        for (_, _, where), s, t in zip(pairs, srcs, tgts):
+            if len(t) > L - 1:
+                if translation:
+                    raise PlmError(f"{where}: the target has {len(t)} tokens, more than --max-length {L} - 1",
+                                   f"split the line, or raise --max-length (at most {P})")
+                for a in range(0, len(t), L - 1):  # autoencoding: each piece restores itself
+                    s_ids.append(t[a : a + L - 1])
+                    t_ids.append(t[a : a + L - 1])
+                continue
+            cut += len(s) > L - 1
+            s_ids.append(s)
+            t_ids.append(t)
+        nll = 0.0
+        for b in range(0, len(s_ids), batch_size):
+            batch = collate(s_ids[b : b + batch_size], t_ids[b : b + batch_size], pad, start, eos, L)
+            with torch.no_grad():
+                logits = model(batch["src_ids"].to(device), batch["src_mask"].to(device), batch["tgt_in_ids"].to(device))
+            nll += F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].to(device).flatten(),
+                                   ignore_index=-100, reduction="sum").item()
+        return nll, sum(len(t) + 1 for t in t_ids), cut
+
+    totals = np.zeros(5)  # nll, tokens, bytes, words, truncated sources
+    per_file = []
+    for f in files:
+        sums, pending = np.zeros(5), []
+
+        def flush():
+            nll, n, cut = score(pending)
+            sums[:] += [nll, n, 0, 0, cut]
+            pending.clear()
+
+        for name in _expand_inputs([f]):
+            for lineno, line in enumerate(_text_lines(name), start=1):
+                if not line.strip():
+                    continue
+                src, tgt = split_pair(line, name, lineno) if translation else (line.strip(), line.strip())
+                pending.append((src, tgt, f"'{name}' line {lineno}"))
+                sums[2] += len(tgt.encode("utf-8")) + 1
+                sums[3] += len(tgt.split())
+                if len(pending) == 64 * batch_size:
+                    flush()
+        if pending:
+            flush()
+        if sums[1] == 0:
+            raise PlmError(f"{f} has no lines to score", "pass a file with text" + (" (source<TAB>target per line)" if translation else ""))
+        per_file.append({"file": f, **report(sums[0], int(sums[1]), int(sums[2]), int(sums[3]), L, L),
+                         "truncated_sources": int(sums[4])})
+        totals += sums
+    res = report(totals[0], int(totals[1]), int(totals[2]), int(totals[3]), L, L)
+    res["truncated_sources"] = int(totals[4])
+    res["scores"] = "target given source" if translation else "each line given itself uncorrupted (autoencoding)"
+    res["first_token"] = "conditioned on the source (the decoder starts from " + ("bos)" if "bos" in ids else "eos)")
+    res["files"] = per_file
+    return res
