@@ -30,6 +30,8 @@ class CausalLM(Objective):
     def check_model(self, model):
         if not getattr(model, "causal", False):
             raise PlmError(f"{type(model).__name__} is not a causal LM", "use objective.name: clm with a causal family (gpt)")
+        if getattr(model, "stateful", False):
+            raise PlmError(f"{type(model).__name__} is a recurrent LM that carries state", "use objective.name: bptt")
 
     def separator(self) -> int | None:
         for role in ("eos", "sep", "bos"):
