@@ -33,7 +33,16 @@ class Objective:
         self.cfg, self.tokenizer, self.special_ids, self.seq_len = cfg, tokenizer, special_ids, seq_len
 
     def configure_model(self, model_cfg, vocab_size: int) -> None:
-        """Fill in model settings the data decides (vocab size) before the model is built."""
+        """Fill in model settings the data decides before the model is built: vocab_size 0 = the tokenizer's."""
+        if getattr(model_cfg, "vocab_size", None) == 0:
+            model_cfg.vocab_size = vocab_size
+
+    def separator(self) -> int | None:
+        """The token that ends a document in a flat token stream (eos, else sep, else bos)."""
+        for role in ("eos", "sep", "bos"):
+            if role in self.special_ids:
+                return self.special_ids[role]
+        return None
 
     @staticmethod
     def prepare_corpus(inputs, tokenizer_cfg, data_cfg):

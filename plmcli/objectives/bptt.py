@@ -82,20 +82,10 @@ def detach_state(state):
 class TruncatedBPTT(Objective):
     Config = BPTTConfig
 
-    def configure_model(self, model_cfg, vocab_size):
-        if getattr(model_cfg, "vocab_size", None) == 0:
-            model_cfg.vocab_size = vocab_size
-
     def check_model(self, model):
         if not getattr(model, "stateful", False):
             raise PlmError(f"{type(model).__name__} carries no recurrent state between segments",
                            "use objective.name: bptt with family rnn, or clm for stateless causal models (gpt, nnlm)")
-
-    def separator(self) -> int | None:
-        for role in ("eos", "sep", "bos"):
-            if role in self.special_ids:
-                return self.special_ids[role]
-        return None
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream

@@ -23,21 +23,11 @@ class CLMConfig:
 class CausalLM(Objective):
     Config = CLMConfig
 
-    def configure_model(self, model_cfg, vocab_size):
-        if getattr(model_cfg, "vocab_size", None) == 0:
-            model_cfg.vocab_size = vocab_size
-
     def check_model(self, model):
         if not getattr(model, "causal", False):
             raise PlmError(f"{type(model).__name__} is not a causal LM", "use objective.name: clm with a causal family (gpt)")
         if getattr(model, "stateful", False):
             raise PlmError(f"{type(model).__name__} is a recurrent LM that carries state", "use objective.name: bptt")
-
-    def separator(self) -> int | None:
-        for role in ("eos", "sep", "bos"):
-            if role in self.special_ids:
-                return self.special_ids[role]
-        return None
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream

@@ -75,8 +75,7 @@ class MaskedLM(Objective):
         self.vocab_size = tokenizer.get_vocab_size() if tokenizer is not None else 0
 
     def configure_model(self, model_cfg, vocab_size):
-        if getattr(model_cfg, "vocab_size", None) == 0:
-            model_cfg.vocab_size = vocab_size
+        super().configure_model(model_cfg, vocab_size)
         self.vocab_size = self.vocab_size or vocab_size
 
     def check_model(self, model):

@@ -21,10 +21,6 @@ class CountingConfig:
 class Counting(Objective):
     Config = CountingConfig
 
-    def configure_model(self, model_cfg, vocab_size):
-        if getattr(model_cfg, "vocab_size", None) == 0:
-            model_cfg.vocab_size = vocab_size
-
     def check_model(self, model):
         if not hasattr(model, "fit"):
             raise PlmError(f"{type(model).__name__} is trained by gradient descent, not by counting",

@@ -78,10 +78,6 @@ class Translation(Objective):
 
         return prepare_parallel(inputs, tokenizer_cfg, data_cfg)
 
-    def configure_model(self, model_cfg, vocab_size):
-        if getattr(model_cfg, "vocab_size", None) == 0:
-            model_cfg.vocab_size = vocab_size
-
     def check_model(self, model):
         if not getattr(model, "seq2seq", False):
             raise PlmError(f"{type(model).__name__} is not an encoder-decoder model",
