@@ -22,6 +22,8 @@ TINY = {
     "nnlm": ["model.d_embed=8", "model.d_hidden=16", "model.vocab_size=50"],
     "rnn": ["model.d_embed=16", "model.d_hidden=16", "model.vocab_size=50"],
     "seq2seq": ["model.d_embed=16", "model.d_hidden=16", "model.max_positions=16", "model.vocab_size=50"],
+    "elmo": ["model.d_proj=8", "model.d_hidden=16", "model.d_char=4", "model.max_chars=8", "model.filters=[[1,4],[2,4]]",
+             "model.vocab_size=50"],
     "transformer": ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.n_head=2",
                     "model.d_ff=64", "model.max_positions=16", "model.vocab_size=50"],
 }

@@ -12,6 +12,7 @@ FAMILIES: dict[str, str] = {
     "transformer": "plmcli.models.transformer:Transformer",
     "nnlm": "plmcli.models.nnlm:NNLM",
     "rnn": "plmcli.models.rnn:RNNLM",
+    "elmo": "plmcli.models.elmo:ELMo",
 }
 
 

@@ -12,6 +12,7 @@ OBJECTIVES: dict[str, str] = {
     "translation": "plmcli.objectives.seq2seq:Translation",
     "denoising": "plmcli.objectives.seq2seq:Denoising",
     "bptt": "plmcli.objectives.bptt:TruncatedBPTT",
+    "bilm": "plmcli.objectives.bilm:BidirectionalLM",
 }
 
 
