@@ -190,7 +190,7 @@ def _check_encoder(family: str, run_label: str, task) -> None:
     if getattr(cls, "encoder", False):
         return
     what = f"{task.suite} finetuning" if getattr(task, "suite", "") else f"finetuning on {task.name}"
-    hint = "pretrain one with `plm pretrain --recipe bert-mini`"
+    hint = "pretrain one with `plm pretrain --recipe bert-mini` (or elmo-mini for ELMo features)"
     if getattr(cls, "causal", False):
         raise PlmError(f"run {run_label} is a causal LM ({family}); {what} needs an encoder run", hint)
     raise PlmError(f"run {run_label} ({family}) has no encoder to finetune; {what} needs an encoder run", hint)

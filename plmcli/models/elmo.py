@@ -139,6 +139,32 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tenso
     return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
+class ELMoTaskHead(nn.Module):
+    """Feature-based transfer (Peters et al. 2018, §3.3): the biLM stays frozen; the task learns its own
+    scalar mix (s, γ), reads [x; ELMo_task] with a small BiLSTM, pools (max and mean over real tokens)
+    and classifies."""
+
+    def __init__(self, elmo: "ELMo", num_labels: int, dropout: float = 0.5, d_lstm: int = 0):
+        super().__init__()
+        d_proj, n_layers = elmo.cfg.d_proj, elmo.cfg.n_layer + 1
+        d_lstm = d_lstm or d_proj
+        self.mix = ScalarMix(n_layers)
+        self.drop = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(3 * d_proj, d_lstm, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(4 * d_lstm, num_labels)
+
+    def forward(self, elmo: "ELMo", input_ids, attention_mask=None) -> torch.Tensor:
+        lengths = attention_mask.sum(1).long() if attention_mask is not None else None
+        with torch.no_grad():  # frozen biLM: features only
+            layers = elmo.layers(input_ids, lengths)
+        x = layers[0][..., : elmo.cfg.d_proj]  # the context-free token representation
+        h, _ = self.lstm(self.drop(torch.cat([x, self.mix(layers)], -1)))  # (B, T, 2·d_lstm)
+        m = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).bool()[..., None]
+        mean = (h * m).sum(1) / m.sum(1).clamp(min=1)
+        top = h.masked_fill(~m, float("-inf")).amax(1)
+        return self.out(self.drop(torch.cat([top, mean], -1)))  # (B, num_labels)
+
+
 class ELMo(nn.Module):
     Config = ELMoConfig
     causal = False
@@ -221,6 +247,12 @@ class ELMo(nn.Module):
         """
         x, f, b = self._directions(input_ids, lengths)
         return [torch.cat([x, x], -1)] + [torch.cat([fj, bj], -1) for fj, bj in zip(f, b)]
+
+    def task_head(self, num_labels: int, dropout: float | None = None) -> ELMoTaskHead:
+        """What `plm finetune` trains over this model instead of a linear head on a pooled vector."""
+        for p in self.parameters():
+            p.requires_grad_(False)
+        return ELMoTaskHead(self, num_labels, 0.5 if dropout is None else dropout)
 
     def encode(self, input_ids, token_type_ids=None, attention_mask=None):
         """The finetune interface: (scalar-mixed features (B, T, 2·d_proj), their mean over real tokens (B, 2·d_proj))."""

@@ -45,6 +45,11 @@ class SequenceClassifier(nn.Module):
         cfg = encoder.cfg
         # One segment embedding (RoBERTa) or none: pairs are told apart by [SEP] alone.
         self.use_types = getattr(cfg, "type_vocab_size", 2) >= 2
+        # A family with its own transfer recipe (ELMo: frozen biLM + mix + BiLSTM) supplies the head.
+        self.feature_based = hasattr(encoder, "task_head")
+        if self.feature_based:
+            self.head = encoder.task_head(num_labels, dropout)
+            return
         self.dropout = nn.Dropout(getattr(cfg, "dropout", 0.1) if dropout is None else dropout)
         self.head = nn.Linear(cfg.d_model, num_labels)
         nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))  # as BERT's classifier
@@ -55,6 +60,8 @@ class SequenceClassifier(nn.Module):
         return self.encoder.max_positions
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
+        if self.feature_based:
+            return self.head(self.encoder, input_ids, attention_mask)
         types = token_type_ids if self.use_types else None
         hidden, pooled = self.encoder.encode(input_ids, types, attention_mask)  # (B, T, C), (B, C)|None
         rep = pooled if pooled is not None else hidden[:, 0]

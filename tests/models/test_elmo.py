@@ -172,7 +172,7 @@ def test_window_nll_scores_each_token_once_per_direction():
 
 
 def test_finetune_runs_from_an_elmo_run(tmp_path):
-    """The generic classifier (mean-pooled equal scalar mix + linear head) trains from an elmo-mini run."""
+    """Feature-based transfer: the biLM stays frozen, the task's own scalar mix and BiLSTM head train."""
     from pathlib import Path
 
     from plmcli.finetune import finetune
@@ -186,3 +186,13 @@ def test_finetune_runs_from_an_elmo_run(tmp_path):
     res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(sample), max_steps=2, batch_size=8,
                    max_seq_len=16, out=str(tmp_path / "ft"))
     assert res["steps"] == 2 and math.isfinite(res["train_loss"])
+    import torch
+    from safetensors.torch import load_file
+
+    from plmcli.finetune import load_finetuned
+
+    pre, tuned = load_file(str(tmp_path / "run" / "model.safetensors")), load_file(str(tmp_path / "ft" / "model.safetensors"))
+    assert all(torch.equal(v, tuned[f"encoder.{k}"]) for k, v in pre.items())  # frozen biLM
+    assert {"head.mix.scalars", "head.mix.gamma", "head.out.weight"} <= set(tuned)
+    model, _, _ = load_finetuned(str(tmp_path / "ft"))
+    assert model.feature_based and model(torch.tensor([[2, 5, 6, 3]])).shape == (1, 2)
