@@ -252,15 +252,22 @@ def _num_validation(n_docs: int, val_fraction: float) -> int:
     return min(n_docs - 1, max(1, round(n_docs * val_fraction)))
 
 
-def _counts(ds) -> dict:
+def arrow_totals(ds, lengths: dict[str, str], sums: dict[str, str]) -> dict:
+    """Streamed totals over a dataset: {name: Σ len(list column)} for `lengths`, {name: Σ column} for `sums`."""
     import pyarrow.compute as pc
 
-    c = {"documents": len(ds), "sentences": 0, "tokens": 0, "bytes": 0}
+    c = {k: 0 for k in list(lengths) + list(sums)}
     for tbl in ds.with_format("arrow").iter(batch_size=10_000):
-        c["sentences"] += int(pc.sum(pc.list_value_length(tbl["sentence_starts"])).as_py() or 0)
-        c["tokens"] += int(pc.sum(pc.list_value_length(tbl["input_ids"])).as_py() or 0)
-        c["bytes"] += int(pc.sum(tbl["num_bytes"]).as_py() or 0)
+        for k, col in lengths.items():
+            c[k] += int(pc.sum(pc.list_value_length(tbl[col])).as_py() or 0)
+        for k, col in sums.items():
+            c[k] += int(pc.sum(tbl[col]).as_py() or 0)
     return c
+
+
+def _counts(ds) -> dict:
+    return {"documents": len(ds), **arrow_totals(ds, {"sentences": "sentence_starts", "tokens": "input_ids"},
+                                                 {"bytes": "num_bytes"})}
 
 
 def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool,

@@ -22,6 +22,7 @@ from typing import Iterator
 from plmcli.config_sections import DataConfig, TokenizerConfig
 from plmcli.data.corpus import (
     STDIN,
+    arrow_totals,
     _expand_inputs,
     _input_stats,
     _is_derived_data,
@@ -113,14 +114,8 @@ def _encode(batch: dict, tok) -> dict:
 
 
 def _counts(ds) -> dict:
-    import pyarrow.compute as pc
-
-    c = {"examples": len(ds), "src_tokens": 0, "tgt_tokens": 0, "tgt_bytes": 0}
-    for tbl in ds.with_format("arrow").iter(batch_size=10_000):
-        c["src_tokens"] += int(pc.sum(pc.list_value_length(tbl["src_ids"])).as_py() or 0)
-        c["tgt_tokens"] += int(pc.sum(pc.list_value_length(tbl["tgt_ids"])).as_py() or 0)
-        c["tgt_bytes"] += int(pc.sum(tbl["tgt_bytes"]).as_py() or 0)
-    return c
+    return {"examples": len(ds), **arrow_totals(ds, {"src_tokens": "src_ids", "tgt_tokens": "tgt_ids"},
+                                                {"tgt_bytes": "tgt_bytes"})}
 
 
 def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, val_fraction: float, num_proc: int, key: str) -> dict:
