@@ -57,6 +57,14 @@ class Objective:
         returns the directory `stream` reads. Runs on the main process first, cached."""
         return corpus_dir
 
+    def check_positions(self, model) -> None:
+        """The model's usable positions (after any offset, e.g. RoBERTa's) must hold a training sequence."""
+        from plmcli.errors import PlmError
+
+        if self.seq_len > model.max_positions:
+            raise PlmError(f"train.seq_len {self.seq_len} exceeds the model's {model.max_positions} positions",
+                           f"--set train.seq_len={model.max_positions}, or raise model.max_positions")
+
     def check_model(self, model) -> None:
         """Raise PlmError when the model cannot serve this objective."""
 

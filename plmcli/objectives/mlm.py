@@ -82,9 +82,7 @@ class MaskedLM(Objective):
         if not getattr(model, "encoder", False):
             raise PlmError(f"{type(model).__name__} is not an encoder with a masked-LM head",
                            "use objective.name: mlm with an encoder recipe (bert-mini, bert-base, roberta-base)")
-        if self.seq_len > model.max_positions:
-            raise PlmError(f"train.seq_len {self.seq_len} exceeds the model's {model.max_positions} positions",
-                           f"--set train.seq_len={model.max_positions}, or raise model.max_positions")
+        self.check_positions(model)
 
     def _id(self, role: str) -> int:
         if role not in self.special_ids:

@@ -82,9 +82,7 @@ class Translation(Objective):
         if not getattr(model, "seq2seq", False):
             raise PlmError(f"{type(model).__name__} is not an encoder-decoder model",
                            "use this objective with family seq2seq or transformer (recipes seq2seq-attn-mini, transformer-mini)")
-        if self.seq_len > model.max_positions:
-            raise PlmError(f"train.seq_len {self.seq_len} exceeds the model's {model.max_positions} positions",
-                           f"--set train.seq_len={model.max_positions}, or raise model.max_positions")
+        self.check_positions(model)
 
     def _ids(self) -> tuple[int, int, int]:
         """(pad, decoder start, eos)."""
