@@ -308,11 +308,12 @@ def load_run(run: str | None):
 
 
 def eval_ppl(files: list[str], model: str | None = None, max_length: int | None = None, stride: int | None = None,
-             batch_size: int = 8, console=None) -> dict:
+             batch_size: int = 8, console=None, mem_len: int | None = None, tgt_len: int | None = None) -> dict:
     """Perplexity of `files` under a run (see plmcli.eval.perplexity for the conventions).
 
     Causal LMs are scored with sliding windows; a family with its own `eval_ppl` (stateful RNNs, n-grams,
-    bidirectional or conditional LMs) scores the text itself and returns the same keys.
+    bidirectional or conditional LMs) scores the text itself and returns the same keys. `mem_len` and
+    `tgt_len` (memory and segment length) apply to families with memory (`has_memory`: Transformer-XL, XLNet).
     """
     import torch
 
@@ -324,10 +325,15 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     if not (getattr(cls, "causal", False) or hasattr(cls, "eval_ppl")):
         raise PlmError(f"run {model or 'runs/latest'} ({family}) is not a causal LM, so it has no left-to-right perplexity",
                        "evaluate a causal run (gpt recipes) instead")
+    memory = {k: v for k, v in (("mem_len", mem_len), ("tgt_len", tgt_len)) if v is not None}
+    if memory and not getattr(cls, "has_memory", False):
+        raise PlmError(f"--mem-len / --tgt-len apply to models with memory (transformer_xl, xlnet), and run "
+                       f"{model or 'runs/latest'} is {family}", "leave them out; use --max-length / --stride for windows")
     net, tok, cfg = load_run(model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if hasattr(net, "eval_ppl"):
-        return net.eval_ppl(files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size, device=device)
+        return net.eval_ppl(files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size, device=device,
+                            **memory)
     positions = net.max_positions
     L = max_length or positions
     if not 1 <= L <= positions:

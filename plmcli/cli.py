@@ -273,6 +273,10 @@ def eval_ppl(
     max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: its max positions)."),
     stride: Optional[int] = typer.Option(None, help="New tokens scored per window (default max_length/2; = max_length: no overlap)."),
     batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    mem_len: Optional[int] = typer.Option(None, help="Models with memory (Transformer-XL, XLNet): states kept per layer "
+                                          "(default: the recipe's eval_mem_len, else mem_len)."),
+    tgt_len: Optional[int] = typer.Option(None, help="Models with memory: tokens per segment (default: the recipe's "
+                                          "eval_tgt_len, else the training seq_len)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, words, word_ppl, stride, max_length."),
 ):
     """Perplexity of a causal LM on text, every token scored exactly once.
@@ -283,16 +287,22 @@ def eval_ppl(
     Also reports bits per byte (comparable across tokenizers) and word-level perplexity. n-gram runs score
     each line as a sentence (N-1 <s> before it, </s> scored), ignore the windows and report the OOV rate.
 
+    Transformer-XL reads the text in segments of --tgt-len tokens, each attending to --mem-len cached
+    states per layer (no windows): plm eval-ppl wiki.test.tokens --tgt-len 128 --mem-len 1600
+
     Example: plm eval-ppl wiki.test.raw --model runs/latest --max-length 1024 --stride 512 --json
     """
     from plmcli import api
 
-    res = api.eval_ppl(files, model, max_length, stride, batch_size)
+    res = api.eval_ppl(files, model, max_length, stride, batch_size, mem_len=mem_len, tgt_len=tgt_len)
     if as_json:
         return _print_json({k: v for k, v in res.items() if k != "files"} | {"files": res["files"]})
+    context = (f"segment {res['tgt_len']} memory {res['mem_len']}" if "mem_len" in res
+               else f"window {res['max_length']}/{res['stride']}")
     typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
-               f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window {res['max_length']}/{res['stride']}  "
-               f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else ""))
+               f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  {context}  "
+               f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else "")
+               + (f"  ({res['factorisation']} factorisation)" if "factorisation" in res else ""))
 
 
 # ---------------------------------------------------------------- export

@@ -24,6 +24,8 @@ TINY = {
     "seq2seq": ["model.d_embed=16", "model.d_hidden=16", "model.max_positions=16", "model.vocab_size=50"],
     "elmo": ["model.d_proj=8", "model.d_hidden=16", "model.d_char=4", "model.max_chars=8", "model.filters=[[1,4],[2,4]]",
              "model.vocab_size=50"],
+    "transformer_xl": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_head=0", "model.d_ff=64",
+                       "model.mem_len=8", "model.cutoffs=[]", "model.vocab_size=50"],
     "transformer": ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.n_head=2",
                     "model.d_ff=64", "model.max_positions=16", "model.vocab_size=50"],
 }
@@ -32,7 +34,9 @@ EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6
                    # As transformers' BertForPreTraining (bert-base-uncased) and RobertaForMaskedLM (roberta-base).
                    "bert-base": 110.1e6, "bert-large": 336.2e6, "roberta-base": 124.7e6,
                    # 6+6 layers, 512/2048/8, one shared 37k embedding (by hand in tests/models/test_transformer.py)
-                   "transformer-base": 63.08e6}
+                   "transformer-base": 63.08e6,
+                   # Dai et al. 2019, Table 1: 151M (16 layers, adaptive input and softmax tied, 267,735 words)
+                   "txl-wt103-base": 151.1e6}
 
 
 @pytest.mark.parametrize("name", shipped_recipes())

@@ -99,3 +99,77 @@ def encode_file(path: str, tok, prefix: int | None = None, batch_lines: int = 10
     if prefix is not None:
         ids = np.concatenate([[prefix], ids])
     return ids, n_bytes, n_words
+
+
+def encode_lines(path: str, tok, line_end: int | None, prefix: int | None, batch_lines: int = 1024):
+    """(ids, UTF-8 bytes, whitespace words) of a file: `prefix` first, then each
+    non-blank line's tokens followed by `line_end` (when given). Streams the file in batches of lines."""
+    from plmcli.data.corpus import iter_text_lines
+    from plmcli.errors import PlmError
+
+    pieces = [np.asarray([prefix], dtype=np.int64)] if prefix is not None else []
+    end = np.asarray([line_end] if line_end is not None else [], dtype=np.int64)
+    n_bytes, n_words, batch = 0, 0, []
+
+    def flush():
+        for e in tok.encode_batch(batch, add_special_tokens=False):
+            pieces.extend((np.asarray(e.ids, dtype=np.int64), end))
+        batch.clear()
+
+    for line in iter_text_lines([path]):
+        n_bytes += len(line.encode("utf-8"))
+        n_words += len(line.split())
+        if line.strip():  # blank lines are not documents in training (data.doc_per_line) either
+            batch.append(line)
+        if len(batch) == batch_lines:
+            flush()
+    if batch:
+        flush()
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    if len(ids) - (prefix is not None) < 1:
+        raise PlmError(f"{path} has no tokens to score", "pass a file with text")
+    return ids, n_bytes, n_words
+
+
+def sees_newlines(tok) -> bool:
+    """Whether the tokenizer encodes line ends (byte-level BPE) or drops them as whitespace (word-level)."""
+    return len(tok.encode("a\nb", add_special_tokens=False).ids) != len(tok.encode("a b", add_special_tokens=False).ids)
+
+
+def eval_files(files, tok, cfg: dict, nll_fn: Callable[[np.ndarray], tuple[float, int]], max_length: int, stride: int,
+               context: str, by_lines: bool = True) -> dict:
+    """The eval-ppl report (`report` keys) of `nll_fn` over each file and in total, for families that
+    score text themselves (stateful and windowed LMs).
+
+    by_lines: each non-blank line followed by <eos> (`encode_lines`, how doc_per_line corpora train);
+    else the file as one text (`encode_file`). Adds `line_end`, `first_token`, `context` and `oov_rate`:
+    the share of the text's tokens (an added <eos> not counted) that are <unk>.
+    """
+    from plmcli.errors import PlmError
+
+    ids = cfg["tokenizer"].get("special_token_ids", {})
+    eos, unk = ids.get("eos"), ids.get("unk")
+    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
+    prefix = ids.get(prefix_name) if prefix_name else None
+    totals = np.zeros(6)  # nll, tokens, bytes, words, text tokens, unk
+    per_file = []
+    for f in files:
+        seq, n_bytes, n_words = encode_lines(f, tok, eos, prefix) if by_lines else encode_file(f, tok, prefix)
+        nll, n = nll_fn(seq)
+        scored = seq[1:]
+        n_text = int((scored != eos).sum()) if eos is not None else n
+        n_unk = int((scored == unk).sum()) if unk is not None else 0
+        per_file.append({"file": f, **report(nll, n, n_bytes, n_words, stride, max_length), "oov_rate": n_unk / max(n_text, 1)})
+        totals += (nll, n, n_bytes, n_words, n_text, n_unk)
+    nll, n, n_bytes, n_words, n_text, n_unk = totals
+    if n_unk and n_unk == n_text:
+        raise PlmError(f"every word of {', '.join(map(str, files))} is out of the model's vocabulary (<unk>)",
+                       "evaluate text in the language, casing and tokenization of the training corpus")
+    res = report(float(nll), int(n), int(n_bytes), int(n_words), stride, max_length)
+    res["oov_rate"] = float(n_unk / max(n_text, 1))
+    res["line_end"] = ("<eos> after every line, scored" if eos is not None else "not added (the tokenizer has no eos)") \
+        if by_lines else "as the tokenizer encodes them"
+    res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
+    res["context"] = context
+    res["files"] = per_file
+    return res

@@ -41,15 +41,19 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0):
+    """Linear -> activation -> (dropout: Transformer-XL's `inner_dropout`) -> Linear -> dropout."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0,
+                 inner_dropout: float = 0.0):
         super().__init__()
         self.fc = nn.Linear(d_model, d_ff, bias=bias)
         self.proj = nn.Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
+        self.inner = nn.Dropout(inner_dropout) if inner_dropout > 0 else nn.Identity()
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(self.act(self.fc(x))))
+        return self.dropout(self.proj(self.inner(self.act(self.fc(x)))))
 
 
 class Block(nn.Module):

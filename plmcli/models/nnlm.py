@@ -90,7 +90,7 @@ class NNLM(nn.Module):
         """
         from plmcli.errors import PlmError
         from plmcli.eval.perplexity import sequence_nll
-        from plmcli.models.rnn import eval_files
+        from plmcli.eval.perplexity import eval_files
 
         L = max_length or 512
         n1 = self.cfg.order - 1

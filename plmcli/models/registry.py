@@ -13,6 +13,7 @@ FAMILIES: dict[str, str] = {
     "nnlm": "plmcli.models.nnlm:NNLM",
     "rnn": "plmcli.models.rnn:RNNLM",
     "elmo": "plmcli.models.elmo:ELMo",
+    "transformer_xl": "plmcli.models.transformer_xl:TransformerXL",
 }
 
 

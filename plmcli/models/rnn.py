@@ -17,8 +17,6 @@ scores it like any word (the PTB convention: the 82,430 test tokens are 78,669 w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -84,8 +82,9 @@ class RNNLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
 
-    def forward(self, input_ids: torch.Tensor, state=None):
-        """(B, T) ids, state from the previous segment (None = zeros) -> ((B, T, V) logits, new state).
+    def forward(self, input_ids: torch.Tensor, state=None, labels: torch.Tensor | None = None):
+        """(B, T) ids, state from the previous segment (None = zeros) -> ((B, T, V) logits, new state);
+        with labels (B, T): ((B, T) per-token NLL, new state), the protocol of stateful LMs (objective bptt).
 
         The state is (h, c), each (n_layer, B, d_hidden), for an LSTM, and h alone for rnn / gru.
         """
@@ -93,7 +92,10 @@ class RNNLM(nn.Module):
         h, state = self.rnn(x, state)  # (B, T, H)
         if self.proj is not None:
             h = self.proj(h)  # (B, T, E)
-        return self.lm_head(self.drop_output(h)), state  # (B, T, V)
+        logits = self.lm_head(self.drop_output(h))  # (B, T, V)
+        if labels is None:
+            return logits, state
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(labels.shape), state
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""
@@ -113,6 +115,8 @@ class RNNLM(nn.Module):
         if chunk < 1:
             raise PlmError(f"--max-length {chunk} must be ≥ 1", "it is only the chunk size: e.g. --max-length 1024")
         self.to(device).eval()
+        from plmcli.eval.perplexity import eval_files
+
         return eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, chunk, device), chunk, chunk,
                           context="the whole text before it (hidden state carried)")
 
@@ -127,74 +131,3 @@ class RNNLM(nn.Module):
             logits, state = self(x, state)
             total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
         return total, len(seq_t) - 1
-
-
-# ----------------------------------------------------------------------------- text -> scored tokens
-# Shared with the NNLM (models/nnlm.py): both score text encoded as their training data was.
-
-
-def encode_lines(path: str, tok, line_end: int | None, prefix: int | None, batch_lines: int = 1024):
-    """(ids, UTF-8 bytes, whitespace words) of a file: `prefix` first, then each
-    non-blank line's tokens followed by `line_end` (when given). Streams the file in batches of lines."""
-    from plmcli.data.corpus import iter_text_lines
-    from plmcli.errors import PlmError
-
-    pieces = [np.asarray([prefix], dtype=np.int64)] if prefix is not None else []
-    end = np.asarray([line_end] if line_end is not None else [], dtype=np.int64)
-    n_bytes, n_words, batch = 0, 0, []
-
-    def flush():
-        for e in tok.encode_batch(batch, add_special_tokens=False):
-            pieces.extend((np.asarray(e.ids, dtype=np.int64), end))
-        batch.clear()
-
-    for line in iter_text_lines([path]):
-        n_bytes += len(line.encode("utf-8"))
-        n_words += len(line.split())
-        if line.strip():  # blank lines are not documents in training (data.doc_per_line) either
-            batch.append(line)
-        if len(batch) == batch_lines:
-            flush()
-    if batch:
-        flush()
-    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    if len(ids) - (prefix is not None) < 1:
-        raise PlmError(f"{path} has no tokens to score", "pass a file with text")
-    return ids, n_bytes, n_words
-
-
-def eval_files(files, tok, cfg: dict, nll_fn: Callable[[np.ndarray], tuple[float, int]], max_length: int, stride: int,
-               context: str) -> dict:
-    """The eval-ppl report (plmcli.eval.perplexity.report keys) of `nll_fn` over each file and in total.
-
-    Adds `line_end`, `first_token`, `context` and `oov_rate`: the share of the text's tokens (the added
-    <eos> not counted) that are <unk>.
-    """
-    from plmcli.errors import PlmError
-    from plmcli.eval.perplexity import report
-
-    ids = cfg["tokenizer"].get("special_token_ids", {})
-    eos, unk = ids.get("eos"), ids.get("unk")
-    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
-    prefix = ids.get(prefix_name) if prefix_name else None
-    totals = np.zeros(6)  # nll, tokens, bytes, words, text tokens, unk
-    per_file = []
-    for f in files:
-        seq, n_bytes, n_words = encode_lines(f, tok, eos, prefix)
-        nll, n = nll_fn(seq)
-        scored = seq[1:]
-        n_text = int((scored != eos).sum()) if eos is not None else n
-        n_unk = int((scored == unk).sum()) if unk is not None else 0
-        per_file.append({"file": f, **report(nll, n, n_bytes, n_words, stride, max_length), "oov_rate": n_unk / max(n_text, 1)})
-        totals += (nll, n, n_bytes, n_words, n_text, n_unk)
-    nll, n, n_bytes, n_words, n_text, n_unk = totals
-    if n_unk and n_unk == n_text:
-        raise PlmError(f"every word of {', '.join(map(str, files))} is out of the model's vocabulary (<unk>)",
-                       "evaluate text in the language, casing and tokenization of the training corpus")
-    res = report(float(nll), int(n), int(n_bytes), int(n_words), stride, max_length)
-    res["oov_rate"] = float(n_unk / max(n_text, 1))
-    res["line_end"] = "<eos> after every line, scored" if eos is not None else "not added (the tokenizer has no eos)"
-    res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
-    res["context"] = context
-    res["files"] = per_file
-    return res

@@ -1,4 +1,5 @@
-"""Truncated backpropagation through time over parallel token streams (the RNN LMs' objective).
+"""Truncated backpropagation through time over parallel token streams: the objective of stateful LMs,
+the RNN LMs (their hidden state) and Transformer-XL (its memory).
 
 The layout is Zaremba et al.'s PTB reader. The split's token stream (eos after every document; with
 `data.doc_per_line` after every line) is cut into S = B·world equal contiguous streams, B = the micro
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
@@ -85,7 +85,7 @@ class TruncatedBPTT(Objective):
     def check_model(self, model):
         if not getattr(model, "stateful", False):
             raise PlmError(f"{type(model).__name__} carries no recurrent state between segments",
-                           "use objective.name: bptt with family rnn, or clm for stateless causal models (gpt, nnlm)")
+                           "use objective.name: bptt with family rnn or transformer_xl, or clm for stateless causal models (gpt, nnlm)")
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream
@@ -96,8 +96,10 @@ class TruncatedBPTT(Objective):
     def step(self, model, batch, state=None):
         # A new epoch restarts the streams, so their history is gone; otherwise keep the values, cut the graph.
         state = None if bool(batch.get("reset", False)) else detach_state(state)
-        logits, state = model(batch["input_ids"], state)  # (B, T, V)
         labels = batch["labels"]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        # The model scores the labels itself: an adaptive softmax (Transformer-XL) computes only the
+        # clusters the targets fall in, which logits for the whole vocabulary would not allow.
+        nll, state = model(batch["input_ids"], state, labels=labels)  # (B, T)
+        loss = nll.mean()
         count = torch.tensor(labels.numel(), device=labels.device)
         return StepOutput(loss, {"loss": loss.detach() * count}, count, state)

@@ -1,0 +1,129 @@
+"""Adaptive input (Baevski & Auli 2019) and adaptive softmax (Grave et al. 2017), as Transformer-XL uses them.
+
+The vocabulary, sorted by frequency, is cut at `cutoffs` into clusters: the head (most frequent words)
+and tail clusters of rarer words. Cluster i gets an embedding of size d_embed // div_val**i and a
+projection to d_proj, so rare words spend fewer parameters. The softmax mirrors it: the head scores its
+words plus one logit per tail cluster; a tail word's log-probability is log p(cluster) + log p(word |
+cluster). Training only computes the tail clusters its targets fall in, which is what makes a 267k
+vocabulary (WikiText-103) affordable.
+
+With `tie_weights` the softmax reuses the embedding matrices, and with `tie_projs` their projections
+(Transformer-XL ties both). Our vocabularies come from `tokenizers`, whose ids are not frequency sorted:
+the word-level tokenizer assigns ids by descending count after the special tokens, which is what the
+cutoffs assume (plmcli.data.tokenizers).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def cluster_bounds(vocab_size: int, cutoffs) -> list[int]:
+    """[0, c1, c2, ..., vocab_size]; cutoffs must be increasing and inside the vocabulary."""
+    bounds = [0, *cutoffs, vocab_size]
+    if any(b >= c for b, c in zip(bounds, bounds[1:])):
+        raise ValueError(f"cutoffs {list(cutoffs)} must increase strictly and stay below vocab_size {vocab_size}")
+    return bounds
+
+
+class AdaptiveEmbedding(nn.Module):
+    """(B, T) ids -> (B, T, d_proj) embeddings, scaled by √d_proj as Transformer-XL."""
+
+    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs=(), div_val: int = 1, init_std: float = 0.02):
+        super().__init__()
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        self.d_proj, self.scale = d_proj, d_proj**0.5
+        dims = [d_embed // div_val**i for i in range(len(self.bounds) - 1)]
+        self.layers = nn.ModuleList(nn.Embedding(hi - lo, d) for lo, hi, d in zip(self.bounds, self.bounds[1:], dims))
+        # A projection only where the cluster's size differs from d_proj (Transformer-XL's rule).
+        self.projs = nn.ParameterList(
+            nn.Parameter(torch.empty(d_proj, d)) if d != d_proj else nn.Parameter(torch.empty(0)) for d in dims
+        )
+        for emb in self.layers:
+            nn.init.normal_(emb.weight, 0.0, init_std)
+        for p in self.projs:
+            if p.numel():
+                nn.init.normal_(p, 0.0, init_std / 2)  # Transformer-XL's proj_init_std 0.01 at init_std 0.02
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if len(self.layers) == 1:
+            x = self.layers[0](ids)
+            return self._project(x, 0) * self.scale
+        out = torch.zeros(*ids.shape, self.d_proj, dtype=self.layers[0].weight.dtype, device=ids.device)
+        for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
+            sel = (ids >= lo) & (ids < hi)
+            if sel.any():
+                out[sel] = self._project(self.layers[i](ids[sel] - lo), i).to(out.dtype)
+        return out * self.scale
+
+    def _project(self, x, i):
+        p = self.projs[i]
+        return F.linear(x, p) if p.numel() else x
+
+
+class AdaptiveSoftmax(nn.Module):
+    """Hidden states (N, d_proj) -> log-probabilities, for all words or for given targets only."""
+
+    def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs=(), div_val: int = 1, init_std: float = 0.02,
+                 tie_to: AdaptiveEmbedding | None = None, tie_projs: bool = True):
+        super().__init__()
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        self.n_clusters = len(self.bounds) - 2
+        dims = [d_embed // div_val**i for i in range(len(self.bounds) - 1)]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(hi - lo)) for lo, hi in zip(self.bounds, self.bounds[1:]))
+        self.projs = nn.ParameterList()
+        for i, d in enumerate(dims):
+            size = self.bounds[i + 1] - self.bounds[i]
+            w = tie_to.layers[i].weight if tie_to is not None else nn.Parameter(torch.randn(size, d) * init_std)
+            self.weights.append(w)
+            if d == d_proj:
+                self.projs.append(nn.Parameter(torch.empty(0)))
+            elif tie_to is not None and tie_projs:
+                self.projs.append(tie_to.projs[i])
+            else:
+                self.projs.append(nn.Parameter(torch.randn(d_proj, d) * init_std / 2))
+        # One extra head logit per tail cluster: log p(cluster | h).
+        self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, dims[0]))
+        self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+
+    def _logits(self, h, i):
+        p = self.projs[i]
+        if p.numel():
+            h = h @ p  # (N, d_proj) @ (d_proj, d_i): into the cluster's embedding space
+        w, b = self.weights[i], self.biases[i]
+        if i == 0 and self.n_clusters:
+            w, b = torch.cat([w, self.cluster_weight]), torch.cat([b, self.cluster_bias])
+        return F.linear(h, w, b)
+
+    def log_prob(self, h: torch.Tensor) -> torch.Tensor:
+        """(N, d_proj) -> (N, V) log-probabilities of every word (evaluation, generation)."""
+        head = F.log_softmax(self._logits(h, 0).float(), -1)
+        if not self.n_clusters:
+            return head
+        parts = [head[:, : self.bounds[1]]]
+        for i in range(1, self.n_clusters + 1):
+            cluster = head[:, self.bounds[1] + i - 1 : self.bounds[1] + i]  # (N, 1) log p(cluster i)
+            parts.append(cluster + F.log_softmax(self._logits(h, i).float(), -1))
+        return torch.cat(parts, -1)
+
+    def nll(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """(N, d_proj), (N,) -> (N,) negative log-likelihoods; tail clusters run only on their own targets."""
+        head = F.log_softmax(self._logits(h, 0).float(), -1)
+        if not self.n_clusters:
+            return -head.gather(1, target[:, None]).squeeze(1)
+        nll = torch.zeros(target.shape, dtype=head.dtype, device=h.device)
+        in_head = target < self.bounds[1]
+        nll[in_head] = -head[in_head].gather(1, target[in_head, None]).squeeze(1)
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.bounds[i], self.bounds[i + 1]
+            sel = (target >= lo) & (target < hi)
+            if not sel.any():
+                continue
+            tail = F.log_softmax(self._logits(h[sel], i).float(), -1)
+            word = tail.gather(1, (target[sel] - lo)[:, None]).squeeze(1)
+            nll[sel] = -(head[sel, self.bounds[1] + i - 1] + word)
+        return nll
+

@@ -1,0 +1,304 @@
+"""Transformer-XL (Dai et al. 2019): a causal Transformer LM with segment-level recurrence.
+
+Each layer attends over [SG(memory); current segment]: the memory holds the `mem_len` most recent
+hidden states that entered the layer in earlier segments, cut from the graph (SG = stop-gradient), so
+context reaches back n_layer × mem_len tokens while backprop stays inside one segment. Absolute positions
+would collide between segments, so the score of query i on key j uses the distance i - j only:
+
+    A_rel[i, j] = q_i·k_j          (a) content
+                + q_i·W_R R_{i-j}  (b) content-dependent position bias
+                + u·k_j            (c) global content bias
+                + v·W_R R_{i-j}    (d) global position bias
+
+with R the sinusoid table and u, v learned. (a)+(c) = (q_i + u)·k_j is an ordinary attention score, so
+it runs in PyTorch's fused attention (SDPA); (b)+(d) = (q_i + v)·W_R R_{i-j} is computed against every
+distance once, aligned with the relative-shift trick, and enters SDPA as an additive bias.
+
+The model is stateful like the RNN LMs: forward(ids, state) returns the next memory, the `bptt` objective
+carries it between consecutive segments of parallel token streams, and eval-ppl carries it across the
+whole text (`--tgt-len` tokens per segment, `--mem-len` of memory), each token scored once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
+from plmcli.models.layers import FeedForward
+
+
+@dataclass
+class TransformerXLConfig:
+    vocab_size: int = 0
+    """Vocabulary size; 0 = take it from the tokenizer."""
+    n_layer: int = 16
+    """Transformer layers."""
+    n_head: int = 10
+    """Attention heads per layer."""
+    d_model: int = 410
+    """Hidden size."""
+    d_head: int = 0
+    """Size of each head; 0 = d_model // n_head (WT103 base: 41)."""
+    d_ff: int = 2100
+    """Feed-forward inner size."""
+    d_embed: int = 0
+    """Word embedding size before the projection to d_model; 0 = d_model."""
+    dropout: float = 0.1
+    """Dropout on embeddings, positions, residual branches and inside the feed-forward."""
+    attn_dropout: float = 0.0
+    """Dropout on attention probabilities (the paper's dropatt)."""
+    mem_len: int = 150
+    """Hidden states per layer kept as memory for the next segment in training; 0 = no recurrence."""
+    clamp_len: int = 0
+    """Distances beyond clamp_len use R_clamp_len (0 = no clamp)."""
+    same_length: bool = False
+    """Every query attends to the same number of keys (the earliest ones of a long memory are cut)."""
+    eval_tgt_len: int = 0
+    """eval-ppl: tokens per segment; 0 = the training seq_len."""
+    eval_mem_len: int = 0
+    """eval-ppl: memory length; 0 = mem_len (the paper evaluates WT103 with 1600)."""
+    eval_clamp_len: int = 0
+    """eval-ppl: clamp_len for evaluation; 0 = clamp_len."""
+    eval_same_length: bool = False
+    """eval-ppl: same_length for evaluation (the paper's WT103 evaluation sets it)."""
+    cutoffs: list = field(default_factory=list)
+    """Adaptive input / softmax cluster boundaries in the frequency-sorted vocabulary; [] = one full softmax."""
+    div_val: int = 1
+    """Adaptive input / softmax: cluster i embeds in d_embed // div_val**i dimensions."""
+    tie_embeddings: bool = True
+    """The softmax shares the embedding matrices."""
+    tie_projs: bool = True
+    """With adaptive clusters: the softmax also shares the embedding projections."""
+    untie_r: bool = False
+    """Each layer has its own u and v (False: one pair for all layers, as the paper's PyTorch code)."""
+    norm_position: str = "post"
+    """post (the paper) | pre."""
+    layer_norm_eps: float = 1e-5
+    """LayerNorm epsilon."""
+    init_std: float = 0.02
+    """Std of the normal init."""
+
+
+def sinusoid_table(pos: torch.Tensor, d: int) -> torch.Tensor:
+    """(K,) positions -> (K, d): [sin(p·f) | cos(p·f)] with f = 10000^(-2i/d), halves concatenated
+    (Transformer-XL's and XLNet's layout, not Vaswani's interleaving)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
+    angles = pos.float()[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """(…, T, K) scores against distances K-1 … 0 per column -> (…, T, K) scores against key j.
+
+    Query i sits at key index K-T+i, so key j is at distance K-T+i-j, found in column T-1-i+j. Padding one
+    zero column and reading the buffer with rows one longer moves row i left by T-1-i without a gather.
+    Entries for j > K-T+i (the future) come out as garbage and must be masked.
+    """
+    *lead, T, K = x.shape
+    x = F.pad(x, (1, 0)).view(*lead, K + 1, T)
+    return x[..., 1:, :].reshape(*lead, T, K)
+
+
+class RelPartialLearnableAttention(nn.Module):
+    """Multi-head attention over [memory; segment] with the relative score A_rel above."""
+
+    def __init__(self, d_model, n_head, d_head, dropout, attn_dropout, pre_norm, eps, untie_r):
+        super().__init__()
+        self.n_head, self.d_head, self.pre_norm = n_head, d_head, pre_norm
+        self.qkv = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
+        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
+        self.o = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.ln = nn.LayerNorm(d_model, eps=eps)
+        self.drop = nn.Dropout(dropout)
+        self.attn_dropout = attn_dropout
+        self.u = nn.Parameter(torch.zeros(n_head, d_head)) if untie_r else None
+        self.v = nn.Parameter(torch.zeros(n_head, d_head)) if untie_r else None
+
+    def forward(self, x, mem, r, blocked, u, v):
+        """x (B, T, C), mem (B, M, C) or None, r (K, C) sinusoids for distances K-1 … 0, blocked (T, K)
+        True where a query may not look; u, v (H, D) the shared biases unless this layer has its own."""
+        B, T, C = x.shape
+        H, D = self.n_head, self.d_head
+        u, v = (self.u, self.v) if self.u is not None else (u, v)
+        cat = x if mem is None else torch.cat([mem, x], 1)  # (B, K, C)
+        K = cat.shape[1]
+        if self.pre_norm:
+            cat = self.ln(cat)
+        w_q, w_kv = self.qkv.weight.split([H * D, 2 * H * D])
+        q = F.linear(cat[:, -T:], w_q).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k, val = F.linear(cat, w_kv).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × (B, H, K, D)
+        r_k = self.r_net(r).view(K, H, D).transpose(0, 1)  # (H, K, D)
+        bd = rel_shift(torch.matmul(q + v[:, None], r_k.transpose(1, 2)))  # (B, H, T, K): terms (b) + (d)
+        bias = (bd * (1.0 / math.sqrt(D))).masked_fill(blocked, float("-inf"))
+        y = F.scaled_dot_product_attention(q + u[:, None], k, val, attn_mask=bias,  # terms (a) + (c)
+                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        out = self.drop(self.o(y.transpose(1, 2).reshape(B, T, H * D)))
+        return x + out if self.pre_norm else self.ln(x + out)
+
+
+class TXLLayer(nn.Module):
+    def __init__(self, cfg: TransformerXLConfig, d_head: int):
+        super().__init__()
+        pre = cfg.norm_position == "pre"
+        self.attn = RelPartialLearnableAttention(cfg.d_model, cfg.n_head, d_head, cfg.dropout, cfg.attn_dropout,
+                                                 pre, cfg.layer_norm_eps, cfg.untie_r)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, "relu", True, cfg.dropout, inner_dropout=cfg.dropout)
+        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.pre_norm = pre
+
+    def forward(self, x, mem, r, blocked, u, v):
+        x = self.attn(x, mem, r, blocked, u, v)
+        return x + self.ff(self.ln(x)) if self.pre_norm else self.ln(x + self.ff(x))
+
+
+class TransformerXL(nn.Module):
+    Config = TransformerXLConfig
+    causal = True
+    stateful = True
+    """forward takes and returns the memory: objectives carry it across segments."""
+    has_memory = True
+    """eval-ppl's --mem-len / --tgt-len apply."""
+
+    def __init__(self, cfg: TransformerXLConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("TransformerXLConfig.vocab_size must be set (from the tokenizer) before building")
+        if cfg.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
+        if cfg.mem_len < 0 or cfg.clamp_len < 0:
+            raise ValueError("mem_len and clamp_len must be ≥ 0")
+        self.cfg = cfg
+        self.d_head = cfg.d_head or cfg.d_model // cfg.n_head
+        d_embed = cfg.d_embed or cfg.d_model
+        self.emb = AdaptiveEmbedding(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(TXLLayer(cfg, self.d_head) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_position == "pre" else nn.Identity()
+        self.u = nn.Parameter(torch.zeros(cfg.n_head, self.d_head))
+        self.v = nn.Parameter(torch.zeros(cfg.n_head, self.d_head))
+        self.softmax = AdaptiveSoftmax(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std,
+                                       tie_to=self.emb if cfg.tie_embeddings else None, tie_projs=cfg.tie_projs)
+        self._init(cfg.init_std)
+        # Evaluation settings (eval-ppl); training uses the cfg values.
+        self.mem_len, self.clamp_len, self.same_length = cfg.mem_len, cfg.clamp_len, cfg.same_length
+
+    def _init(self, std):
+        for name, p in self.named_parameters():
+            if name.startswith(("emb.", "softmax.")):
+                continue  # the adaptive modules initialise themselves (embeddings N(0, std), projections std/2)
+            if p.dim() >= 2 or name.endswith((".u", ".v")) or name in ("u", "v"):
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("ln.weight") or name.endswith("ln_f.weight"):
+                nn.init.normal_(p, 1.0, std)  # Transformer-XL's LayerNorm init
+            else:
+                nn.init.zeros_(p)
+
+    @property
+    def max_positions(self) -> int:
+        """Relative positions: no table bounds the length (memory is what costs)."""
+        return 2**31 - 1
+
+    def hidden(self, input_ids: torch.Tensor, mems=None):
+        """(B, T) ids, memory from the previous segment (a list of n_layer (B, M, C) tensors, or None) ->
+        ((B, T, C) final hidden states, the new memory or None when mem_len is 0)."""
+        B, T = input_ids.shape
+        M = 0 if mems is None else mems[0].shape[1]
+        K = M + T
+        x = self.drop(self.emb(input_ids))  # (B, T, C)
+        ones = torch.ones(T, K, dtype=torch.bool, device=input_ids.device)
+        blocked = ones.triu(1 + M)  # query i (at key index M+i) sees keys ≤ M+i
+        if self.same_length:
+            # …and only the last mem_len distances (when the keys outnumber them), so every query sees the
+            # same span instead of the first ones of a segment seeing less (the paper's evaluation setting).
+            over = K - self.mem_len
+            blocked = blocked | ones.tril(-(T - over) if over > 0 else -T)
+        pos = torch.arange(K - 1, -1, -1, device=input_ids.device)
+        if self.clamp_len > 0:
+            pos = pos.clamp(max=self.clamp_len)
+        r = self.drop(sinusoid_table(pos, self.cfg.d_model).to(x.dtype))  # (K, C)
+        layer_inputs = []
+        for i, layer in enumerate(self.layers):
+            layer_inputs.append(x)
+            x = layer(x, None if mems is None else mems[i], r, blocked, self.u, self.v)
+        x = self.drop(self.ln_f(x))
+        return x, self._update(mems, layer_inputs)
+
+    def _update(self, mems, layer_inputs):
+        """The last mem_len states that entered each layer, cut from the graph (SG in the paper)."""
+        if self.mem_len == 0:
+            return None
+        with torch.no_grad():
+            cat = layer_inputs if mems is None else [torch.cat([m, h], 1) for m, h in zip(mems, layer_inputs)]
+            return [c[:, -self.mem_len :].detach() for c in cat]
+
+    def forward(self, input_ids: torch.Tensor, state=None, labels: torch.Tensor | None = None):
+        """(B, T) ids, memory -> ((B, T, V) log-probabilities, memory); with labels (B, T) -> ((B, T) NLL, memory).
+
+        The output layer may be an adaptive softmax, so the model itself scores labels: training then
+        computes only the tail clusters its targets fall in. Log-probabilities are valid logits.
+        """
+        h, state = self.hidden(input_ids, state)
+        if labels is None:
+            return self.softmax.log_prob(h.flatten(0, 1)).view(*h.shape[:2], -1), state
+        return self.softmax.nll(h.flatten(0, 1), labels.flatten()).view(labels.shape), state
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per weight of the layers and the softmax, plus the attention scores
+        against seq_len + mem_len keys (content and position terms)."""
+        n = sum(p.numel() for p in self.layers.parameters()) + sum(p.numel() for p in self.softmax.parameters())
+        keys = seq_len + self.cfg.mem_len
+        return 6 * n + 6 * 3 * self.cfg.n_layer * self.cfg.n_head * self.d_head * keys
+
+    # ------------------------------------------------------------------ eval-ppl
+
+    @torch.no_grad()
+    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu",
+                 mem_len=None, tgt_len=None) -> dict:
+        """Perplexity with memory: the text is read in segments of tgt_len tokens, each attending to the
+        last mem_len states of every layer, so every token is scored once with up to mem_len + its offset
+        in the segment of context (more through the layers). Defaults: eval_tgt_len / eval_mem_len of the
+        config, else the training seq_len / mem_len. --max-length / --stride do not apply.
+
+        Line ends: when the tokenizer cannot see them (word-level) and has an eos, eos follows every
+        line and is scored, as Transformer-XL's WikiText-103 / PTB setup; otherwise the file is scored as is.
+        """
+        from plmcli.errors import PlmError
+        from plmcli.eval.perplexity import eval_files, sees_newlines
+
+        c = self.cfg
+        tgt = tgt_len or c.eval_tgt_len or cfg.get("seq_len") or 128
+        mem = (c.eval_mem_len or c.mem_len) if mem_len is None else mem_len
+        if tgt < 1 or mem < 0:
+            raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 1600")
+        if max_length is not None or stride is not None:
+            raise PlmError("--max-length / --stride set sliding windows, which Transformer-XL does not use",
+                           "use --tgt-len (tokens per segment) and --mem-len (memory) instead")
+        saved = self.mem_len, self.clamp_len, self.same_length
+        self.mem_len, self.clamp_len, self.same_length = mem, c.eval_clamp_len or c.clamp_len, c.eval_same_length
+        self.to(device).eval()
+        try:
+            res = eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, tgt, device), tgt, tgt,
+                             context=f"segments of {tgt} tokens with {mem} tokens of memory per layer",
+                             by_lines=not sees_newlines(tok))
+        finally:
+            self.mem_len, self.clamp_len, self.same_length = saved
+        res.update(tgt_len=tgt, mem_len=mem)
+        return res
+
+    @torch.no_grad()
+    def stream_nll(self, seq: np.ndarray, tgt_len: int, device="cpu") -> tuple[float, int]:
+        """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time."""
+        seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
+        total, mems = 0.0, None
+        for i in range(0, len(seq_t) - 1, tgt_len):
+            x = seq_t[i : min(i + tgt_len, len(seq_t) - 1)][None]  # (1, t)
+            y = seq_t[i + 1 : i + 1 + x.shape[1]][None]
+            nll, mems = self(x, mems, labels=y)
+            total += nll.sum().item()
+        return total, len(seq_t) - 1
