@@ -14,6 +14,7 @@ BENCHMARKS = {
     "bert-train-step": "benchmarks.bert_train_step",
     "mlm-data": "benchmarks.mlm_data",
     "ngram-ptb": "benchmarks.ngram_ptb",
+    "txl-vs-gpt": "benchmarks.txl_vs_gpt",
 }
 
 

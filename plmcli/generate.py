@@ -140,7 +140,8 @@ class StatefulSession(_Lazy):
             out, st = model(torch.tensor([c], device=device))
             logits.append(out[:, -1])
             states.append(st)
-        self.state = _cat_states(states)
+        self.batch_dim = getattr(model, "state_batch_dim", 1)
+        self.state = _cat_states(states, self.batch_dim)
         self._pending, self._logits = None, torch.cat(logits)
 
     def _advance(self, tokens):
@@ -148,16 +149,16 @@ class StatefulSession(_Lazy):
         return out[:, -1]
 
     def select(self, index):
-        self.state = select_state(self.state, index, dim=1)  # RNN states are (layers, B, H)
+        self.state = select_state(self.state, index, dim=self.batch_dim)  # RNN states are (layers, B, H)
         self._pending = None if self._pending is None else self._pending[index]
         self._logits = None if self._logits is None else self._logits[index]
 
 
-def _cat_states(states):
+def _cat_states(states, dim: int = 1):
     first = states[0]
     if torch.is_tensor(first):
-        return torch.cat(states, dim=1)
-    return type(first)(_cat_states([s[i] for s in states]) for i in range(len(first)))
+        return torch.cat(states, dim=dim)
+    return type(first)(_cat_states([s[i] for s in states], dim) for i in range(len(first)))
 
 
 # ---------------------------------------------------------------- strategies
@@ -306,6 +307,8 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
         return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
+    if getattr(model, "has_memory", False):
+        batch_size = 1  # memories of prompts of different lengths differ in length: each prompt decodes alone
     texts: list[str] = []
     for b in range(0, len(prompts), batch_size):
         batch = [str(p).rstrip("\n") for p in prompts[b : b + batch_size]]

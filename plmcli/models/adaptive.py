@@ -121,6 +121,9 @@ class AdaptiveSoftmax(nn.Module):
             lo, hi = self.bounds[i], self.bounds[i + 1]
             sel = (target >= lo) & (target < hi)
             if not sel.any():
+                # A zero that still reaches the cluster's weights: DDP waits for a gradient of every
+                # parameter, and a batch without rare words would otherwise leave this cluster out.
+                nll = nll + 0.0 * self._logits(h[:1], i).sum()
                 continue
             tail = F.log_softmax(self._logits(h[sel], i).float(), -1)
             word = tail.gather(1, (target[sel] - lo)[:, None]).squeeze(1)

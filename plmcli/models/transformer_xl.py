@@ -164,6 +164,8 @@ class TransformerXL(nn.Module):
     """forward takes and returns the memory: objectives carry it across segments."""
     has_memory = True
     """eval-ppl's --mem-len / --tgt-len apply."""
+    state_batch_dim = 0
+    """The memory is n_layer tensors (B, M, C): generation selects beams along dim 0."""
 
     def __init__(self, cfg: TransformerXLConfig):
         super().__init__()

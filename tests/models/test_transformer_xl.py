@@ -194,6 +194,11 @@ def test_pretrain_and_eval_ppl_with_memory(tmp_path):
     assert short["nll"] != pytest.approx(a["nll"], rel=1e-4)  # less context, another result
     with pytest.raises(PlmError, match="--tgt-len"):
         api.eval_ppl([str(tmp_path / "eval.txt")], run, max_length=8)
+    # generation carries the memory one token at a time; prompts of different lengths decode alone
+    both = api.generate(run, prompts=["the cat", "a mat while"], max_new_tokens=6)
+    assert both == [api.generate(run, prompts=[p], max_new_tokens=6)[0] for p in ("the cat", "a mat while")]
+    assert all(len(o["output"]) > 0 for o in both)
+    assert len(api.generate(run, prompts=["the cat"], max_new_tokens=4, strategy="beam", num_beams=3)) == 1
 
 
 def test_mem_len_on_a_model_without_memory_is_refused(tmp_path):
