@@ -73,6 +73,8 @@ def test_tokenize_pretrain_eval_roundtrip(files, tmp_path):
     # runs/latest is the default model
     res = run("eval-ppl", long_text, "--json", "--max-length", "32", "--stride", "16")
     assert res.exit_code == 0 and json.loads(res.stdout)["ppl"] == pytest.approx(out["ppl"], rel=1e-6)
+    # a memory length means nothing to a model without memory
+    assert_clean_error(run("eval-ppl", long_text, "--mem-len", "64"), "apply to models with memory")
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "binary", "latin1", "blank-gz"])
