@@ -15,6 +15,7 @@ BENCHMARKS = {
     "mlm-data": "benchmarks.mlm_data",
     "ngram-ptb": "benchmarks.ngram_ptb",
     "txl-vs-gpt": "benchmarks.txl_vs_gpt",
+    "family-sst2": "benchmarks.family_sst2",
 }
 
 

@@ -57,6 +57,28 @@ def build_corpus(path: Path) -> Path:
     return path
 
 
+def pretrain_for(recipe_name: str, corpus: Path, root: Path, budget: float, overrides=None) -> tuple[dict, float, float]:
+    """Pretrain `recipe_name` on `corpus` for `budget` seconds into root/pretrain; (summary, wall s, tokens/s).
+
+    A short calibration run measures this machine's tokens/s first, so the schedule's horizon (max_steps)
+    ends when the budget does instead of being cut mid-decay by the time limit.
+    """
+    from plmcli import api
+    from plmcli.config import load_recipe
+
+    recipe = load_recipe(recipe_name, overrides)
+    tokens_per_step = recipe.train.global_batch_size * recipe.train.seq_len
+    api.pretrain(recipe_name, [str(corpus)], str(root / "calibrate"), overrides=overrides, max_steps=30)
+    rates = [r["tok_per_s"] for r in map(json.loads, (root / "calibrate" / "metrics.jsonl").read_text().splitlines())
+             if "tok_per_s" in r][1:]
+    rate = statistics.median(rates)
+    steps = max(10, int(0.93 * budget * rate / tokens_per_step))  # evaluations and checkpoints take the rest
+    t0 = time.perf_counter()
+    pre = api.pretrain(recipe_name, [str(corpus)], str(root / "pretrain"), overrides=overrides,
+                       max_steps=steps, time_budget=budget)
+    return pre, time.perf_counter() - t0, rate
+
+
 def run(args) -> int:
     if not (common.SHARED_DATA / "glue" / "SST-2").is_dir():
         print(f"bert-sst2: skipped — {common.SHARED_DATA} has no GLUE SST-2")
@@ -70,19 +92,7 @@ def run(args) -> int:
     corpus = build_corpus(root / "corpus.txt")
     budget = args.pretrain_minutes * 60
     recipe = load_recipe(args.recipe, args.set or None)
-    tokens_per_step = recipe.train.global_batch_size * recipe.train.seq_len
-
-    # Calibrate: a short run measures this machine's tokens/s, so the schedule's horizon (max_steps) can
-    # end when the budget does instead of being cut mid-decay by the time limit.
-    api.pretrain(args.recipe, [str(corpus)], str(root / "calibrate"), overrides=args.set or None, max_steps=30)
-    rates = [r["tok_per_s"] for r in map(json.loads, (root / "calibrate" / "metrics.jsonl").read_text().splitlines())
-             if "tok_per_s" in r][1:]
-    rate = statistics.median(rates)
-    steps = max(10, int(0.93 * budget * rate / tokens_per_step))  # evaluations and checkpoints take the rest
-    t0 = time.perf_counter()
-    pre = api.pretrain(args.recipe, [str(corpus)], str(root / "pretrain"), overrides=args.set or None,
-                       max_steps=steps, time_budget=budget)
-    pre_wall = time.perf_counter() - t0
+    pre, pre_wall, rate = pretrain_for(args.recipe, corpus, root, budget, args.set or None)
 
     results = {}
     for init in ("pretrained", "random"):

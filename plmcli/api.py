@@ -95,14 +95,19 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
 
 def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
-                  seed: int = 12345, num_proc: int = 1, force: bool = False) -> dict:
-    """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics)."""
+                  seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1)) -> dict:
+    """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics).
+
+    ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT); `lexicon` gives the units of masking "knowledge" (ERNIE).
+    """
     from plmcli.data.mlm_data import make_mlm_data as build
 
     _quiet_datasets_off_terminal()
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
-                 num_proc=num_proc, force=force)
+                 num_proc=num_proc, force=force, span_p=span_p, span_max=span_max, lexicon=lexicon,
+                 ngram_probs=ngram_probs)
 
 
 # ---------------------------------------------------------------- pretrain
@@ -151,7 +156,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         st.train.max_steps = max_steps or st.train.max_steps
         st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
 
-    shipped = default_corpus(objective_class(r.objective_name).default_data)
+    shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
     inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
     state = PartialState()
     with state.main_process_first():  # one process tokenizes; the others then read its cache

@@ -34,6 +34,13 @@ def _stderr():
     return Console(stderr=True)
 
 
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PlmError(f"{name} '{text}' is not a comma-separated list of numbers", f"e.g. {name} 0.4,0.3,0.2,0.1") from None
+
+
 def guarded(fn):
     """PlmError -> one line `error: what — fix` and exit code 2 (the traceback only with --debug)."""
 
@@ -176,7 +183,12 @@ def make_mlm_data(
     mask_prob: float = typer.Option(0.15, help="Share of tokens to predict."),
     max_predictions: int = typer.Option(20, help="At most this many predictions per instance."),
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
-    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | chinese-wwm (jieba words) | span (SpanBERT)."),
+    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches)."),
+    span_p: float = typer.Option(0.2, help="--masking span: span length in words ~ Geometric(p), p in (0, 1]."),
+    span_max: int = typer.Option(10, help="--masking span: longest span, in words (≥ 1)."),
+    lexicon: Optional[str] = typer.Option(None, help="--masking knowledge: phrases or entities, one per line; each match is masked whole."),
+    ngram_probs: str = typer.Option("0.4,0.3,0.2,0.1", help="--masking ngram: P(1 word), P(2 words), ... comma-separated "
+                                    "(ALBERT: 0.5455,0.2727,0.1818)."),
     seed: int = typer.Option(12345, help="Random seed: the output is deterministic for a seed."),
     num_proc: int = typer.Option(1, help="Worker processes."),
     force: bool = typer.Option(False, help="Rebuild even when the cache matches."),
@@ -187,11 +199,14 @@ def make_mlm_data(
     80% of the chosen tokens become [MASK], 10% a random token, 10% stay; [CLS]/[SEP] are never masked.
 
     Example: plm make-mlm-data tok/ --out mlm128 --max-seq-len 128 --max-predictions 20 --masking wwm --pairs nsp
+
+    ERNIE's entity masking: plm make-mlm-data tok/ --out ent --masking knowledge --lexicon entities.txt
     """
     from plmcli import api
 
     meta = api.make_mlm_data(corpus, out, max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions,
-                             pairs, masking, seed, num_proc, force)
+                             pairs, masking, seed, num_proc, force, span_p=span_p, span_max=span_max, lexicon=lexicon,
+                             ngram_probs=_floats(ngram_probs, "--ngram-probs"))
     if as_json:
         return _print_json(meta)
     c = meta.get("counts", {})

@@ -26,6 +26,8 @@ class TokenizerConfig:
 class DataConfig:
     path: Optional[str] = None
     """Text file(s)/dir or a `plm tokenize` output dir; empty = the small corpus shipped with plm."""
+    default_data: Optional[str] = None
+    """The shipped sample (a file in plmcli/corpus/) used when neither --data nor path is given; empty = the objective's."""
     doc_per_line: bool = False
     """Each line is a document (else documents are separated by blank lines and lines are sentences)."""
     val_fraction: float = 0.05

@@ -77,7 +77,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         out_dir.mkdir(parents=True, exist_ok=True)
     obj_cls = objective_class(t.objective)
     obj = obj_cls(obj_cls.Config(task=t.name, num_labels=t.num_labels, classifier_dropout=classifier_dropout),
-                  tok, special_ids, L, task=t)
+                  tok, special_ids, L, task=t, layout=getattr(type(encoder), "pair_layout", "cls_first"))
     data = out_dir / "data"
     if state.is_main_process:
         obj.encode_splits(splits, data)

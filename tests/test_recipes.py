@@ -18,6 +18,12 @@ TINY = {
     # 18 rows: RoBERTa's table starts 2 rows in (position_offset), leaving the 16 the test reads.
     "bert": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=18",
              "model.vocab_size=50"],
+    "spanbert": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=16",
+                 "model.sbo_d_position=8", "model.vocab_size=50"],
+    "albert": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.embedding_size=16",
+               "model.max_positions=16", "model.vocab_size=50"],
+    "nezha": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=16",
+              "model.max_relative_position=4", "model.vocab_size=50"],
     "ngram": ["data.val_fraction=0.2"],  # counting is cheap at any order; hold out enough of the tiny corpus to score
     "nnlm": ["model.d_embed=8", "model.d_hidden=16", "model.vocab_size=50"],
     "rnn": ["model.d_embed=16", "model.d_hidden=16", "model.vocab_size=50"],
@@ -26,17 +32,30 @@ TINY = {
              "model.vocab_size=50"],
     "transformer_xl": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_head=0", "model.d_ff=64",
                        "model.mem_len=8", "model.cutoffs=[]", "model.vocab_size=50"],
+    "electra": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.embedding_size=16",
+                "model.max_positions=16", "model.vocab_size=50"],
     "transformer": ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.n_head=2",
                     "model.d_ff=64", "model.max_positions=16", "model.vocab_size=50"],
+    # plain forward(x): the content stream's logits at every position
+    "xlnet": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.mem_len=8",
+              "model.vocab_size=50", "objective.reuse_len=8", "objective.num_predict=3", "objective.perm_size=0"],
 }
 
 EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6,
                    # As transformers' BertForPreTraining (bert-base-uncased) and RobertaForMaskedLM (roberta-base).
                    "bert-base": 110.1e6, "bert-large": 336.2e6, "roberta-base": 124.7e6,
+                   # transformers' AlbertForPreTraining at vocab 30000 (Table 1: 12M, 18M, 235M — HF and plm: 223M)
+                   "albert-base": 11.81e6, "albert-large": 17.85e6, "albert-xxlarge": 223.16e6,
                    # 6+6 layers, 512/2048/8, one shared 37k embedding (by hand in tests/models/test_transformer.py)
                    "transformer-base": 63.08e6,
                    # Dai et al. 2019, Table 1: 151M (16 layers, adaptive input and softmax tied, 267,735 words)
-                   "txl-wt103-base": 151.1e6}
+                   "txl-wt103-base": 151.1e6,
+                   # transformers' ElectraForPreTraining + ElectraForMaskedLM, the shared embeddings once; the
+                   # paper's 14M / 110M are the discriminators alone (HF: 13.5M / 109.5M)
+                   "electra-small": 14.196e6, "electra-base": 119.39e6,
+                   # transformers' XLNetLMHeadModel (116,750,336 / 360,300,800 at vocab 32000) + the sequence
+                   # summary finetuning pools with (d² + d), which XLNetForSequenceClassification adds
+                   "xlnet-base": 117_340_928, "xlnet-large": 361_350_400}
 
 
 @pytest.mark.parametrize("name", shipped_recipes())

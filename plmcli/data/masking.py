@@ -13,6 +13,8 @@ Strategies:
   span   SpanBERT: spans of whole words, length ~ Geometric(span_p) truncated to 1..span_max; the span
          that reaches the budget is cut to the whole words that fit (SpanBERT cuts it too), and
          80/10/10 is decided per span.
+  knowledge  ERNIE 1.0: the units `word_starts` gives (from `Lexicon.word_starts`: a lexicon match — a
+         phrase or an entity — is one unit, other text whole words), 80/10/10 decided per unit.
 Deviation (ngram, span): instead of drawing a length at every random start and skipping overlaps,
 each run of words between special tokens is cut into consecutive units whose lengths are drawn
 i.i.d. (the last one from the distribution truncated to the words left, as ALBERT does at a sequence
@@ -25,14 +27,18 @@ Chinese whole-word masking = "wwm" with the word starts of `chinese_word_starts`
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
+from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from plmcli.errors import PlmError
 
-STRATEGIES = ("token", "wwm", "ngram", "span")
+STRATEGIES = ("token", "wwm", "ngram", "span", "knowledge")
+PER_UNIT = ("span", "knowledge")
+"""Strategies whose 80/10/10 choice is made once per unit (SpanBERT, ERNIE); the others decide per token."""
 
 
 class Units(NamedTuple):
@@ -44,8 +50,28 @@ class Units(NamedTuple):
     words: np.ndarray  # (U,) whole words
 
 
+def check_span(span_p: float, span_max: int, names: tuple[str, str] = ("span_p", "span_max")) -> None:
+    """PlmError unless Geometric(span_p) truncated to 1..span_max is a distribution; `names` as the user wrote them."""
+    p_name, max_name = names
+    if not (isinstance(span_max, (int, np.integer)) and span_max >= 1):
+        raise PlmError(f"{max_name} {span_max} must be a whole number of words ≥ 1",
+                       f"use e.g. {max_name} 10 (SpanBERT: spans of at most 10 words)")
+    if not 0 < span_p <= 1:
+        raise PlmError(f"{p_name} {span_p} must be in (0, 1]: the success probability of the geometric span length",
+                       f"use e.g. {p_name} 0.2 (SpanBERT: mean span 3.8 words)")
+
+
+def check_ngram_probs(probs, name: str = "ngram_probs") -> None:
+    """PlmError unless `probs` (P(n) for n = 1, 2, ...) is a distribution over n-gram lengths."""
+    p = np.asarray(probs, dtype=float)
+    if p.ndim != 1 or len(p) < 1 or (p < 0).any() or abs(p.sum() - 1) > 1e-6:
+        raise PlmError(f"{name} {list(probs)} must be P(1-gram), P(2-gram), ... summing to 1",
+                       f"e.g. {name} 0.4,0.3,0.2,0.1 (MacBERT) or 0.5455,0.2727,0.1818 (ALBERT: ∝ 1/n, n ≤ 3)")
+
+
 def span_pmf(span_p: float = 0.2, span_max: int = 10) -> np.ndarray:
     """P(span of n words), n = 1..span_max: Geometric(span_p) truncated and renormalised (SpanBERT's code)."""
+    check_span(span_p, span_max)
     pmf = span_p * (1 - span_p) ** np.arange(span_max)
     return pmf / pmf.sum()
 
@@ -144,7 +170,7 @@ def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.ra
         return Units(rows, cols, ones, ones)
     wstart, wend, run_first = _words(special, word_starts)
 
-    if strategy == "wwm":
+    if strategy in ("wwm", "knowledge"):
         first, nw = np.arange(len(wstart)), np.ones(len(wstart), dtype=np.int64)
     else:
         pmf = np.asarray(ngram_probs if strategy == "ngram" else span_pmf(span_p, span_max), dtype=float)
@@ -200,7 +226,7 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
     `special` (B, T) marks tokens never to mask ([CLS], [SEP], padding); `word_starts` (B, T) marks
     tokens that begin a word (None: every token is a word). Of the targets, replace_probs[0] become
     `mask_id`, replace_probs[1] a uniform draw from `random_ids` (default: all of 0..vocab_size-1), and
-    the rest stay unchanged — decided per token, or per span for strategy "span".
+    the rest stay unchanged — decided per token, or per unit for the PER_UNIT strategies.
     """
     input_ids = np.asarray(input_ids)
     B, T = input_ids.shape
@@ -215,7 +241,7 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
     target[pos] = True
     masked = input_ids.copy()
     flat = masked.reshape(-1)
-    u = rng.random(len(units.length))[unit_of] if strategy == "span" else rng.random(total)
+    u = rng.random(len(units.length))[unit_of] if strategy in PER_UNIT else rng.random(total)
     p_mask, p_rand = float(replace_probs[0]), float(replace_probs[1])
     flat[pos[u < p_mask]] = mask_id
     rand = pos[(u >= p_mask) & (u < p_mask + p_rand)]
@@ -267,3 +293,143 @@ def chinese_word_starts(tokens: list[str]) -> np.ndarray:
             out[i] = False
         pos += len(piece)
     return out
+
+
+# ----------------------------------------------------------------------------- ERNIE knowledge masking
+
+
+def resolve_lexicon(path: str | Path) -> Path:
+    """A lexicon file: `path` as given, else the sample of that name shipped in plmcli/corpus/ (recipes name those)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    from importlib import resources
+
+    shipped = resources.files("plmcli") / "corpus" / str(path)
+    if p.name == str(path) and shipped.is_file():
+        return Path(str(shipped))
+    raise PlmError(f"lexicon file '{path}' does not exist",
+                   "pass a text file with one phrase or entity per line (e.g. chinese-sample-entities.txt, shipped)")
+
+
+def read_lexicon(path: str | Path) -> list[str]:
+    """The entries of a lexicon file: one phrase or entity per line; text after a TAB (a tag, a count) is
+    ignored, and so are blank lines and lines starting with '#'. PlmError when there are none."""
+    p = resolve_lexicon(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlmError(f"cannot read lexicon file '{path}' ({e.__class__.__name__})", "give a UTF-8 text file") from None
+    entries = [e for e in (line.split("\t", 1)[0].strip() for line in lines) if e and not e.startswith("#")]
+    if not entries:
+        raise PlmError(f"lexicon file '{path}' has no usable lines",
+                       "write one phrase or entity per line (text after a TAB is ignored)")
+    return entries
+
+
+def lexicon_key(path: str | Path) -> str:
+    """A digest of a lexicon's entries: what cached data built with it depends on (not its path)."""
+    return hashlib.sha256("\n".join(sorted(set(read_lexicon(path)))).encode("utf-8")).hexdigest()
+
+
+class Lexicon:
+    """Phrases and entities as token sequences of one tokenizer, found in text longest match first.
+
+    An entry matches where its tokens *and* its word boundaries appear, starting and ending on whole
+    words: "york" never matches the start of "yorkshire". Each entry is encoded with and without a
+    leading space, so byte-level BPE finds it mid-sentence too. Entries holding the unknown token are
+    dropped (they would match any unknown text).
+    """
+
+    def __init__(self, entries: list[str], tokenizer, unk_id: int | None = None):
+        variants = list(dict.fromkeys(entries + [" " + e for e in entries]))
+        by_len: dict[int, set] = {}
+        for enc in tokenizer.encode_batch(variants, add_special_tokens=False):
+            ids = enc.ids
+            if not ids or (unk_id is not None and unk_id in ids):
+                continue
+            w = enc.word_ids
+            by_len.setdefault(len(ids), set()).add(tuple(2 * i + (k == 0 or w[k] != w[k - 1]) for k, i in enumerate(ids)))
+        if not by_len:
+            raise PlmError("no lexicon entry is made of known tokens of the corpus's tokenizer",
+                           "check that the lexicon is in the corpus's language (and its vocabulary covers it)")
+        self.lengths = sorted(by_len, reverse=True)
+        # Odd random multipliers, one per position in an entry (fixed seed: hashes are the same in every process).
+        self._mult = np.random.default_rng(0).integers(1, 2**63, size=self.lengths[0], dtype=np.uint64) * 2 + 1
+        self._hash, self._rows = {}, {}  # per entry length: sorted hashes, and the entries in that order
+        for L, keys in by_len.items():
+            rows = np.array(sorted(keys), dtype=np.int64)
+            h = self._hashes(rows)
+            order = np.argsort(h, kind="stable")
+            self._hash[L], self._rows[L] = h[order], rows[order]
+
+    @classmethod
+    def load(cls, path: str | Path, tokenizer, unk_id: int | None = None) -> "Lexicon":
+        return cls(read_lexicon(path), tokenizer, unk_id)
+
+    def _hashes(self, rows: np.ndarray) -> np.ndarray:
+        # Multiply-and-add hash with uint64 wraparound; every hit is checked against the entry itself.
+        with np.errstate(over="ignore"):
+            return (rows.astype(np.uint64) * self._mult[: rows.shape[1]]).sum(axis=1, dtype=np.uint64)
+
+    def matches(self, ids: np.ndarray, word_starts: np.ndarray, sentence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Non-overlapping matches in flat tokens: (starts, lengths). `sentence` (n,) numbers the sentence of
+        each token; no match crosses one. Overlaps go to the longer match, then to the one further left."""
+        n = len(ids)
+        ws = np.append(np.asarray(word_starts, dtype=bool), True)
+        sentence = np.append(np.asarray(sentence), -1)
+        keys = 2 * np.asarray(ids, dtype=np.int64) + ws[:n]
+        found_s, found_l = [], []
+        for L in self.lengths:
+            if L > n:
+                continue
+            i = np.flatnonzero(ws[: n - L + 1])
+            i = i[ws[i + L] & (sentence[i] == sentence[i + L - 1])]  # whole words, inside one sentence
+            if not len(i):
+                continue
+            win = keys[i[:, None] + np.arange(L)]
+            h = self._hashes(win)
+            k = np.minimum(np.searchsorted(self._hash[L], h), len(self._hash[L]) - 1)
+            hit = self._hash[L][k] == h
+            hit[hit] = (self._rows[L][k[hit]] == win[hit]).all(axis=1)
+            found_s.append(i[hit])
+            found_l.append(np.full(int(hit.sum()), L))
+        if not found_s:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        starts, lengths = np.concatenate(found_s), np.concatenate(found_l)
+        taken = np.zeros(n, dtype=bool)
+        keep = np.zeros(len(starts), dtype=bool)
+        for j in np.lexsort((starts, -lengths)):  # longest first, then leftmost
+            s, e = starts[j], starts[j] + lengths[j]
+            if not taken[s:e].any():
+                taken[s:e] = keep[j] = True
+        order = np.argsort(starts[keep])
+        return starts[keep][order], lengths[keep][order]
+
+    def word_starts(self, ids, word_starts, sentence_starts, tokens: list[str] | None = None) -> np.ndarray:
+        """ERNIE's masking units for one document as word starts: every lexicon match is one unit, other
+        text keeps its words — with `tokens` (the token strings), Chinese text is cut into jieba words
+        (`chinese_word_starts`) instead of single characters.
+
+        ids, word_starts (n,): the document's tokens and their words; sentence_starts: offsets of its lines.
+        """
+        n = len(ids)
+        base = np.asarray(word_starts, dtype=bool)
+        sentence = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(sentence, np.clip(np.asarray(sentence_starts[1:], dtype=np.int64), 0, n), 1)
+        sentence = np.cumsum(sentence)[:n]
+        starts, lengths = self.matches(ids, base, sentence)
+        out = base.copy()
+        if tokens is not None:
+            bounds = list(sentence_starts) + [n]
+            for s, e in zip(bounds[:-1], bounds[1:]):
+                if e > s and _CHINESE.search("".join(tokens[s:e])):
+                    out[s:e] &= chinese_word_starts(tokens[s:e])
+        ends = starts + lengths
+        out[starts] = True
+        out[ends[ends < n]] = True  # a jieba word running out of a match starts a unit of its own
+        inside = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(inside, starts + 1, 1)
+        np.add.at(inside, ends, -1)
+        out[np.cumsum(inside)[:n] > 0] = False
+        return out

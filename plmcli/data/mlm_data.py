@@ -18,6 +18,9 @@ Deviations from Google's script (each small, all on purpose):
 - SOP with a one-sentence chunk splits that sentence at a random word boundary instead of taking a
   random segment of another document (ALBERT's code), which keeps the label meaning "swapped";
 - empty sentences/documents (lines that tokenize to nothing) are dropped.
+
+Knowledge masking (ERNIE 1.0) first rewrites each document's word starts so that every lexicon match is
+one unit (`masking.Lexicon.word_starts`), then masks whole units; the rest works as for whole words.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ import numpy as np
 
 from plmcli.data.corpus import _require_meta
 from plmcli.data.outdir import build_atomically
-from plmcli.data.masking import chinese_word_starts, mask_batch
+from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_word_starts, lexicon_key, mask_batch, resolve_lexicon
 from plmcli.errors import PlmError
 
 FORMAT = "plm-mlm"
 VERSION = 1
 PAIRS = ("nsp", "sop", "none")
-MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span")
+MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span", "knowledge")
 SHARD_TOKENS = 1 << 18
 """Tokens per unit of work (whole documents). Fixed, so the output does not depend on num_proc."""
 BATCH = 1024
@@ -133,6 +136,26 @@ def _chinese_batch(batch: dict, vocab: list[str]) -> dict:
                 ws[s:e] &= chinese_word_starts([vocab[i] for i in ids[s:e]])
         out.append(ws.tolist())
     return {"word_starts": out}
+
+
+def _knowledge_batch(batch: dict, lexicon: Lexicon, vocab: list[str] | None) -> dict:
+    out = []
+    for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
+        tokens = [vocab[i] for i in ids] if vocab is not None else None
+        out.append(lexicon.word_starts(np.asarray(ids), ws, starts, tokens).tolist())
+    return {"word_starts": out}
+
+
+def knowledge_lexicon(corpus_dir: Path, lexicon) -> tuple[Lexicon, list[str] | None]:
+    """The lexicon encoded with the corpus's tokenizer, and the token strings for the jieba fallback
+    (None with byte-level BPE, whose tokens are bytes: there the fallback units are its words)."""
+    from plmcli.data.tokenizers import load_tokenizer
+
+    meta = _require_meta(Path(corpus_dir))["tokenizer"]
+    lex = Lexicon.load(lexicon, load_tokenizer(Path(corpus_dir) / "tokenizer.json"),
+                       meta.get("special_token_ids", {}).get("unk"))
+    kind = meta.get("kind", "")
+    return lex, None if kind == "bytelevel-bpe" else _text_vocab(Path(corpus_dir), kind)
 
 
 def _text_vocab(corpus_dir: Path, kind: str) -> list[str]:
@@ -336,7 +359,7 @@ def _run_job(batch: dict, cfg: dict):
     rng = np.random.default_rng([cfg["seed"] & (2**64 - 1), _SPLITS.index(split), dupe, shard])
     paired = cfg["pairs"] != "none"
     inst = _pair_instances(flat, lo, hi, rng, cfg) if paired else _packed_instances(flat, lo, hi, cfg)
-    ids, strategy = cfg["special_ids"], cfg["masking"]
+    ids, strategy = cfg["special_ids"], {"chinese-wwm": "wwm"}.get(cfg["masking"], cfg["masking"])
     random_ids = np.asarray(cfg["random_ids"])
     tables = []
     for k in range(0, len(inst[0]), BATCH):
@@ -344,8 +367,9 @@ def _run_job(batch: dict, cfg: dict):
         tokens, special, ws, types, lengths = _assemble(flat, a_s, a_l, b_s, b_l, paired, lo, hi, ids)
         masked, target = mask_batch(
             tokens, special, None if strategy == "token" else ws, rng, mask_prob=cfg["mask_prob"],
-            max_predictions=cfg["max_predictions"], strategy="wwm" if strategy == "chinese-wwm" else strategy,
-            mask_id=ids["mask"], vocab_size=cfg["vocab_size"], random_ids=random_ids)
+            max_predictions=cfg["max_predictions"], strategy=strategy, mask_id=ids["mask"],
+            vocab_size=cfg["vocab_size"], random_ids=random_ids, span_p=cfg.get("span_p", 0.2),
+            span_max=cfg.get("span_max", 10), ngram_probs=tuple(cfg.get("ngram_probs", (0.4, 0.3, 0.2, 0.1))))
         tables.append(_table(masked, target, tokens, types, lengths, labels))
     if not tables:
         return _features().arrow_schema.empty_table()
@@ -365,10 +389,18 @@ def _shards(flat: _Flat) -> list[tuple[int, int]]:
 # ----------------------------------------------------------------------------- the command
 
 
-def _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc):
+def _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
+           span_p=0.2, span_max=10, lexicon=None, ngram_probs=(0.4, 0.3, 0.2, 0.1)):
     if pairs not in PAIRS or masking not in MASKINGS:
         name, value, choices = ("--pairs", pairs, PAIRS) if pairs not in PAIRS else ("--masking", masking, MASKINGS)
         raise PlmError(f"unknown {name} '{value}'", f"use one of: {', '.join(choices)}")
+    check_span(span_p, span_max, ("--span-p", "--span-max"))
+    check_ngram_probs(ngram_probs, "--ngram-probs")
+    if masking == "knowledge" and not lexicon:
+        raise PlmError("--masking knowledge needs --lexicon FILE (one phrase or entity per line)",
+                       "e.g. --lexicon chinese-sample-entities.txt (shipped), or another --masking")
+    if lexicon and masking != "knowledge":
+        raise PlmError(f"--lexicon applies to --masking knowledge, not {masking}", "add --masking knowledge, or drop --lexicon")
     problems = [
         (max_seq_len < 5, f"--max-seq-len {max_seq_len} is too short ([CLS] A [SEP] B [SEP] needs at least 5)",
          "--max-seq-len 128"),
@@ -397,12 +429,16 @@ def _check_corpus(stats: dict, pairs: str) -> None:
 
 def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
-                  seed: int = 12345, num_proc: int = 1, force: bool = False) -> dict:
+                  seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1)) -> dict:
     """Masked-LM instances from a `plm tokenize` directory into `out_dir`; returns the output's meta.
 
-    Reuses `out_dir` when it already holds this exact output (same corpus and settings) unless `force`.
+    ngram_probs shapes masking "ngram"; span_p / span_max shape masking "span"; `lexicon` (a file, one phrase or entity per line) gives the
+    units of masking "knowledge". Reuses `out_dir` when it already holds this exact output (same corpus,
+    settings and lexicon entries) unless `force`.
     """
-    _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc)
+    _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
+           span_p, span_max, lexicon, ngram_probs)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = _require_meta(corpus_dir)
     special_ids = cmeta["tokenizer"].get("special_token_ids", {})
@@ -412,7 +448,15 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
                        "re-run `plm tokenize` with --special-tokens 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'")
     settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                     mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
-    blob = json.dumps([cmeta.get("key"), cmeta["tokenizer"].get("hash"), settings, FORMAT, VERSION], sort_keys=True)
+    # Settings a masking does not use stay out, so they neither show in meta.json nor change the cache key.
+    if masking == "span":
+        settings |= dict(span_p=span_p, span_max=span_max)
+    if masking == "ngram":
+        settings |= dict(ngram_probs=[float(x) for x in ngram_probs])
+    if masking == "knowledge":
+        settings |= dict(lexicon=str(resolve_lexicon(lexicon).resolve()), lexicon_key=lexicon_key(lexicon))
+    keyed = {k: v for k, v in settings.items() if k != "lexicon"}  # the lexicon counts by content, not by path
+    blob = json.dumps([cmeta.get("key"), cmeta["tokenizer"].get("hash"), keyed, FORMAT, VERSION], sort_keys=True)
     key = hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     return build_atomically(out_dir, key, _read_out_meta,
@@ -441,6 +485,7 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
     tok_meta = cmeta["tokenizer"]
     masking = settings["masking"]
     vocab = _text_vocab(corpus_dir, tok_meta.get("kind", "")) if masking == "chinese-wwm" else None
+    lexicon = knowledge_lexicon(corpus_dir, settings["lexicon"]) if masking == "knowledge" else None
 
     stats, prefix = {}, {}
     for split in _SPLITS:
@@ -451,6 +496,11 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
                         num_proc=num_proc if num_proc > 1 and len(ds) > 1 else None,
                         cache_file_name=str(work / f"{split}.cws.arrow"), new_fingerprint=f"cws-{key[:24]}-{split}",
                         desc="jieba word segmentation")
+        if lexicon is not None and len(ds):
+            ds = ds.map(_knowledge_batch, batched=True, batch_size=200, fn_kwargs={"lexicon": lexicon[0], "vocab": lexicon[1]},
+                        num_proc=num_proc if num_proc > 1 and len(ds) > 1 else None,
+                        cache_file_name=str(work / f"{split}.units.arrow"), new_fingerprint=f"units-{key[:24]}-{split}",
+                        desc="lexicon units")
         stats[split] = _flatten(ds, work / split)
     _check_corpus(stats["train"], settings["pairs"])
 

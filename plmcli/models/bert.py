@@ -5,6 +5,8 @@ BERT = segment embeddings + pooler/NSP head; RoBERTa = one segment, positions of
 padding_idx + 1), no pooler. Both: post-LN blocks, exact GELU, an MLM head whose decoder is the word
 embedding matrix. The MLM head runs only at the masked positions: at 15% masking that skips ~85% of
 the largest matmul in the model (d × vocab per token).
+
+`MaskedLMEncoder` (the heads on top of `encode`) and `MLMHead` are shared with ALBERT and NEZHA.
 """
 
 from __future__ import annotations
@@ -66,25 +68,69 @@ class BertOutput:
 
 
 class MLMHead(nn.Module):
-    """BERT's cls.predictions: dense -> activation -> LayerNorm -> decoder (+ its own bias)."""
+    """BERT's cls.predictions: dense -> activation -> LayerNorm -> decoder (+ its own bias).
 
-    def __init__(self, cfg: BertConfig):
+    `d_embed` is the width of the transform and of the decoder's input (default d_model); ALBERT sets
+    it to its factorised embedding size E, so the decoder can share the V × E word embedding.
+    """
+
+    def __init__(self, cfg: BertConfig, d_embed: int | None = None):
         super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        d_embed = d_embed or cfg.d_model
+        self.dense = nn.Linear(cfg.d_model, d_embed, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.decoder = nn.Linear(cfg.d_model, cfg.vocab_size, bias=True)
+        self.ln = nn.LayerNorm(d_embed, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.decoder = nn.Linear(d_embed, cfg.vocab_size, bias=True)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.ln(self.act(self.dense(h))))
 
 
-class Bert(nn.Module):
-    Config = BertConfig
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1 = token / 0 = padding -> a boolean key mask (B, 1, 1, T), or None when nothing is padded.
+
+    Without a mask SDPA can take its fastest kernels. A padded query row still attends to the real
+    tokens, so nothing is NaN.
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+class MaskedLMEncoder(nn.Module):
+    """What objective `mlm` and `plm finetune` call on every BERT-style family (BERT, ALBERT, NEZHA).
+
+    A subclass builds `mlm` (an MLMHead) and `nsp` (a 2-way head on the pooled state, or None) and
+    implements `encode`; `forward` runs the heads on top.
+    """
+
     causal = False
     encoder = True
+    masked_lm = True
+    """forward returns BertOutput (mlm_logits at mlm_positions, nsp_logits): what objective `mlm` reads."""
     mlm_fraction = 0.15
     """Share of tokens the MLM head is computed at, for flops_per_token (BERT's mask_prob)."""
+
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
+        raise NotImplementedError
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> BertOutput:
+        """Encode, then the heads.
+
+        mlm_positions: 1-D LongTensor of flat indices into B·T (b·T + t) of the masked tokens ->
+        mlm_logits (N, V) at those positions only; None -> mlm_logits (B, T, V) at every position.
+        """
+        h, pooled = self.encode(input_ids, token_type_ids, attention_mask)
+        if mlm_positions is None:
+            mlm_logits = self.mlm(h)  # (B, T, V)
+        else:
+            mlm_logits = self.mlm(h.flatten(0, 1).index_select(0, mlm_positions))  # (N, V)
+        nsp_logits = self.nsp(pooled) if self.nsp is not None else None  # (B, 2)
+        return BertOutput(h, pooled, mlm_logits, nsp_logits)
+
+
+class Bert(MaskedLMEncoder):
+    Config = BertConfig
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -132,29 +178,11 @@ class Bert(nn.Module):
             # No segment ids = all segment 0: add its row instead of looking up B·T zeros.
             x = x + (self.wtt(token_type_ids) if token_type_ids is not None else self.wtt.weight[0])
         x = self.drop(self.ln_emb(x))
-        # A boolean key mask (B, 1, 1, T) only when there is padding: without one SDPA can take its
-        # fastest kernels. A padded query row still attends to the real tokens, so nothing is NaN.
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = attention_mask.bool()[:, None, None, :]
+        mask = padding_mask(attention_mask)
         for block in self.blocks:
             x = block(x, causal=False, attn_mask=mask)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, C)
         return x, pooled
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> BertOutput:
-        """Encode, then the heads.
-
-        mlm_positions: 1-D LongTensor of flat indices into B·T (b·T + t) of the masked tokens ->
-        mlm_logits (N, V) at those positions only; None -> mlm_logits (B, T, V) at every position.
-        """
-        h, pooled = self.encode(input_ids, token_type_ids, attention_mask)
-        if mlm_positions is None:
-            mlm_logits = self.mlm(h)  # (B, T, V)
-        else:
-            mlm_logits = self.mlm(h.flatten(0, 1).index_select(0, mlm_positions))  # (N, V)
-        nsp_logits = self.nsp(pooled) if self.nsp is not None else None  # (B, 2)
-        return BertOutput(h, pooled, mlm_logits, nsp_logits)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward ≈ 3× forward), 6N + 12·L·T·C as for GPT.

@@ -128,3 +128,11 @@ class CrossAttention(nn.Module):
         mask = memory_mask[:, None, None, :] if memory_mask is not None else None
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+
+
+def sinusoid_table(pos: torch.Tensor, d: int) -> torch.Tensor:
+    """(K,) positions -> (K, d): [sin(p·f) | cos(p·f)] with f = 10000^(-2i/d), halves concatenated
+    (Transformer-XL's and XLNet's layout, not Vaswani's interleaving)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
+    angles = pos.float()[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)

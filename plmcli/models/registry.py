@@ -7,6 +7,9 @@ from plmcli.registry_util import resolve
 FAMILIES: dict[str, str] = {
     "gpt": "plmcli.models.gpt:GPT",
     "bert": "plmcli.models.bert:Bert",
+    "spanbert": "plmcli.models.spanbert:SpanBert",
+    "albert": "plmcli.models.albert:Albert",
+    "nezha": "plmcli.models.nezha:Nezha",
     "ngram": "plmcli.models.ngram:NGramLM",
     "seq2seq": "plmcli.models.seq2seq:Seq2Seq",
     "transformer": "plmcli.models.transformer:Transformer",
@@ -14,6 +17,8 @@ FAMILIES: dict[str, str] = {
     "rnn": "plmcli.models.rnn:RNNLM",
     "elmo": "plmcli.models.elmo:ELMo",
     "transformer_xl": "plmcli.models.transformer_xl:TransformerXL",
+    "electra": "plmcli.models.electra:Electra",
+    "xlnet": "plmcli.models.xlnet:XLNet",
 }
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
-from plmcli.models.layers import FeedForward
+from plmcli.models.layers import FeedForward, sinusoid_table
 
 
 @dataclass
@@ -83,14 +83,6 @@ class TransformerXLConfig:
     """LayerNorm epsilon."""
     init_std: float = 0.02
     """Std of the normal init."""
-
-
-def sinusoid_table(pos: torch.Tensor, d: int) -> torch.Tensor:
-    """(K,) positions -> (K, d): [sin(p·f) | cos(p·f)] with f = 10000^(-2i/d), halves concatenated
-    (Transformer-XL's and XLNet's layout, not Vaswani's interleaving)."""
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
-    angles = pos.float()[:, None] * inv_freq[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:

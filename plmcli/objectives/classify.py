@@ -1,8 +1,9 @@
 """Sequence classification and regression on an encoder: GLUE-style finetuning (Devlin et al. 2018, §4.1).
 
 The model is the pretrained encoder + dropout + one linear layer on the pooled [CLS] state (the
-encoder's pooler when it has one, else the [CLS] hidden state). Cross-entropy for classes, MSE
-for a single regression output (STS-B). Batches are padded only to their own longest sequence.
+encoder's pooler when it has one, else the [CLS] hidden state). [CLS] leads each example unless the
+encoder's class says `pair_layout = "cls_last"` (XLNet: a [SEP] b [SEP] [CLS]). Cross-entropy for
+classes, MSE for a single regression output (STS-B). Batches are padded only to their own longest sequence.
 Evaluation collects every prediction, so task metrics that are not means (MCC, F1, correlations)
 are computed over the whole dev set.
 """
@@ -93,8 +94,10 @@ class SequenceClassifier(nn.Module):
 class Classify(Objective):
     Config = ClassifyConfig
 
-    def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None):
+    def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
+        """`layout`: where the encoder wants [CLS] (its class's `pair_layout`; see encode_pairs)."""
         super().__init__(cfg, tokenizer, special_ids, seq_len)
+        self.layout = layout
         if task is None:
             from plmcli.data.tasks.registry import get_task
 
@@ -124,7 +127,8 @@ class Classify(Objective):
             group = np.concatenate([np.full(len(splits[p]), g, dtype=np.int8) for g, p in enumerate(parts)])
             pair = any(e.text_b is not None for e in examples)
             enc = encode_pairs(self.tokenizer, self.special_ids, [e.text_a for e in examples],
-                               [e.text_b or "" for e in examples] if pair else None, self.seq_len)
+                               [e.text_b or "" for e in examples] if pair else None, self.seq_len,
+                               layout=self.layout)
             labels = np.array([-1 if e.label is None else e.label for e in examples],
                               dtype=np.float32 if self.regression else np.int64)
             save_split(data_dir / f"{name}.npz", {**enc, "labels": labels, "group": group,

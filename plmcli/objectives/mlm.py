@@ -1,10 +1,13 @@
-"""Masked language modelling (BERT, RoBERTa): predict masked tokens from both sides, plus NSP / SOP.
+"""Masked language modelling (BERT, RoBERTa, SpanBERT, ERNIE 1.0): predict masked tokens from both
+sides, plus NSP / SOP, plus SpanBERT's span boundary objective when the model has that head.
 
 Two data paths, one loss:
 - static (BERT): `make-mlm-data` instances, masked once per copy (dupe_factor copies); the collator pads.
 - dynamic (RoBERTa): packed windows of a tokenized corpus, masked afresh in the collator each time a
   sample is read; the mask is a pure function of (seed, epoch, sample), so a resumed run masks identically.
 Batches carry the masked tokens as flat indices b·T + t, so the model runs its MLM head there only.
+A model that returns `sbo_logits` (SpanBERT) predicts the masked tokens a second time from the span
+boundaries; the objective adds that loss (mean over its predictions) to the MLM loss, as the paper sums them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -23,7 +27,7 @@ from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
 
 MLM_FORMAT = "plm-mlm"
-MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span")
+MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span", "knowledge")
 PAIRS = ("nsp", "sop", "none")
 _WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the masks draw independent streams
 
@@ -35,7 +39,17 @@ class MLMConfig:
     max_predictions: int = 20
     """At most this many targets per sequence (BERT: 20 at 128 tokens, 80 at 512); 0 = no cap."""
     masking: str = "token"
-    """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10) | chinese-wwm (jieba words; static) | span."""
+    """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10) | chinese-wwm (jieba words; static) |
+    span (SpanBERT: geometric spans of whole words) | knowledge (ERNIE: whole lexicon matches, else words)."""
+    ngram_probs: list = field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])
+    """masking ngram: P(n whole words) for n = 1, 2, ... (MacBERT 0.4/0.3/0.2/0.1; ALBERT ∝ 1/n for n ≤ 3)."""
+    span_p: float = 0.2
+    """masking span: span length in words ~ Geometric(span_p), in (0, 1] (SpanBERT: 0.2, mean 3.8 words)."""
+    span_max: int = 10
+    """masking span: the geometric length is truncated to 1..span_max words (SpanBERT: 10)."""
+    lexicon: Optional[str] = None
+    """masking knowledge: a file with one phrase or entity per line, or the name of a shipped sample
+    (chinese-sample-phrases.txt, chinese-sample-entities.txt). Each match is masked as one unit."""
     pairs: str = "nsp"
     """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
     dynamic: bool = False
@@ -48,6 +62,8 @@ class MLMConfig:
     """Of the targets: share replaced by [MASK], by a random token, kept unchanged (dynamic masking)."""
     nsp_weight: float = 1.0
     """Weight of the NSP / SOP loss added to the MLM loss."""
+    sbo_weight: float = 1.0
+    """Weight of the span boundary objective's loss, for a model with that head (SpanBERT: 1, a plain sum)."""
 
 
 class MaskedLM(Objective):
@@ -72,6 +88,20 @@ class MaskedLM(Objective):
         if cfg.dynamic and cfg.masking == "chinese-wwm":
             raise PlmError("chinese-wwm needs jieba word boundaries, which only make-mlm-data computes",
                            "set objective.dynamic=false, or objective.masking=wwm")
+        from plmcli.data.masking import check_ngram_probs, check_span, read_lexicon
+
+        check_span(cfg.span_p, cfg.span_max, ("objective.span_p", "objective.span_max"))
+        check_ngram_probs(cfg.ngram_probs, "objective.ngram_probs")
+        if cfg.masking == "knowledge" and not cfg.lexicon:
+            raise PlmError("objective.masking knowledge needs objective.lexicon (one phrase or entity per line)",
+                           "e.g. --set objective.lexicon=chinese-sample-entities.txt (shipped)")
+        if cfg.lexicon and cfg.masking != "knowledge":
+            raise PlmError(f"objective.lexicon applies to masking knowledge, not {cfg.masking}",
+                           "set objective.masking=knowledge, or objective.lexicon=null")
+        if cfg.lexicon:
+            read_lexicon(cfg.lexicon)  # a missing or empty file fails now, not after tokenizing the corpus
+        if cfg.sbo_weight < 0:
+            raise PlmError(f"objective.sbo_weight {cfg.sbo_weight} must be ≥ 0", "e.g. --set objective.sbo_weight=1")
         self.vocab_size = tokenizer.get_vocab_size() if tokenizer is not None else 0
 
     def configure_model(self, model_cfg, vocab_size):
@@ -79,7 +109,7 @@ class MaskedLM(Objective):
         self.vocab_size = self.vocab_size or vocab_size
 
     def check_model(self, model):
-        if not getattr(model, "encoder", False):
+        if not getattr(model, "masked_lm", False):
             raise PlmError(f"{type(model).__name__} is not an encoder with a masked-LM head",
                            "use objective.name: mlm with an encoder recipe (bert-mini, bert-base, roberta-base)")
         self.check_positions(model)
@@ -116,7 +146,18 @@ class MaskedLM(Objective):
 
         settings = dict(max_seq_len=self.seq_len, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
                         mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking)
-        blob = json.dumps([meta.get("key"), meta.get("tokenizer", {}).get("hash"), settings], sort_keys=True)
+        # Only the settings a masking uses join in, so changing another one keeps the cached data.
+        if c.masking == "span":
+            settings |= dict(span_p=c.span_p, span_max=c.span_max)
+        if c.masking == "ngram":
+            settings |= dict(ngram_probs=list(c.ngram_probs))
+        keyed = dict(settings)
+        if c.masking == "knowledge":
+            from plmcli.data.masking import lexicon_key
+
+            settings["lexicon"] = c.lexicon
+            keyed["lexicon"] = lexicon_key(c.lexicon)  # by content: an edited lexicon gets new data
+        blob = json.dumps([meta.get("key"), meta.get("tokenizer", {}).get("hash"), keyed], sort_keys=True)
         out = Path(cache_root or default_cache_dir()) / "mlm" / hashlib.sha256(blob.encode()).hexdigest()[:16]
         if _read_meta(out).get("format") != MLM_FORMAT:
             make_mlm_data(corpus_dir, out, num_proc=num_proc, **settings)
@@ -150,7 +191,10 @@ class MaskedLM(Objective):
         tokens = token_stream(data_dir, split, sep)
         c, T = self.cfg, self.seq_len
         W = T - 2  # [CLS] window [SEP]
-        starts = word_start_stream(data_dir, split, sep) if c.masking != "token" else None
+        if c.masking == "knowledge":
+            starts = knowledge_start_stream(data_dir, split, sep, c.lexicon)
+        else:
+            starts = word_start_stream(data_dir, split, sep) if c.masking != "token" else None
         shift = shuffle  # a fresh window alignment each epoch, as CausalLM
         n = (len(tokens) - W) // W if shift else len(tokens) // W
         if W < 1 or n < 1:
@@ -179,7 +223,8 @@ class MaskedLM(Objective):
                 m, t = mask_batch(ids[r : r + 1], special[r : r + 1], None if ws is None else ws[r : r + 1], rng,
                                   mask_prob=c.mask_prob, max_predictions=c.max_predictions, strategy=c.masking,
                                   mask_id=mask_id, vocab_size=vocab, replace_probs=tuple(c.replace_probs),
-                                  random_ids=random_ids)
+                                  random_ids=random_ids, span_p=c.span_p, span_max=c.span_max,
+                                  ngram_probs=tuple(c.ngram_probs))
                 masked[r], target[r] = m[0], t[0]
             positions = np.flatnonzero(target)  # row-major: b·T + t
             return {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
@@ -208,6 +253,12 @@ class MaskedLM(Objective):
         elif out.nsp_logits is not None:
             # No pair labels (pairs: none): keep the NSP head in the graph so DDP finds every parameter used.
             loss = loss + 0.0 * out.nsp_logits.sum()
+        sbo_logits = getattr(out, "sbo_logits", None)  # (M, V) at the targets the model predicts from span boundaries
+        if sbo_logits is not None:
+            sbo_labels = labels.index_select(0, out.sbo_index)
+            sbo = F.cross_entropy(sbo_logits.float(), sbo_labels) if sbo_labels.numel() else sbo_logits.sum() * 0.0
+            loss = loss + self.cfg.sbo_weight * sbo
+            metrics["sbo_loss"] = sbo.detach() * count
         metrics["loss"] = loss.detach() * count
         return StepOutput(loss, metrics, count)
 
@@ -286,3 +337,34 @@ def word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
 
     return column_stream(corpus_dir, split, "word_starts", True, np.bool_, f"{split}.{sep_id}.word_starts.bin")
 
+
+def knowledge_start_stream(corpus_dir: Path, split: str, sep_id: int, lexicon: str) -> np.ndarray:
+    """Like `word_start_stream`, with ERNIE's units instead of words: every match of `lexicon` starts one
+    unit and continues to its end (`masking.Lexicon.word_starts`). Cached per lexicon content."""
+    import os
+    import tempfile
+
+    from datasets import load_from_disk
+
+    from plmcli.data.masking import lexicon_key
+    from plmcli.data.mlm_data import knowledge_lexicon
+
+    corpus_dir = Path(corpus_dir)
+    path = corpus_dir / f"{split}.{sep_id}.units-{lexicon_key(lexicon)[:16]}.bin"
+    if not path.is_file():
+        lex, vocab = knowledge_lexicon(corpus_dir, lexicon)
+        ds = load_from_disk(str(corpus_dir / "dataset" / split))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=corpus_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for batch in ds.iter(batch_size=200):
+                    for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
+                        units = lex.word_starts(np.asarray(ids), ws, starts, [vocab[i] for i in ids] if vocab is not None else None)
+                        f.write(np.append(units, True).astype(np.bool_).tobytes())  # the separator: a unit of its own
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=np.bool_)
+    return np.memmap(path, dtype=np.bool_, mode="r")

@@ -13,6 +13,8 @@ OBJECTIVES: dict[str, str] = {
     "denoising": "plmcli.objectives.seq2seq:Denoising",
     "bptt": "plmcli.objectives.bptt:TruncatedBPTT",
     "bilm": "plmcli.objectives.bilm:BidirectionalLM",
+    "rtd": "plmcli.objectives.rtd:ReplacedTokenDetection",
+    "plm": "plmcli.objectives.plm:PermutationLM",
 }
 
 

@@ -218,3 +218,19 @@ def test_encode_pairs_layout():
     assert single["ids"].tolist() == [ids["cls"], w("a"), w("b"), w("c"), ids["sep"]] and single["type_start"].tolist() == [5]
     with pytest.raises(PlmError, match="no cls"):
         encode_pairs(tok, {"sep": 1}, ["a"], None, 8)
+
+
+def test_encode_pairs_cls_last_layout():
+    """XLNet's layout: a [SEP] b [SEP] [CLS] (single: a [SEP] [CLS]), the same truncation budget."""
+    specials = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]"}
+    cfg = TokenizerConfig(kind="word", vocab_size=100, min_frequency=1, special_tokens=specials)
+    tok = train_tokenizer(["a b c d e f g h"], cfg)
+    ids = special_token_ids(tok, resolve_special_tokens(cfg))
+    w = tok.token_to_id
+    enc = encode_pairs(tok, ids, ["a b c d e f", "a"], ["g h", "b c"], max_seq_len=8, layout="cls_last")
+    rows = [enc["ids"][enc["offsets"][i]:enc["offsets"][i + 1]].tolist() for i in range(2)]
+    assert rows[0] == [w("a"), w("b"), w("c"), ids["sep"], w("g"), w("h"), ids["sep"], ids["cls"]]
+    assert rows[1] == [w("a"), ids["sep"], w("b"), w("c"), ids["sep"], ids["cls"]]
+    assert enc["type_start"].tolist() == [4, 2] and enc["truncated"].tolist() == [True, False]
+    single = encode_pairs(tok, ids, ["a b c d e f g h"], None, max_seq_len=5, layout="cls_last")
+    assert single["ids"].tolist() == [w("a"), w("b"), w("c"), ids["sep"], ids["cls"]]

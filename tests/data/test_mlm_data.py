@@ -266,6 +266,7 @@ def test_chinese_whole_word_masking(tmp_path):
     ({"mask_prob": 0.0}, "--mask-prob"),
     ({"mask_prob": 1.0}, "--mask-prob"),
     ({"dupe_factor": 0}, "--dupe-factor"),
+    ({"masking": "ngram", "ngram_probs": (0.6, 0.6)}, "--ngram-probs"),
 ])
 def test_bad_settings(corpora, tmp_path, kwargs, pattern):
     with pytest.raises(PlmError, match=pattern):

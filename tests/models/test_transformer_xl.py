@@ -2,13 +2,13 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import tiny_corpus
 from plmcli import api
 from plmcli.errors import PlmError
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
-from plmcli.models.transformer_xl import TransformerXL, TransformerXLConfig, rel_shift, sinusoid_table
+from plmcli.models.layers import sinusoid_table
+from plmcli.models.transformer_xl import TransformerXL, TransformerXLConfig, rel_shift
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.objectives.mlm import MaskedLM, MLMConfig
 
 SPECIAL = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
 
 def _stand_in_mask_batch(input_ids, special, word_starts, rng, *, mask_prob, max_predictions, strategy, mask_id,
@@ -205,6 +206,12 @@ def test_check_model_and_bad_config():
         MaskedLM(MLMConfig(dynamic=True), None, {}, 16)
     with pytest.raises(PlmError, match="masking"):
         MaskedLM(MLMConfig(masking="words"), None, {}, 16)
+    with pytest.raises(PlmError, match="objective.ngram_probs .* summing to 1"):
+        MaskedLM(MLMConfig(masking="ngram", ngram_probs=[0.5, 0.2]), None, {}, 16)
+    from plmcli.models.electra import Electra, ElectraConfig  # an encoder, but its forward is not BERT's
+    with pytest.raises(PlmError, match="masked-LM head"):
+        obj.check_model(Electra(ElectraConfig(vocab_size=50, n_layer=1, n_head=4, d_model=32, d_ff=64, embedding_size=16,
+                                              max_positions=16)))
     cfg = BertConfig()
     MaskedLM(MLMConfig(), None, {}, 16).configure_model(cfg, 321)
     assert cfg.vocab_size == 321
@@ -266,3 +273,76 @@ def test_pretrain_tiny_bert_end_to_end(tmp_path, dynamic):
     assert len(train_rows) == 4 and all(np.isfinite(r["mlm_loss"]) for r in train_rows)
     assert dynamic or all("nsp_acc" in r for r in train_rows)
     assert [r["step"] for r in rows if "val_mlm_loss" in r] == [2, 4]
+
+
+def test_dynamic_span_masking_follows_the_truncated_geometric(tmp_path, monkeypatch):
+    """Dynamic masking passes span_p / span_max through: the spans it masks (re-drawn from the same random
+    stream) have the truncated geometric length law, and they are exactly the targets."""
+    import copy
+
+    from plmcli.data import masking
+    from plmcli.data.corpus import tokenize_corpus
+
+    # Long documents: a separator ends a run of words, and a run's last span is cut to the words left.
+    rng = np.random.default_rng(0)
+    vocab = "the cat sat on a mat while dogs ran far away from home and back again".split()
+    (tmp_path / "long.txt").write_text("\n\n".join(" ".join(rng.choice(vocab, 2000)) for _ in range(10)))
+    tok = TokenizerConfig(kind="word", vocab_size=100, min_frequency=1, special_tokens=dict(SPECIAL_TOKENS))
+    meta = tokenize_corpus([str(tmp_path / "long.txt")], tmp_path / "tok", tok, val_fraction=0.1)
+    d, real, words = tmp_path / "tok", masking.mask_batch, []
+
+    def spy(ids, special, ws, rng, **kw):
+        assert (kw["strategy"], kw["span_p"], kw["span_max"]) == ("span", 0.3, 6)
+        units = masking.select_units(special, ws, copy.deepcopy(rng), mask_prob=kw["mask_prob"], strategy="span",
+                                     max_predictions=kw["max_predictions"], span_p=0.3, span_max=6)
+        masked, target = real(ids, special, ws, rng, **kw)
+        assert target.sum() == units.length.sum() and target[units.row, units.start].all()
+        words.extend(units.words.tolist())
+        return masked, target
+
+    monkeypatch.setattr(masking, "mask_batch", spy)
+    obj = MaskedLM(MLMConfig(dynamic=True, pairs="none", masking="span", span_p=0.3, span_max=6, max_predictions=0),
+                   None, meta["tokenizer"]["special_token_ids"], 512)
+    s = obj.stream(d, "train", 8, 3, 0, 1, shuffle=True)
+    for k in range(8 * s.batches_per_epoch()):
+        s[k]
+    hist = np.bincount(words, minlength=7)[1:] / len(words)
+    pmf = masking.span_pmf(0.3, 6)
+    assert len(words) > 3000 and max(words) == 6
+    # Only the span cut at each window's budget departs from the law (about 1 in 27 here).
+    assert np.abs(hist - pmf).max() < 0.02
+    assert abs(np.mean(words) - (np.arange(1, 7) * pmf).sum()) < 0.1
+
+
+ERNIE_TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=32",
+              "tokenizer.vocab_size=3000", "tokenizer.min_frequency=1", "data.val_fraction=0.1", "train.seq_len=32",
+              "train.global_batch_size=4", "train.eval_every=0", "train.eval_batches=2", "train.save_every=0",
+              "objective.dupe_factor=1"]
+
+
+def test_ernie_three_stages_end_to_end(tmp_path, monkeypatch):
+    """ernie-chinese-mini: basic -> phrase -> entity masking as phases, each on its own static data,
+    on the recipe's Chinese default corpus (here cut to its first 40 documents)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from plmcli import api
+    from plmcli.data.masking import lexicon_key
+
+    sample = (Path(api.default_corpus("chinese-sample.txt")).read_text(encoding="utf-8").split("\n\n"))[:40]
+    (tmp_path / "zh.txt").write_text("\n\n".join(sample) + "\n", encoding="utf-8")
+    asked = []
+    monkeypatch.setattr(api, "default_corpus", lambda name: asked.append(name) or str(tmp_path / "zh.txt"))
+    s = api.pretrain("ernie-chinese-mini", None, str(tmp_path / "run"), ERNIE_TINY, max_steps=2)
+    assert asked == ["chinese-sample.txt"] and s["steps"] == 2 and np.isfinite(s["val_mlm_loss"])
+    run = tmp_path / "run"
+    for phase in ("basic", "phrase", "entity"):
+        assert json.loads((run / "phases" / phase / "summary.json").read_text())["steps"] == 2
+    final = load_file(str(run / "model.safetensors"))
+    entity = load_file(str(run / "phases" / "entity" / "model.safetensors"))
+    assert all(torch.equal(final[k], entity[k]) for k in final)
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "mlm").glob("*/meta.json")]
+    built = sorted((m["masking"], m.get("lexicon_key")) for m in metas)
+    assert built == sorted([("token", None), ("knowledge", lexicon_key("chinese-sample-phrases.txt")),
+                            ("knowledge", lexicon_key("chinese-sample-entities.txt"))])

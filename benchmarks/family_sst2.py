@@ -1,0 +1,78 @@
+"""BERT's descendants at one size and one CPU budget: bert-mini, electra-mini and albert-mini (and any
+other encoder recipe) each pretrained for the same wall-clock minutes on the same corpus, then finetuned
+on SST-2 with the same settings; dev accuracy side by side.
+
+ELECTRA's claim (Clark et al. 2020, §3.3) is sample efficiency: the discriminator learns from every token,
+not the 15% that are masked, so at equal compute it should finetune better than an MLM. ALBERT's claim is
+parameter efficiency, not compute: with all layers shared it has a fraction of BERT's parameters at the
+same compute per token, and is expected to trail BERT slightly at this size.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.bert_sst2 import build_corpus, pretrain_for
+
+NAME = "family-sst2"
+HELP = "bert-mini vs electra-mini vs albert-mini: same size and CPU budget, SST-2 dev accuracy"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--recipes", nargs="+", default=["bert-mini", "electra-mini", "albert-mini"],
+                   help="encoder recipes to compare")
+    p.add_argument("--pretrain-minutes", type=float, default=10.0, help="wall-clock pretraining budget per recipe")
+    p.add_argument("--epochs", type=int, default=1, help="finetuning epochs over the 67k SST-2 train sentences")
+    p.add_argument("--lr", type=float, default=1e-4, help="finetuning lr")
+    p.add_argument("--batch-size", type=int, default=32, help="finetuning batch size")
+    p.add_argument("--max-seq-len", type=int, default=64, help="finetuning tokens per sentence (SST-2 sentences are short)")
+    p.add_argument("--max-finetune-steps", type=int, help="cap finetuning steps (smoke test)")
+    p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
+
+
+def run(args) -> int:
+    if not (common.SHARED_DATA / "glue" / "SST-2").is_dir():
+        print(f"{NAME}: skipped — {common.SHARED_DATA} has no GLUE SST-2")
+        return 0
+    common.set_threads(args.threads)
+    from plmcli import api
+    from plmcli.config import load_recipe
+
+    info = common.machine_info()
+    print(common.machine_line(info))
+    root = args.keep or Path(tempfile.mkdtemp(prefix="plm-family-sst2-"))
+    root.mkdir(parents=True, exist_ok=True)
+    corpus = build_corpus(root / "corpus.txt")
+    rows = []
+    for name in args.recipes:
+        r = load_recipe(name)
+        d = root / name
+        d.mkdir(exist_ok=True)
+        print(f"pretraining {name} for {args.pretrain_minutes:g} min ...")
+        pre, pre_wall, rate = pretrain_for(name, corpus, d, args.pretrain_minutes * 60)
+        t0 = time.perf_counter()
+        res = api.finetune("sst2", from_run=str(d / "pretrain"), data_dir=str(common.SHARED_DATA / "glue"),
+                           epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=42, out=str(d / "sst2"),
+                           max_seq_len=args.max_seq_len, max_steps=args.max_finetune_steps)
+        ft_wall = time.perf_counter() - t0
+        print(f"  {name}: SST-2 dev accuracy {res['dev']['accuracy']:.4f}")
+        rows.append([f"`{name}`", r.objective_name, f"{api.count_params(r) / 1e6:.2f}M", f"{pre['steps']:,}",
+                     f"{pre['tokens']:,}", f"{pre_wall / 60:.1f} min", f"{pre.get('val_ppl', float('nan')):.1f}",
+                     f"{res['steps']:,} ({ft_wall / 60:.1f} min)", f"**{res['dev']['accuracy']:.4f}**"])
+    table = common.markdown_table(["recipe", "objective", "params (pretraining)", "pretrain steps", "tokens", "pretrain wall",
+                                   "val MLM ppl", "finetune steps (wall)", "SST-2 dev acc"], rows)
+    text = f"""
+Each recipe pretrained for {args.pretrain_minutes:g} minutes of wall clock (the step count calibrated on a 30-step
+run so each schedule completes) on the same corpus as the `bert-sst2` section (PTB train + WikiText-2 valid +
+SST-2 train sentences), then finetuned on the full SST-2 train set: {args.epochs} epoch(s), lr {args.lr:g}, batch
+{args.batch_size}, {args.max_seq_len} tokens, warmup 10% + linear decay, seed 42, dev accuracy of the best
+evaluation. All three have bert-mini's size (4 layers, 256 hidden, 4 heads) and an 8k lowercased vocabulary
+(WordPiece for BERT and ELECTRA, a unigram model for ALBERT as its SentencePiece). ELECTRA's "val MLM ppl" is its
+small generator's; ALBERT shares one layer's weights across the four and predicts n-grams with SOP.
+"""
+    common.publish(NAME, common.section_body("BERT, ELECTRA, ALBERT at one size and CPU budget: SST-2", args, text,
+                                             table, info), args)
+    return 0

@@ -1,0 +1,415 @@
+"""XLNet (Yang et al. 2019): a Transformer-XL encoder trained as a permutation language model.
+
+The pieces, and why they are there:
+- Relative positions (Transformer-XL): no position table. The score of query i on key j is
+      (q_i + u)·k_j              content
+    + (q_i + v)·W_{k,R} R_{i-j}  position: a sinusoid of the distance, projected per layer
+    + (q_i + b)·s_ij             segment: s+ when i and j share a segment, s- when not (§2.5)
+  with u, v, b (r_w_bias, r_r_bias, r_s_bias) and s± learned per layer. The content term runs in SDPA;
+  the other two enter it as an additive bias.
+- Memory (§2.4): each layer also attends to the cached inputs of that layer from the previous segment,
+  cut from the graph, so gradients never flow into it. Pretraining caches the first `reuse_len` states.
+- Two streams (§2.3): the content stream h_t sees x_t itself (it is what later positions read); the query
+  stream g_t starts from a learned vector w (`mask_emb`) and sees the content of the positions before t in
+  the factorisation order, but not x_t, so it can predict x_t. Both streams share every weight; only the
+  `num_predict` target rows run a query stream. perm_mask[b, i, j] = 1: position i may not attend to j.
+- Post-LN blocks, GELU feed-forward, an LM head tied to the word embedding with its own bias (as
+  transformers' XLNetLMHeadModel). Table 7 has no dropout inside the feed-forward ("GeLU dropout 0").
+`plm finetune` reads `encode`: the content stream alone, pooled at the last real token, where XLNet's
+<cls> sits (a <sep> b <sep> <cls>, `pair_layout = "cls_last"`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plmcli.models.layers import FeedForward, init_weights, sinusoid_table
+
+
+@dataclass
+class XLNetConfig:
+    vocab_size: int = 0
+    """Vocabulary size; 0 = take it from the tokenizer."""
+    n_layer: int = 12
+    """Transformer layers."""
+    n_head: int = 12
+    """Attention heads per layer."""
+    d_model: int = 768
+    """Hidden size."""
+    d_ff: int = 3072
+    """Feed-forward inner size; 0 = 4 × d_model."""
+    dropout: float = 0.1
+    """Dropout on embeddings, relative positions, residual branches and the final states."""
+    attn_dropout: float = 0.1
+    """Dropout on attention probabilities (the paper's dropatt)."""
+    activation: str = "gelu"
+    """gelu (exact, as transformers) | gelu_tanh (the TF code's approximation) | relu | silu."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon."""
+    init_std: float = 0.02
+    """Std of the normal init of every matrix, bias vector and embedding."""
+    mem_len: int = 0
+    """Hidden states per layer kept as memory for the next segment (paper: 384); 0 = no memory."""
+    max_positions: int = 512
+    """Longest sequence finetune and eval-ppl feed by default. Positions are relative, so nothing in the
+    model depends on it; it only bounds the lengths asked for."""
+
+
+def relative_positions(klen: int, qlen: int, d_model: int, device, bsz: int = 0, bi_data: bool = False) -> torch.Tensor:
+    """Sinusoids of the distances klen, klen-1, …, 1-qlen (every distance query i - key j can take):
+    (klen + qlen, C), or (B, klen + qlen, C) with `bi_data`: the second half of the batch reads its
+    streams backwards, so its distances are negated."""
+    pos = torch.arange(klen, -qlen, -1.0, device=device)
+    if not bi_data:
+        return sinusoid_table(pos, d_model)
+    half = bsz // 2
+    return torch.cat([sinusoid_table(pos, d_model).expand(half, -1, -1),
+                      sinusoid_table(-pos, d_model).expand(bsz - half, -1, -1)])
+
+
+def rel_shift(x: torch.Tensor, klen: int) -> torch.Tensor:
+    """(B, H, Q, klen + Q) scores against the distances klen … 1-Q -> (B, H, Q, klen): [i, j] = x[i, j + Q - i],
+    the score of key j at distance (klen - Q + i) - j. Dropping the first Q entries of the flattened
+    buffer and re-reading it with rows one shorter moves row i left by Q - i, without a gather."""
+    B, H, Q, R = x.shape
+    return x.reshape(B, H, R, Q)[:, :, 1:].reshape(B, H, Q, R - 1)[..., :klen]
+
+
+class RelativeAttention(nn.Module):
+    """Relative multi-head attention + residual + post-LN, applied to one stream at a time."""
+
+    def __init__(self, cfg: XLNetConfig):
+        super().__init__()
+        C, H = cfg.d_model, cfg.n_head
+        assert C % H == 0, "d_model must be divisible by n_head"
+        self.n_head, self.d_head = H, C // H
+        self.q = nn.Linear(C, C, bias=False)
+        self.k = nn.Linear(C, C, bias=False)
+        self.v = nn.Linear(C, C, bias=False)
+        self.r = nn.Linear(C, C, bias=False)  # W_{k,R}: relative-position keys
+        self.o = nn.Linear(C, C, bias=False)
+        self.r_w_bias = nn.Parameter(torch.empty(H, self.d_head))  # u: global content bias
+        self.r_r_bias = nn.Parameter(torch.empty(H, self.d_head))  # v: global position bias
+        self.r_s_bias = nn.Parameter(torch.empty(H, self.d_head))  # b: global segment bias
+        self.seg_embed = nn.Parameter(torch.empty(2, H, self.d_head))  # s+ (same segment), s- (different)
+        self.ln = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.attn_dropout = cfg.attn_dropout
+
+    def keys(self, cat: torch.Tensor, pos: torch.Tensor):
+        """Keys and values of [mem; h] (B, K, C), and position keys of the sinusoids (…, R, C); shared by both streams."""
+        B, K, _ = cat.shape
+        H, D = self.n_head, self.d_head
+        k = self.k(cat).view(B, K, H, D).transpose(1, 2)  # (B, H, K, D)
+        v = self.v(cat).view(B, K, H, D).transpose(1, 2)
+        kr = self.r(pos).unflatten(-1, (H, D))  # (R, H, D) or (B, R, H, D)
+        return k, v, kr
+
+    def forward(self, x, k, v, kr, seg_diff=None, blocked=None, q_pos=None):
+        """x (B, Q, C): the queries' stream. seg_diff (B, Q, K): key in another segment. blocked (B, Q, K):
+        True = may not attend. q_pos (B, Q): each query's position in the segment; None = 0 … T-1 (the
+        content stream). Returns LN(x + attention) (B, Q, C)."""
+        B, Q, C = x.shape
+        H, D, K = self.n_head, self.d_head, k.shape[2]
+        q = self.q(x).view(B, Q, H, D)
+        # Position term: every query against every distance once, then the distance of each key.
+        spec = "bqhd,rhd->bhqr" if kr.dim() == 3 else "bqhd,brhd->bhqr"
+        bd = torch.einsum(spec, q + self.r_r_bias, kr)  # (B, H, Q, R)
+        if q_pos is None:
+            bd = rel_shift(bd, K)
+        else:  # query rows at arbitrary positions p: key j sits at distance index j + T - p
+            T = bd.shape[-1] - K
+            idx = torch.arange(K, device=x.device) + T - q_pos[..., None]  # (B, Q, K)
+            bd = bd.gather(-1, idx[:, None].expand(B, H, Q, K))
+        bias = bd
+        if seg_diff is not None:
+            ef = torch.einsum("bqhd,shd->bhqs", q + self.r_s_bias, self.seg_embed)  # (B, H, Q, 2)
+            bias = bias + torch.where(seg_diff[:, None], ef[..., 1:], ef[..., :1])
+        scale = D ** -0.5
+        bias = bias * scale
+        if blocked is not None:  # a large finite negative: a row with nothing visible stays finite
+            bias = bias.masked_fill(blocked[:, None], torch.finfo(bias.dtype).min / 2)
+        qc = (q + self.r_w_bias).transpose(1, 2)  # (B, H, Q, D): content term (q_i + u)·k_j
+        y = F.scaled_dot_product_attention(qc, k, v, attn_mask=bias.to(qc.dtype), scale=scale,
+                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        return self.ln(x + self.drop(self.o(y.transpose(1, 2).reshape(B, Q, C))))
+
+
+class XLNetBlock(nn.Module):
+    def __init__(self, cfg: XLNetConfig):
+        super().__init__()
+        self.attn = RelativeAttention(cfg)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff or 4 * cfg.d_model, cfg.activation, True, cfg.dropout)
+        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+    def forward(self, h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos):
+        k, v, kr = self.attn.keys(h if mem is None else torch.cat([mem, h], 1), pos)
+        h = self.attn(h, k, v, kr, seg_h, blocked_h)
+        h = self.ln(h + self.ff(h))
+        if g is not None:  # the query stream reads the same keys: the content of [mem; h] as it entered the layer
+            g = self.attn(g, k, v, kr, seg_g, blocked_g, q_pos)
+            g = self.ln(g + self.ff(g))
+        return h, g
+
+
+class XLNet(nn.Module):
+    Config = XLNetConfig
+    causal = False
+    encoder = True
+    pair_layout = "cls_last"
+    """finetune's pair encoding: a <sep> b <sep> <cls> (plmcli.data.tasks.encode_pairs)."""
+    permutation_lm = True
+    """Two-stream attention: the `plm` objective's model."""
+    has_memory = True
+    """eval-ppl accepts --mem-len / --tgt-len."""
+    predict_fraction = 85 / 512
+    """Share of tokens the query stream and LM head run at, for flops_per_token (the paper's num_predict)."""
+
+    def __init__(self, cfg: XLNetConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("XLNetConfig.vocab_size must be set (from the tokenizer) before building")
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # w: the query stream's input
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(XLNetBlock(cfg) for _ in range(cfg.n_layer))
+        self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))  # the decoder is wte itself
+        # The sequence summary finetuning pools with (transformers' summary_use_proj + tanh); no
+        # pretraining loss reaches it.
+        self.summary = nn.Linear(cfg.d_model, cfg.d_model)
+        init_weights(self, cfg.init_std)
+        for name, p in self.named_parameters():  # XLNet draws its bias vectors and w from N(0, std) too
+            if name.endswith(("_bias", "seg_embed", "mask_emb")) and name != "lm_bias":
+                nn.init.normal_(p, 0.0, cfg.init_std)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_positions
+
+    # ------------------------------------------------------------------ the stack
+
+    def stack(self, input_ids, seg=None, perm_mask=None, q_pos=None, mems=None, key_pad=None,
+              reuse_len=None, mem_len=None, bi_data=False):
+        """Run both streams. input_ids, seg (B, T); perm_mask (B, T, T), 1 = i may not attend to j;
+        q_pos (B, M) positions of the query-stream rows (None: no query stream); mems: per layer (B, Tm, C)
+        or None; key_pad (B, T) True at padding. Returns (h (B, T, C), g (B, M, C) | None, new mems | None)."""
+        B, T = input_ids.shape
+        mlen = mems[0].shape[1] if mems else 0
+        klen = mlen + T
+        h = self.drop(self.wte(input_ids))  # (B, T, C)
+        g = self.drop(self.mask_emb.expand(B, q_pos.shape[1], -1)) if q_pos is not None else None  # (B, M, C)
+        pos = self.drop(relative_positions(klen, T, self.cfg.d_model, h.device, B, bi_data).to(h.dtype))
+
+        blocked_h = blocked_g = None
+        if perm_mask is not None or key_pad is not None:
+            blocked = torch.zeros(B, T, klen, dtype=torch.bool, device=h.device)  # memory: visible to all
+            if perm_mask is not None:
+                blocked[:, :, mlen:] |= perm_mask > 0
+            if key_pad is not None:
+                blocked[:, :, mlen:] |= key_pad[:, None, :]
+            if q_pos is not None:  # the query stream: exactly what the factorisation order allows
+                blocked_g = blocked.gather(1, q_pos[..., None].expand(-1, -1, klen))
+            # the content stream also sees its own token
+            own = torch.arange(klen, device=h.device) == torch.arange(mlen, klen, device=h.device)[:, None]  # (T, K)
+            blocked_h = blocked & ~own
+        seg_h = seg_g = None
+        if seg is not None:  # memory counts as segment 0, as in XLNet
+            cat_seg = torch.cat([seg.new_zeros(B, mlen), seg], 1) if mlen else seg
+            seg_h = seg[:, :, None] != cat_seg[:, None, :]  # (B, T, K)
+            if q_pos is not None:
+                seg_g = seg_h.gather(1, q_pos[..., None].expand(-1, -1, klen))
+
+        mem_len = self.cfg.mem_len if mem_len is None else mem_len
+        new_mems = [] if mem_len > 0 else None
+        for i, block in enumerate(self.blocks):
+            mem = mems[i] if mems else None
+            if new_mems is not None:  # each layer's input is the next segment's memory for that layer
+                new_mems.append(self._cache(h, mem, reuse_len, mem_len))
+            h, g = block(h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos)
+        if new_mems is not None and new_mems[0] is None:
+            new_mems = None
+        return self.drop(h), (self.drop(g) if g is not None else None), new_mems
+
+    @staticmethod
+    def _cache(h, mem, reuse_len, mem_len):
+        """New memory = cat(old memory, this segment's first reuse_len states)[-mem_len:], detached."""
+        cur = h if reuse_len is None else h[:, :reuse_len]
+        cat = cur if mem is None else torch.cat([mem, cur], 1)
+        return cat[:, -mem_len:].detach() if cat.shape[1] else None
+
+    # ------------------------------------------------------------------ interfaces
+
+    def forward(self, input_ids, token_type_ids=None, perm_mask=None, target_mapping=None, mems=None,
+                attention_mask=None, reuse_len=None, mem_len=None, bi_data=False):
+        """Pretraining forward -> (logits, new mems).
+
+        With target_mapping (B, M, T) (one-hot rows; all-zero rows are padding) the logits (B, M, V) are the
+        query stream's at those positions; without it, the content stream's at every position (B, T, V).
+        perm_mask (B, T, T): 1 = i may not attend to j. mems: the previous call's new mems. reuse_len: how
+        many leading states become memory (None = all). bi_data: the second half of the batch is read backwards.
+        """
+        q_pos = target_mapping.argmax(-1) if target_mapping is not None else None
+        key_pad = attention_mask == 0 if attention_mask is not None and not bool(attention_mask.all()) else None
+        h, g, new_mems = self.stack(input_ids, token_type_ids, perm_mask, q_pos, mems, key_pad, reuse_len,
+                                    mem_len, bi_data)
+        out = g if g is not None else h
+        return F.linear(out, self.wte.weight, self.lm_bias), new_mems
+
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
+        """(B, T) ids -> ((B, T, C) content states, (B, C) pooled): no memory, no permutation.
+
+        Rows are right-padded; the last real token (XLNet's <cls>) gets a segment of its own and is pooled.
+        """
+        B, T = input_ids.shape
+        rows = torch.arange(B, device=input_ids.device)
+        last = attention_mask.sum(1).long() - 1 if attention_mask is not None else torch.full_like(rows, T - 1)
+        seg = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.clone()
+        seg[rows, last] = 2
+        key_pad = attention_mask == 0 if attention_mask is not None and not bool(attention_mask.all()) else None
+        h, _, _ = self.stack(input_ids, seg, key_pad=key_pad, mem_len=0)
+        return h, torch.tanh(self.summary(h[rows, last]))
+
+    def freeze_summary(self) -> None:
+        """Pretraining never reaches the sequence summary: frozen, DDP does not wait for its gradients."""
+        self.summary.requires_grad_(False)
+
+    def next_token_logits(self, input_ids, mems=None, mem_len=0):
+        """Left-to-right factorisation (the identity permutation): (B, W) -> ((B, W, V), new mems) where [:, t]
+        predicts token t+1 from the content of tokens ≤ t (and the memory).
+
+        A dummy token is appended at position W; the perm mask is causal, so the query stream at positions
+        1 … W sees exactly the tokens before it, and no one sees the dummy's content. Memory keeps the W
+        real tokens' states only.
+        """
+        B, W = input_ids.shape
+        x = torch.cat([input_ids, input_ids[:, -1:]], 1)  # (B, W + 1): the dummy's id does not matter
+        causal = torch.ones(W + 1, W + 1, dtype=torch.bool, device=x.device).triu()  # j ≥ i blocked
+        q_pos = torch.arange(1, W + 1, device=x.device).expand(B, W)
+        _, g, new_mems = self.stack(x, torch.zeros_like(x), causal.expand(B, -1, -1), q_pos, mems,
+                                    reuse_len=W, mem_len=mem_len)
+        return F.linear(g, self.wte.weight, self.lm_bias), new_mems
+
+    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu",
+                 mem_len=None, tgt_len=None) -> dict:
+        """Left-to-right perplexity: each token predicted by the query stream from the content of every
+        token before it (the identity factorisation order), each scored exactly once.
+
+        Sliding windows (--max-length, default max_positions; --stride, default half) as for causal LMs;
+        with --mem-len / --tgt-len, segments of tgt_len tokens (default: the training seq_len) read in
+        order, each attending to mem_len (default: the config's) cached states per layer.
+        """
+        from plmcli.errors import PlmError
+        from plmcli.eval.perplexity import eval_files, sequence_nll
+
+        self.to(device).eval()
+        if mem_len is None and tgt_len is None:
+            L = max_length or self.max_positions
+            S = stride or max(1, L // 2)
+            if L < 1 or not 1 <= S <= L:
+                raise PlmError(f"--max-length {L} must be ≥ 1 and --stride {S} between 1 and it",
+                               "e.g. --max-length 512 --stride 256")
+            res = eval_files(files, tok, cfg, lambda seq: sequence_nll(lambda x: self.next_token_logits(x)[0], seq, L, S,
+                                                                       batch_size, device),
+                             L, S, context=f"windows of {L} tokens every {S}", by_lines=False)
+        else:
+            if max_length is not None or stride is not None:
+                raise PlmError("--max-length / --stride set sliding windows, --mem-len / --tgt-len segments with memory",
+                               "use one or the other")
+            tgt = tgt_len or cfg.get("seq_len") or 128
+            mem = self.cfg.mem_len if mem_len is None else mem_len
+            if tgt < 1 or mem < 0:
+                raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 384")
+            res = eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, tgt, mem, device), tgt, tgt,
+                             context=f"segments of {tgt} tokens with {mem} tokens of memory per layer", by_lines=False)
+            res.update(tgt_len=tgt, mem_len=mem)
+        res["factorisation"] = ("left-to-right (identity permutation): the query stream predicts each token "
+                                "from the content of all tokens before it")
+        return res
+
+    @torch.no_grad()
+    def stream_nll(self, seq, tgt_len: int, mem_len: int, device="cpu") -> tuple[float, int]:
+        """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time with memory."""
+        seq_t = torch.as_tensor(seq, dtype=torch.long, device=device)
+        total, mems = 0.0, None
+        for i in range(0, len(seq_t) - 1, tgt_len):
+            x = seq_t[i : min(i + tgt_len, len(seq_t) - 1)][None]  # (1, t)
+            logits, mems = self.next_token_logits(x, mems, mem_len)
+            total += F.cross_entropy(logits[0].float(), seq_t[i + 1 : i + 1 + x.shape[1]], reduction="sum").item()
+        return total, len(seq_t) - 1
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward ≈ 3× forward, 2 per multiply-add).
+
+        Content stream: every block matmul, for each token; keys and values of the memory are projected
+        again each step; the position keys W_{k,R} R (klen + seq_len rows per layer) once per sequence.
+        The query stream (q, o, feed-forward) and the LM head run at `predict_fraction` of the tokens.
+        Attention: q·k and p·v over klen keys, q·W_R R over klen + seq_len distances, per stream row.
+        """
+        c = self.cfg
+        C, L, F_ = c.d_model, c.n_layer, c.d_ff or 4 * c.d_model
+        f, klen = self.predict_fraction, seq_len + c.mem_len
+        block = 5 * C * C + 2 * C * F_
+        extra = 2 * C * C * c.mem_len / seq_len + C * C * (klen + seq_len) / seq_len
+        dense = L * (block + extra + f * (2 * C * C + 2 * C * F_)) + f * C * c.vocab_size
+        return 6 * dense + 6 * L * C * (3 * klen + seq_len) * (1 + f)
+
+
+# ---------------------------------------------------------------------- transformers weights
+
+def _hf_key_map(n_layer: int) -> dict[str, str]:
+    """Our parameter name -> transformers' XLNetLMHeadModel name."""
+    m = {"wte.weight": "transformer.word_embedding.weight", "mask_emb": "transformer.mask_emb", "lm_bias": "lm_loss.bias",
+         "summary.weight": "sequence_summary.summary.weight", "summary.bias": "sequence_summary.summary.bias"}
+    for i in range(n_layer):
+        a, b = f"blocks.{i}.", f"transformer.layer.{i}."
+        for w in ("q", "k", "v", "o", "r"):
+            m[f"{a}attn.{w}.weight"] = f"{b}rel_attn.{w}"
+        for p in ("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed"):
+            m[f"{a}attn.{p}"] = f"{b}rel_attn.{p}"
+        for p in ("weight", "bias"):
+            m[f"{a}attn.ln.{p}"] = f"{b}rel_attn.layer_norm.{p}"
+            m[f"{a}ln.{p}"] = f"{b}ff.layer_norm.{p}"
+            m[f"{a}ff.fc.{p}"] = f"{b}ff.layer_1.{p}"
+            m[f"{a}ff.proj.{p}"] = f"{b}ff.layer_2.{p}"
+    return m
+
+
+def _to_linear(name: str, w: torch.Tensor) -> torch.Tensor:
+    """transformers keeps q/k/v/r as (C, H, D) used as x @ W, and o as (C, H, D) used as y @ W^T."""
+    if name.endswith(("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.r")):
+        return w.reshape(w.shape[0], -1).t()
+    if name.endswith("rel_attn.o"):
+        return w.reshape(w.shape[0], -1)
+    if name.endswith("mask_emb"):
+        return w.reshape(-1)
+    return w
+
+
+def from_hf_state_dict(sd: dict, n_layer: int) -> dict:
+    """A transformers XLNetLMHeadModel (or XLNetModel / XLNetForSequenceClassification) state dict -> ours.
+    Keys ours lacks there (the summary of an LM-head model) are left out: load with strict=False for those."""
+    sd = {k if k.startswith(("transformer.", "lm_loss", "sequence_summary")) else f"transformer.{k}": v for k, v in sd.items()}
+    return {ours: _to_linear(hf, sd[hf]) for ours, hf in _hf_key_map(n_layer).items() if hf in sd}
+
+
+def to_hf_state_dict(sd: dict, n_layer: int, n_head: int, summary: bool = False) -> dict:
+    """Our state dict -> transformers XLNetLMHeadModel names and layouts (+ sequence_summary.* with `summary`)."""
+    out = {}
+    for ours, hf in _hf_key_map(n_layer).items():
+        if hf.startswith("sequence_summary") and not summary:
+            continue
+        w = sd[ours]
+        if hf.endswith(("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.r")):
+            w = w.t().reshape(w.shape[1], n_head, -1)
+        elif hf.endswith("rel_attn.o"):
+            w = w.reshape(w.shape[0], n_head, -1)
+        elif hf.endswith("mask_emb"):
+            w = w.reshape(1, 1, -1)
+        out[hf] = w
+    out["lm_loss.weight"] = sd["wte.weight"]
+    return out
