@@ -254,13 +254,25 @@ def _load_weights(model, run_dir: Path) -> None:
 
 def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3, lr: float = 2e-5,
              batch_size: int = 32, seed: int = 42, out: str | None = None, max_seq_len: int | None = None,
-             max_steps: int | None = None, init: str = "pretrained", console=None) -> dict:
-    """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.finetune)."""
+             max_steps: int | None = None, init: str = "pretrained", console=None, eval_only: bool = False,
+             **options) -> dict:
+    """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.finetune).
+
+    `options`: the task settings of plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
+    """
+    from dataclasses import fields
+
+    from plmcli.data.tasks import TaskOptions
     from plmcli.finetune import finetune as run_finetune
 
+    known = {f.name for f in fields(TaskOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise PlmError(f"unknown finetune option(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
     _quiet_datasets_off_terminal()
     return run_finetune(task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
-                        seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console)
+                        seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console,
+                        options=TaskOptions(**options), eval_only=eval_only)
 
 
 # ---------------------------------------------------------------- export

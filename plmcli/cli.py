@@ -250,7 +250,8 @@ def pretrain(
 @app.command()
 @guarded
 def finetune(
-    task: str = typer.Option(..., "--task", "-t", help="cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli."),
+    task: str = typer.Option(..., "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
+                             "and squad, conll2003, swag, classification, regression, pair-classification."),
     from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="GLUE folder holding SST-2/, CoLA/, … or one task's folder; none = the Hub."),
     epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
@@ -261,20 +262,39 @@ def finetune(
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs."),
     init: str = typer.Option("pretrained", help="pretrained | random (same architecture, fresh weights: the baseline)."),
+    train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, SQuAD JSON, CoNLL, SWAG CSV)."),
+    dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best weights."),
+    test: Optional[str] = typer.Option(None, "--test", help="Test file: predictions are written for it."),
+    text_col: Optional[str] = typer.Option(None, help="Own data: the text column (header name or JSONL key)."),
+    text_pair_col: Optional[str] = typer.Option(None, help="Own data: the second text of a pair."),
+    label_col: Optional[str] = typer.Option(None, help="Own data: the label column."),
+    doc_stride: int = typer.Option(128, help="Span QA: tokens between consecutive windows over a long passage."),
+    max_query_len: int = typer.Option(64, help="Span QA: question tokens kept."),
+    max_answer_len: int = typer.Option(30, help="Span QA: longest answer, in tokens."),
+    crf: bool = typer.Option(False, "--crf", help="NER: a linear-chain CRF over the tag scores (Viterbi decoding)."),
+    aux_lm_weight: float = typer.Option(0.5, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss."),
+    eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics.json."),
 ):
-    """Finetune an encoder run on a GLUE task; writes OUT/metrics.json and GLUE submission files.
+    """Finetune a run on a task; writes OUT/metrics.json, the best weights and test predictions.
+
+    Tasks: GLUE (cola sst2 mrpc stsb qqp mnli qnli rte wnli, --data-dir), and the tasks registered in
+    plmcli/data/tasks/registry.py that read --train/--dev/--test files.
 
     Example: plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir data/glue-sample
     """
     from plmcli import api
 
+    options = dict(train=train, dev=dev, test=test, text_col=text_col, text_pair_col=text_pair_col, label_col=label_col,
+                   doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, crf=crf,
+                   aux_lm_weight=aux_lm_weight)
     res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
-                       console=_stderr())
+                       console=_stderr(), eval_only=eval_only, **options)
     if as_json:
         return _print_json(res)
+    best = f" (best at epoch {res['best_epoch']})" if res.get("best_epoch") is not None else ""
     typer.echo(f"{res['out_dir']}: {res['task']} dev " + ", ".join(f"{k} {v:.4f}" for k, v in res["dev"].items())
-               + f" (best at epoch {res['best_epoch']}); test predictions: {', '.join(res['test_predictions'].values()) or 'none'}")
+               + f"{best}; test predictions: {', '.join(res['test_predictions'].values()) or 'none'}")
 
 
 # ---------------------------------------------------------------- eval-ppl

@@ -16,6 +16,7 @@ import json
 import math
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,13 +29,15 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
              lr: float = 2e-5, batch_size: int = 32, seed: int = 42, out: str | None = None,
              max_seq_len: int | None = None, max_steps: int | None = None, init: str = "pretrained",
              warmup_ratio: float = 0.1, weight_decay: float = 0.01, classifier_dropout: float | None = None,
-             console=None) -> dict:
-    """Finetune the encoder of run `from_run` (default runs/latest) on `task`; returns OUT/metrics.json.
+             options=None, eval_only: bool = False, console=None) -> dict:
+    """Finetune run `from_run` (default runs/latest) on `task`; returns OUT/metrics.json.
 
-    max_seq_len: tokens per example after [CLS]/[SEP] (default min(128, the model's positions)).
+    max_seq_len: tokens per example after the special tokens (default min(128, the model's positions)).
     max_steps: stop after this many optimizer steps instead of `epochs` full epochs (smoke tests).
     init: "pretrained" (the run's weights) or "random" (the same architecture freshly initialised,
-    the baseline that shows what pretraining buys).
+    the baseline that shows what pretraining buys). options: a TaskOptions (files, columns, QA windows,
+    CRF, auxiliary LM weight). eval_only: `from_run` is a finetuned run of this task; its dev split is
+    scored and its test split predicted, nothing is trained.
     """
     import torch
     from accelerate import PartialState
@@ -44,46 +47,54 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     from plmcli.config import OptimConfig, TrainConfig
     from plmcli.data.tasks.registry import get_task
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.objectives.registry import objective_class
     from plmcli.train import checkpoint as ckpt
     from plmcli.train.loop import train
 
     _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout)
-    t = get_task(task)
+    t = get_task(task, options)
     run = resolve_run(from_run).resolve()
     cfg = json.loads((run / RUN_CONFIG).read_text())
     run_label = from_run or f"runs/latest ({run.name})"
-    _check_encoder(cfg["family"], run_label, t)
+    prev = cfg.get("finetune")
+    if eval_only:
+        if not prev or prev.get("task") != t.name:
+            raise PlmError(f"--eval-only needs a run finetuned on {t.name}, and {run_label} is "
+                           + (f"finetuned on {prev.get('task')}" if prev else "not finetuned"),
+                           f"pass --from a directory written by `plm finetune --task {t.name}`")
+        t.restore(prev.get("task_state", {}))
+        classifier_dropout = prev.get("classifier_dropout")
+    _check_backbone(cfg["family"], run_label, t)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    missing = [r for r in ("cls", "sep") if r not in special_ids]
-    if missing:
-        raise PlmError(f"the tokenizer of run {run_label} has no {' / '.join(missing)} token, which [CLS] a [SEP] b [SEP] needs",
-                       "finetune from a run pretrained with a bert recipe")
     tok = load_tokenizer(run / "tokenizer.json")
-    encoder = load_encoder(run, cfg, pretrained=init == "pretrained", seed=seed)
-    positions = encoder.max_positions
-    L = max_seq_len if max_seq_len is not None else min(128, positions)
-    if not 8 <= L <= positions:
-        raise PlmError(f"--max-seq-len {L} is outside 8..{positions} (the model's positions)",
-                       f"use --max-seq-len ≤ {positions}")
+    if eval_only:
+        model, obj = _finetuned(run, cfg, tok)
+        L = obj.seq_len
+    else:
+        encoder = load_encoder(run, cfg, pretrained=init == "pretrained", seed=seed)
+        positions = encoder.max_positions
+        L = max_seq_len if max_seq_len is not None else min(128, positions)
+        if not 8 <= L <= positions:
+            raise PlmError(f"--max-seq-len {L} is outside 8..{positions} (the model's positions)",
+                           f"use --max-seq-len ≤ {positions}")
+        obj = task_objective(t, tok, special_ids, L, type(encoder), classifier_dropout)
     splits = t.load(data_dir)  # before OUT exists: bad data leaves nothing behind
 
-    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{t.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    what = "eval" if eval_only else t.name
+    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any writes
         raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
     state = PartialState()
     state.wait_for_everyone()
     if state.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-    obj_cls = objective_class(t.objective)
-    obj = obj_cls(obj_cls.Config(task=t.name, num_labels=t.num_labels, classifier_dropout=classifier_dropout),
-                  tok, special_ids, L, task=t, layout=getattr(type(encoder), "pair_layout", "cls_first"))
     data = out_dir / "data"
     if state.is_main_process:
         obj.encode_splits(splits, data)
     state.wait_for_everyone()
     meta = json.loads((data / "meta.json").read_text())
     counts = {k: v["documents"] for k, v in meta["counts"].items()}
+    if eval_only:
+        return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
 
     torch.manual_seed(seed)
     model = obj.build_model(encoder)
@@ -98,7 +109,8 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     )
     finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
                      "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
-                     "classifier_dropout": classifier_dropout}
+                     "classifier_dropout": classifier_dropout, "task_state": t.state(),
+                     "options": asdict(t.options)}
     if state.is_main_process:
         ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
                                                "objective": t.objective, "finetune": finetune_info})
@@ -111,11 +123,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     written = {}
     if state.is_main_process:
         load_model(model, str(out_dir / "model.safetensors"))  # the best dev weights, for the test predictions
-        for split, filename in t.test_splits.items():
-            if counts.get(split):
-                ids, preds = obj.predict(model, obj.stream(data, split, batch_size, seed, 0, 1, shuffle=False))
-                t.write_predictions(out_dir / filename, ids, preds)
-                written[split] = filename
+        written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed)
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune has no --resume
     result = {
         "task": t.name, "from_run": str(run), "init": init, "out_dir": str(out_dir),
@@ -123,12 +131,12 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
         "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
         "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
-        "examples": counts, "truncated": {k: v["truncated"] for k, v in meta["counts"].items()},
+        "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
         "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
         "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
                      "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
                      "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
-                     "data_dir": str(Path(data_dir).resolve()) if data_dir else "the Hub"},
+                     "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
     }
     if state.is_main_process:
         ckpt.write_json(out_dir / "metrics.json", result)
@@ -136,24 +144,66 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     return result
 
 
-def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
-    """The run's encoder, with its weights (`pretrained`) or freshly initialised under `seed`.
+def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, classifier_dropout=None):
+    """The objective that trains `task` on a backbone of class `backbone_cls` (its `pair_layout` decides
+    where [CLS] goes). Every finetuning objective's Config takes task, num_labels and classifier_dropout."""
+    from plmcli.objectives.registry import objective_class
 
-    A finetuned run holds classifier weights (encoder.* + head.*): its encoder part is taken.
+    obj_cls = objective_class(task.objective)
+    cfg = obj_cls.Config(task=task.name, num_labels=task.num_labels, classifier_dropout=classifier_dropout)
+    return obj_cls(cfg, tok, special_ids, seq_len, task=task, layout=getattr(backbone_cls, "pair_layout", "cls_first"))
+
+
+def _data_source(task) -> str:
+    o = task.options
+    files = [f for f in (o.train, o.dev, o.test) if f]
+    return ", ".join(str(Path(f).resolve()) for f in files) if files else "the Hub"
+
+
+def _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed) -> dict:
+    written = {}
+    for split, filename in t.test_splits.items():
+        if counts.get(split):
+            ids, preds = obj.predict(model, obj.stream(data, split, batch_size, seed, 0, 1, shuffle=False))
+            t.write_predictions(out_dir / filename, ids, preds)
+            written[split] = filename
+    return written
+
+
+def _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state) -> dict:
+    """Score the dev split(s) and predict the test split with a finetuned model; OUT/metrics.json."""
+    from accelerate import Accelerator
+
+    from plmcli.train import checkpoint as ckpt
+
+    acc = Accelerator(cpu=not __import__("torch").cuda.is_available())
+    model.to(acc.device).eval()
+    dev = obj.evaluate(acc, model, obj.stream(data, "validation", batch_size, seed, 0, 1, shuffle=False), 0)
+    written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed) if state.is_main_process else {}
+    result = {"task": t.name, "from_run": str(run), "eval_only": True, "out_dir": str(out_dir),
+              "main_metric": t.main_metric, "dev": _strip(dev), "examples": counts,
+              "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()}, "test_predictions": written}
+    if state.is_main_process:
+        ckpt.write_json(out_dir / "metrics.json", result)
+    return result
+
+
+def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
+    """The run's backbone (encoder, or decoder for GPT-style transfer), with its weights (`pretrained`)
+    or freshly initialised under `seed`. A finetuned run holds backbone + task head weights: its
+    backbone part is taken.
     """
     import torch
     from safetensors.torch import load_model
 
     from plmcli.config import build_section
     from plmcli.models.registry import build_model, model_config_class
-    from plmcli.objectives.classify import SequenceClassifier
 
     model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
     torch.manual_seed(seed)
     encoder = build_model(cfg["family"], model_cfg)
     if pretrained:
-        ft = cfg.get("finetune")
-        target = SequenceClassifier(encoder, ft["num_labels"]) if ft else encoder
+        target = _finetuned(run, cfg, None, encoder)[0] if cfg.get("finetune") else encoder
         try:
             load_model(target, str(run / "model.safetensors"))
         except (RuntimeError, KeyError) as e:
@@ -162,38 +212,57 @@ def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
     return encoder
 
 
-def load_finetuned(run_dir: str):
-    """(SequenceClassifier in eval mode, tokenizer, config) of a `plm finetune` output directory."""
+def _finetuned(run: Path, cfg: dict, tok=None, backbone=None):
+    """(task model, objective) of a finetuned run as its config.json describes it: the weights loaded
+    unless a `backbone` is given (then the caller loads them into the returned model)."""
     from safetensors.torch import load_model
 
+    from plmcli.data.tasks import TaskOptions
+    from plmcli.data.tasks.registry import get_task
+    from plmcli.data.tokenizers import load_tokenizer
+
+    ft = cfg["finetune"]
+    task = get_task(ft["task"], TaskOptions(**ft.get("options", {})))
+    task.restore(ft.get("task_state", {}))
+    tok = tok or load_tokenizer(run / "tokenizer.json")
+    special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
+    given = backbone is not None
+    if not given:
+        backbone = load_encoder(run, {**cfg, "finetune": None}, pretrained=False)
+    obj = task_objective(task, tok, special_ids, ft["max_seq_len"], type(backbone), ft.get("classifier_dropout"))
+    model = obj.build_model(backbone)
+    if not given:
+        load_model(model, str(run / "model.safetensors"))
+        model.eval()
+    return model, obj
+
+
+def load_finetuned(run_dir: str):
+    """(task model in eval mode, tokenizer, config) of a `plm finetune` output directory."""
     from plmcli.api import RUN_CONFIG, resolve_run
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.objectives.classify import SequenceClassifier
 
     path = resolve_run(run_dir)
     cfg = json.loads((path / RUN_CONFIG).read_text())
-    ft = cfg.get("finetune")
-    if not ft:
+    if not cfg.get("finetune"):
         raise PlmError(f"{path} is not a finetuned run (its config.json has no 'finetune' section)",
                        "pass a directory written by `plm finetune`")
-    model = SequenceClassifier(load_encoder(path, {**cfg, "finetune": None}, pretrained=False), ft["num_labels"],
-                               ft.get("classifier_dropout"))
-    load_model(model, str(path / "model.safetensors"))
-    model.eval()
-    return model, load_tokenizer(path / "tokenizer.json"), cfg
+    tok = load_tokenizer(path / "tokenizer.json")
+    model, _ = _finetuned(path, cfg, tok)
+    return model, tok, cfg
 
 
-def _check_encoder(family: str, run_label: str, task) -> None:
+def _check_backbone(family: str, run_label: str, task) -> None:
+    """The task's objective says which model classes it can finetune (`backbone_problem`)."""
     from plmcli.models.registry import model_class
+    from plmcli.objectives.registry import objective_class
 
-    cls = model_class(family)
-    if getattr(cls, "encoder", False):
-        return
-    what = f"{task.suite} finetuning" if getattr(task, "suite", "") else f"finetuning on {task.name}"
-    hint = "pretrain one with `plm pretrain --recipe bert-mini` (or elmo-mini for ELMo features)"
-    if getattr(cls, "causal", False):
-        raise PlmError(f"run {run_label} is a causal LM ({family}); {what} needs an encoder run", hint)
-    raise PlmError(f"run {run_label} ({family}) has no encoder to finetune; {what} needs an encoder run", hint)
+    problem = objective_class(task.objective).backbone_problem(model_class(family))
+    if problem:
+        what = f"{task.suite} finetuning" if getattr(task, "suite", "") else f"finetuning on {task.name}"
+        clause, _, need = problem.partition("; it needs ")
+        raise PlmError(f"run {run_label} {clause} ({family}); {what} needs {need or 'another kind of run'}",
+                       "pretrain one with `plm pretrain --recipe bert-mini` (or elmo-mini for ELMo features)")
 
 
 def _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout) -> None:

@@ -138,6 +138,12 @@ def test_sst2_end_to_end(toy_run, tmp_path):
     labels = np.load(out / "data" / "validation.npz")["labels"]
     assert len(ids) == 200 and (preds == labels).mean() == pytest.approx(res["dev"]["accuracy"])
     assert not (out / "checkpoints").exists()
+    # --eval-only scores the kept weights again and predicts the test split, training nothing
+    again = finetune("sst2", from_run=str(out), data_dir=str(SAMPLE), eval_only=True, out=str(out.parent / "again"))
+    assert again["eval_only"] and again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"])
+    assert (out.parent / "again" / "SST-2.tsv").read_text() == (out / "SST-2.tsv").read_text()
+    with pytest.raises(PlmError, match="--eval-only needs a run finetuned on mrpc"):
+        finetune("mrpc", from_run=str(out), data_dir=str(SAMPLE), eval_only=True)
 
 
 def test_random_init_and_from_a_finetuned_run(toy_run, tmp_path):

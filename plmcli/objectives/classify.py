@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.data.batching import BatchStream
-from plmcli.data.tasks import encode_pairs, load_split, save_split, write_meta
+from plmcli.data.tasks import encode_pairs, load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
 
@@ -97,6 +97,8 @@ class Classify(Objective):
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
         """`layout`: where the encoder wants [CLS] (its class's `pair_layout`; see encode_pairs)."""
         super().__init__(cfg, tokenizer, special_ids, seq_len)
+        if tokenizer is not None:  # before any output exists: [CLS] a [SEP] b [SEP] needs both
+            require_roles(special_ids, ("cls", "sep"))
         self.layout = layout
         if task is None:
             from plmcli.data.tasks.registry import get_task
@@ -105,6 +107,15 @@ class Classify(Objective):
         self.task = task
         self.regression = cfg.num_labels == 1
         self.pad_id = special_ids.get("pad", 0)
+
+    @classmethod
+    def backbone_problem(cls, model_cls) -> str | None:
+        """Why runs of `model_cls` cannot be finetuned by this objective, or None when they can."""
+        if getattr(model_cls, "encoder", False):
+            return None
+        if getattr(model_cls, "causal", False):
+            return "is a causal LM; it needs an encoder run"
+        return "has no encoder to finetune; it needs an encoder run"
 
     def build_model(self, encoder: nn.Module) -> SequenceClassifier:
         if not getattr(type(encoder), "encoder", False):

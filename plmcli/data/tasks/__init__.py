@@ -26,9 +26,41 @@ class Example:
     """The example's id in its file (the test set's `index`), for submission files."""
 
 
+@dataclass
+class TaskOptions:
+    """Task settings from `plm finetune`'s options; each task reads the ones that concern it."""
+
+    train: str | None = None
+    """A training file of the task's format (own data, SQuAD JSON, CoNLL, SWAG CSV), instead of --data-dir."""
+    dev: str | None = None
+    """The matching dev file (evaluated after every epoch; its main metric picks the best weights)."""
+    test: str | None = None
+    """An optional test file: predictions are written for it."""
+    text_col: str | None = None
+    """Own data: the column (TSV/CSV header or JSONL key) holding the text."""
+    text_pair_col: str | None = None
+    """Own data: the column of the second text of a pair."""
+    label_col: str | None = None
+    """Own data: the label column."""
+    doc_stride: int = 128
+    """Span QA: tokens between the starts of consecutive windows over a long passage."""
+    max_query_len: int = 64
+    """Span QA: question tokens kept."""
+    max_answer_len: int = 30
+    """Span QA: longest answer decoded, in tokens."""
+    n_best: int = 20
+    """Span QA: start and end candidates combined per window."""
+    crf: bool = False
+    """Token classification: a linear-chain CRF over the tag scores."""
+    aux_lm_weight: float = 0.5
+    """Causal runs (GPT-style transfer): λ of the auxiliary language-modelling loss."""
+
+
 class Task:
     """What `plm finetune` needs from a task. Subclasses (or instances) fill in the attributes."""
 
+    options: TaskOptions = TaskOptions()
+    """Set by registry.get_task; read-only for the task."""
     name: str = ""
     objective: str = "classify"
     """The objective (plmcli.objectives.registry) that trains it."""
@@ -46,6 +78,13 @@ class Task:
     def load(self, data_dir: str | None) -> dict[str, list[Example]]:
         raise NotImplementedError
 
+    def state(self) -> dict:
+        """What a finetuned run must remember to rebuild this task (labels discovered in the data)."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Rebuild from `state()` (eval-only runs, loading a finetuned model)."""
+
     def score(self, preds, labels) -> dict[str, float]:
         from plmcli.eval.metrics import compute
 
@@ -62,6 +101,14 @@ class Task:
 
 
 # ------------------------------------------------------------------ encoding
+
+
+def require_roles(special_ids: dict, roles=("cls", "sep")) -> None:
+    """PlmError unless the run's tokenizer defines every special-token role in `roles`."""
+    missing = [r for r in roles if r not in special_ids]
+    if missing:
+        raise PlmError(f"the run's tokenizer has no {' / '.join(missing)} token",
+                       "finetune from an encoder run whose tokenizer defines the cls and sep roles (bert recipes)")
 
 
 def truncate_pair(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,10 +136,7 @@ def encode_pairs(tokenizer, special_ids: dict, texts_a: list[str], texts_b: list
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-    missing = [r for r in ("cls", "sep") if r not in special_ids]
-    if missing:
-        raise PlmError(f"the run's tokenizer has no {' / '.join(missing)} token",
-                       "finetune from an encoder run whose tokenizer defines the cls and sep roles (bert recipes)")
+    require_roles(special_ids, ("cls", "sep"))
     cls, sep = special_ids["cls"], special_ids["sep"]
     last = layout == "cls_last"
     ids, lengths, type_start, truncated = [], [], [], []

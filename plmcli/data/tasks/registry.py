@@ -19,10 +19,18 @@ TASKS: dict[str, str] = {
 }
 
 
-def get_task(name: str):
-    """A fresh Task for `name` (a registered class is instantiated, an instance copied)."""
-    task = resolve(TASKS, name.lower().replace("-", ""), "task")
-    return task() if isinstance(task, type) else copy.deepcopy(task)
+def get_task(name: str, options=None):
+    """A fresh Task for `name` (a registered class is instantiated, an instance copied) with `options`
+    (a TaskOptions; None = the defaults)."""
+    from plmcli.data.tasks import TaskOptions
+
+    key = name.lower()
+    if key not in TASKS:  # "SST-2", "sts_b" -> "sst2", "stsb"
+        key = key.replace("-", "").replace("_", "")
+    task = resolve(TASKS, key, "task")
+    task = task() if isinstance(task, type) else copy.deepcopy(task)
+    task.options = options or TaskOptions()
+    return task
 
 
 def task_names() -> list[str]:
