@@ -66,6 +66,9 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     _check_backbone(cfg["family"], run_label, t)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
     tok = load_tokenizer(run / "tokenizer.json")
+    # Before OUT exists (bad data leaves nothing behind), and before the objective: a task may learn
+    # its labels from the data (own data, CoNLL tags), which sizes the head.
+    splits = t.load(data_dir)
     if eval_only:
         model, obj = _finetuned(run, cfg, tok)
         L = obj.seq_len
@@ -77,7 +80,6 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
             raise PlmError(f"--max-seq-len {L} is outside 8..{positions} (the model's positions)",
                            f"use --max-seq-len ≤ {positions}")
         obj = task_objective(t, tok, special_ids, L, type(encoder), classifier_dropout)
-    splits = t.load(data_dir)  # before OUT exists: bad data leaves nothing behind
 
     what = "eval" if eval_only else t.name
     out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
