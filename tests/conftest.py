@@ -26,3 +26,15 @@ def _isolated_runs(tmp_path, monkeypatch):
     """Each test writes runs/ and caches under its own tmp dir."""
     monkeypatch.setenv("PLM_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("PLM_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP threads waiting on
+    each other make each step ~10× slower. Modules opt in with pytestmark = usefixtures("one_thread")."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

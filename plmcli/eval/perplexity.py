@@ -74,41 +74,20 @@ def report(nll: float, tokens: int, n_bytes: int, n_words: int, stride: int, max
     }
 
 
-def encode_file(path: str, tok, prefix: int | None = None, batch_lines: int = 1024) -> tuple[np.ndarray, int, int]:
-    """(token ids of the whole file with `prefix` in front if given, UTF-8 bytes, whitespace words), streamed."""
-    from plmcli.data.corpus import iter_text_lines
-    from plmcli.errors import PlmError
+def encode_file(path: str, tok, prefix: int | None = None, line_end: int | None = None, by_lines: bool = False,
+                batch_lines: int = 1024) -> tuple[np.ndarray, int, int]:
+    """(token ids, UTF-8 bytes, whitespace words) of a file, `prefix` first when given. Streams the file
+    in batches of lines.
 
-    pieces, n_bytes, n_words, batch = [], 0, 0, []
-
-    def flush():
-        pieces.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(batch, add_special_tokens=False))
-        batch.clear()
-
-    for line in iter_text_lines([path]):
-        n_bytes += len(line.encode("utf-8"))
-        n_words += len(line.split())
-        batch.append(line)
-        if len(batch) == batch_lines:
-            flush()
-    if batch:
-        flush()
-    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    if len(ids) == 0:
-        raise PlmError(f"{path} has no tokens to score", "pass a file with text")
-    if prefix is not None:
-        ids = np.concatenate([[prefix], ids])
-    return ids, n_bytes, n_words
-
-
-def encode_lines(path: str, tok, line_end: int | None, prefix: int | None, batch_lines: int = 1024):
-    """(ids, UTF-8 bytes, whitespace words) of a file: `prefix` first, then each
-    non-blank line's tokens followed by `line_end` (when given). Streams the file in batches of lines."""
+    by_lines=False: the whole file as one text, every line as read (line ends are the tokenizer's to
+    encode). by_lines=True: each non-blank line's tokens followed by `line_end` when given, as corpora
+    with `data.doc_per_line` train (blank lines are not documents there either).
+    """
     from plmcli.data.corpus import iter_text_lines
     from plmcli.errors import PlmError
 
     pieces = [np.asarray([prefix], dtype=np.int64)] if prefix is not None else []
-    end = np.asarray([line_end] if line_end is not None else [], dtype=np.int64)
+    end = np.asarray([line_end] if by_lines and line_end is not None else [], dtype=np.int64)
     n_bytes, n_words, batch = 0, 0, []
 
     def flush():
@@ -119,7 +98,7 @@ def encode_lines(path: str, tok, line_end: int | None, prefix: int | None, batch
     for line in iter_text_lines([path]):
         n_bytes += len(line.encode("utf-8"))
         n_words += len(line.split())
-        if line.strip():  # blank lines are not documents in training (data.doc_per_line) either
+        if line.strip() or not by_lines:
             batch.append(line)
         if len(batch) == batch_lines:
             flush()
@@ -154,7 +133,7 @@ def eval_files(files, tok, cfg: dict, nll_fn: Callable[[np.ndarray], tuple[float
     totals = np.zeros(6)  # nll, tokens, bytes, words, text tokens, unk
     per_file = []
     for f in files:
-        seq, n_bytes, n_words = encode_lines(f, tok, eos, prefix) if by_lines else encode_file(f, tok, prefix)
+        seq, n_bytes, n_words = encode_file(f, tok, prefix, eos, by_lines)
         nll, n = nll_fn(seq)
         scored = seq[1:]
         n_text = int((scored != eos).sum()) if eos is not None else n

@@ -270,7 +270,7 @@ class ELMo(nn.Module):
     def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
         """Forward, backward and average perplexity of each file.
 
-        The text (encoded as in training, see plmcli.eval.perplexity.encode_lines) is cut into windows of
+        The text (encoded as in training, see plmcli.eval.perplexity.encode_file, by_lines) is cut into windows of
         `max_length` + 1 tokens (default 256) that overlap by one token and do not otherwise overlap: each
         token after the first is predicted once by the forward LM, each before the last once by the
         backward LM, both from context inside its window only. `ppl` / `nll` / `bpb` are of the average of

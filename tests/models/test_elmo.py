@@ -13,13 +13,7 @@ from plmcli.objectives.bilm import BidirectionalLM
 from plmcli.objectives.clm import CausalLM
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny recurrent models gain nothing from intra-op threads (see tests/models/test_rnn.py)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 V = 41

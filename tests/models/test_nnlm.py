@@ -14,14 +14,7 @@ from plmcli.models.nnlm import NNLM, NNLMConfig
 from plmcli.objectives.clm import CausalLM
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny recurrent models gain nothing from intra-op threads, and on a busy machine OpenMP threads
-    waiting on each other make each step ~10× slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw):

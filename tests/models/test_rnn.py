@@ -15,14 +15,7 @@ from plmcli.errors import PlmError
 from plmcli.models.rnn import RNNLM, RNNConfig
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny recurrent models gain nothing from intra-op threads, and on a busy machine OpenMP threads
-    waiting on each other make each step ~10× slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CELLS = ["rnn", "lstm", "gru"]

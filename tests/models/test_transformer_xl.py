@@ -11,12 +11,7 @@ from plmcli.models.layers import sinusoid_table
 from plmcli.models.transformer_xl import TransformerXL, TransformerXLConfig, rel_shift
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw):

@@ -11,12 +11,7 @@ from plmcli.models.xlnet import XLNet, XLNetConfig, from_hf_state_dict, rel_shif
 V, C, L, H, F = 61, 32, 2, 4, 64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw):

@@ -13,14 +13,7 @@ from plmcli.models.rnn import RNNLM, RNNConfig
 from plmcli.objectives.bptt import SegmentStream, TruncatedBPTT, detach_state
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny recurrent models gain nothing from intra-op threads, and on a busy machine OpenMP threads
-    waiting on each other make each step ~10× slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 N, B, T = 103, 2, 4  # 2 streams of L = 51 tokens; 103 - 102 = 1 token left over

@@ -22,12 +22,7 @@ T, R, NP = 16, 8, 4  # seq_len, reuse_len, num_predict
 GLUE = Path(__file__).resolve().parents[2] / "data" / "glue-sample"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
