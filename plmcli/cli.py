@@ -251,9 +251,11 @@ def pretrain(
 @guarded
 def finetune(
     task: str = typer.Option(..., "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
-                             "and squad, conll2003, swag, classification, regression, pair-classification."),
+                             "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag; own data: "
+                             "classification | regression | pair-classification."),
     from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="GLUE folder holding SST-2/, CoLA/, … or one task's folder; none = the Hub."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
+                                           "SQuAD, CoNLL, SWAG, own data: their files); none = --train/--dev/--test, else the Hub."),
     epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
     lr: float = typer.Option(2e-5, help="Peak learning rate (10% warmup, linear decay)."),
     batch_size: int = typer.Option(32, help="Examples per optimizer step."),
@@ -271,6 +273,7 @@ def finetune(
     doc_stride: int = typer.Option(128, help="Span QA: tokens between consecutive windows over a long passage."),
     max_query_len: int = typer.Option(64, help="Span QA: question tokens kept."),
     max_answer_len: int = typer.Option(30, help="Span QA: longest answer, in tokens."),
+    n_best: int = typer.Option(20, help="Span QA: start and end candidates combined per window."),
     crf: bool = typer.Option(False, "--crf", help="NER: a linear-chain CRF over the tag scores (Viterbi decoding)."),
     aux_lm_weight: float = typer.Option(0.5, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss."),
     eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
@@ -278,15 +281,20 @@ def finetune(
 ):
     """Finetune a run on a task; writes OUT/metrics.json, the best weights and test predictions.
 
-    Tasks: GLUE (cola sst2 mrpc stsb qqp mnli qnli rte wnli, --data-dir), and the tasks registered in
-    plmcli/data/tasks/registry.py that read --train/--dev/--test files.
+    From encoder runs (BERT family, XLNet, ELMo features) every task; from causal runs (GPT) classification,
+    pairs, similarity and multiple choice GPT-style (<s> x $ y <e>, plus --aux-lm-weight × the LM loss).
 
-    Example: plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir data/glue-sample
+    Examples:
+      plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir data/glue-sample
+      plm finetune --task cmrc2018 --train cmrc2018_train.json --dev cmrc2018_dev.json --max-seq-len 384
+      plm finetune --task conll2003 --data-dir conll2003/ --crf
+      plm finetune --task classification --train a.tsv --dev b.tsv --text-col sentence --label-col label
+      plm finetune --task sst2 --from runs/my-finetuned --eval-only --data-dir glue/
     """
     from plmcli import api
 
     options = dict(train=train, dev=dev, test=test, text_col=text_col, text_pair_col=text_pair_col, label_col=label_col,
-                   doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, crf=crf,
+                   doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, n_best=n_best, crf=crf,
                    aux_lm_weight=aux_lm_weight)
     res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
                        console=_stderr(), eval_only=eval_only, **options)

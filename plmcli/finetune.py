@@ -148,12 +148,14 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
 
 def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, classifier_dropout=None):
     """The objective that trains `task` on a backbone of class `backbone_cls` (its `pair_layout` decides
-    where [CLS] goes). Every finetuning objective's Config takes task, num_labels and classifier_dropout."""
+    where [CLS] goes; a causal LM gets layout "causal": GPT's input transforms). Every finetuning
+    objective's Config takes task, num_labels and classifier_dropout."""
     from plmcli.objectives.registry import objective_class
 
     obj_cls = objective_class(task.objective)
     cfg = obj_cls.Config(task=task.name, num_labels=task.num_labels, classifier_dropout=classifier_dropout)
-    return obj_cls(cfg, tok, special_ids, seq_len, task=task, layout=getattr(backbone_cls, "pair_layout", "cls_first"))
+    layout = getattr(backbone_cls, "pair_layout", None) or ("causal" if getattr(backbone_cls, "causal", False) else "cls_first")
+    return obj_cls(cfg, tok, special_ids, seq_len, task=task, layout=layout)
 
 
 def _data_source(task) -> str:

@@ -29,6 +29,14 @@ def f1(preds, labels) -> float:
     return float(f1_score(np.asarray(labels), np.asarray(preds), pos_label=1, average="binary", zero_division=0))
 
 
+def macro_f1(preds, labels) -> float:
+    """Mean F1 over the classes present in gold or predictions (scikit-learn's macro): a class the dev set
+    lacks and the model never predicts does not count as a zero."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(np.asarray(labels), np.asarray(preds), average="macro", zero_division=0))
+
+
 def mcc(preds, labels) -> float:
     """Matthews correlation coefficient (CoLA)."""
     from sklearn.metrics import matthews_corrcoef
@@ -58,7 +66,7 @@ def spearman(preds, labels) -> float:
     return _correlation(spearmanr, preds, labels)
 
 
-METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spearman": spearman}
+METRICS = {"accuracy": accuracy, "f1": f1, "macro_f1": macro_f1, "mcc": mcc, "pearson": pearson, "spearman": spearman}
 """Metric name -> function; tasks name theirs from here."""
 
 

@@ -1,16 +1,25 @@
-"""Sequence classification and regression on an encoder: GLUE-style finetuning (Devlin et al. 2018, §4.1).
+"""Sequence classification and regression: GLUE-style finetuning of an encoder (Devlin et al. 2018, §4.1)
+or GPT-style transfer from a causal LM (Radford et al. 2018, §3.3).
 
-The model is the pretrained encoder + dropout + one linear layer on the pooled [CLS] state (the
-encoder's pooler when it has one, else the [CLS] hidden state). [CLS] leads each example unless the
-encoder's class says `pair_layout = "cls_last"` (XLNet: a [SEP] b [SEP] [CLS]). Cross-entropy for
-classes, MSE for a single regression output (STS-B). Batches are padded only to their own longest sequence.
-Evaluation collects every prediction, so task metrics that are not means (MCC, F1, correlations)
-are computed over the whole dev set.
+Encoders: the pretrained encoder + dropout + one linear layer on the pooled [CLS] state (the encoder's
+pooler when it has one, else the [CLS] hidden state). [CLS] leads each example unless the encoder's
+class says `pair_layout = "cls_last"` (XLNet: a [SEP] b [SEP] [CLS]).
+
+Causal LMs (finetune passes layout "causal"): GPT's traversal-style input transforms, `<s> x <e>` and
+`<s> x1 $ x2 <e>` for pairs; for similarity (a regression on pairs, STS-B) both orders, whose final
+states are added before the head. The head reads the final hidden state of the extract token <e>
+(each row's last real token). The loss adds GPT's auxiliary language-modelling objective on the same
+inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight (`--aux-lm-weight`, 0.5 as in the paper).
+
+Cross-entropy for classes, MSE for a single regression output (STS-B). Batches are padded (right) only to
+their own longest sequence. Evaluation collects every prediction, so task metrics that are not means
+(MCC, F1, correlations) are computed over the whole dev set; val_loss is the task loss alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -20,9 +29,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.data.batching import BatchStream
-from plmcli.data.tasks import encode_pairs, load_split, require_roles, save_split, write_meta
+from plmcli.data.tasks import encode_pairs, load_split, require_roles, save_split, truncate_pair, write_meta
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
+
+CAUSAL = "causal"
+"""The `layout` finetune passes for a backbone class with `causal = True` (and no pair_layout): GPT's transforms."""
+
+
+def encoder_problem(model_cls) -> str | None:
+    """Why runs of `model_cls` are not encoders, or None when they are: for objectives that need every
+    token's bidirectional state (tagging, span QA), which GPT-style transfer does not give."""
+    if getattr(model_cls, "encoder", False):
+        return None
+    if getattr(model_cls, "causal", False):
+        return "is a causal LM; it needs an encoder run"
+    return "has no encoder to finetune; it needs an encoder run"
 
 
 @dataclass
@@ -78,28 +100,180 @@ class SequenceClassifier(nn.Module):
         x = torch.tensor([[cls_id, sep_id, sep_id], [cls_id, sep_id, sep_id]], device=p0.device)
         types = torch.tensor([[0, 0, 1], [0, 0, 0]], device=p0.device)
         mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=p0.device)
-        was_training = self.training
-        self.eval()  # no dropout: the probe draws nothing from the RNG
-        self.zero_grad(set_to_none=True)
-        self(x, types, mask).float().sum().backward()
-        unused = [n for n, p in self.named_parameters() if p.requires_grad and p.grad is None]
-        for n, p in self.named_parameters():
-            if p.grad is None:
-                p.requires_grad_(False)
-        self.zero_grad(set_to_none=True)
-        self.train(was_training)
-        return unused
+        return _freeze_unreached(self, lambda: self(x, types, mask).float().sum())
+
+
+# ------------------------------------------------------------------ GPT-style transfer (causal LMs)
+
+
+@dataclass(frozen=True)
+class TransferTokens:
+    """GPT's start <s>, delimiter $ (one or more ids) and extract <e> tokens, as ids of the run's vocabulary."""
+
+    start: int
+    delimiter: tuple
+    extract: int
+
+
+def transfer_tokens(tokenizer, special_ids: dict) -> TransferTokens:
+    """<s>, $ and <e> from tokens the pretrained model already knows.
+
+    GPT added three new, randomly initialised embeddings. We do not: a larger vocabulary changes the
+    backbone's shapes (config.json's vocab_size, the tied LM head), so the finetuned weights would no
+    longer fit the architecture finetune and eval-only rebuild from the run's config, and the new rows
+    would start untrained anyway. Instead:
+    <s> = bos, else eos: in the packed pretraining stream the token before every document;
+    <e> = eos, else bos: it ends every document, so its state has learned to close a text;
+    $ = the tokenizer's reserved sep token when it has one; else the text " $" as the tokenizer encodes
+        it (GPT's symbol; byte-level BPE always has it); else, when the vocabulary cannot spell "$"
+        (a character vocabulary without it), eos: a document boundary is the nearest thing it knows.
+    The choice depends only on the tokenizer and its roles, which a finetuned run keeps, so training,
+    --eval-only and load_finetuned always build the same inputs.
+    """
+    start = special_ids.get("bos", special_ids.get("eos"))
+    extract = special_ids.get("eos", special_ids.get("bos"))
+    if start is None:
+        raise PlmError("the run's tokenizer has no bos or eos token to start and end GPT-style inputs",
+                       "finetune from a causal run whose tokenizer defines eos (gpt recipes do)")
+    if "sep" in special_ids:
+        delimiter = (special_ids["sep"],)
+    else:
+        dollar = tuple(tokenizer.encode(" $", add_special_tokens=False).ids)
+        known = dollar and special_ids.get("unk") not in dollar and tokenizer.decode(list(dollar)).strip() == "$"
+        delimiter = dollar if known else (extract,)
+    return TransferTokens(int(start), tuple(int(i) for i in delimiter), int(extract))
+
+
+def encode_transformed(tokenizer, tokens: TransferTokens, texts_a: list[str], texts_b: list[str] | None,
+                       max_seq_len: int, chunk: int = 8192) -> dict[str, np.ndarray]:
+    """GPT's input transforms, truncated longest-first to `max_seq_len`: <s> a <e>, or <s> a $ b <e>.
+
+    The same flat arrays as encode_pairs: `ids`, `offsets` (n+1), `type_start` (where b begins; the
+    row length for single texts), `truncated`.
+    """
+    s, d, e = tokens.start, list(tokens.delimiter), tokens.extract
+    ids, lengths, type_start, truncated = [], [], [], []
+    for lo in range(0, len(texts_a), chunk):
+        enc_a = [x.ids for x in tokenizer.encode_batch(texts_a[lo:lo + chunk], add_special_tokens=False)]
+        la = np.array([len(x) for x in enc_a], dtype=np.int64)
+        if texts_b is None:
+            na = np.minimum(la, max_seq_len - 2)
+            rows = [[s, *a[:n], e] for a, n in zip(enc_a, na)]
+            truncated.append(na < la)
+        else:
+            enc_b = [x.ids for x in tokenizer.encode_batch(texts_b[lo:lo + chunk], add_special_tokens=False)]
+            lb = np.array([len(x) for x in enc_b], dtype=np.int64)
+            na, nb = truncate_pair(la, lb, max_seq_len - 2 - len(d))
+            rows = [[s, *a[:n], *d, *b[:m], e] for a, b, n, m in zip(enc_a, enc_b, na, nb)]
+            truncated.append((na < la) | (nb < lb))
+        n_tok = np.array([len(r) for r in rows], dtype=np.int64)
+        ids.append(np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(n_tok.sum())))
+        lengths.append(n_tok)
+        type_start.append(n_tok if texts_b is None else na + 1 + len(d))
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dtype=dt)  # noqa: E731
+    lengths = cat(lengths, np.int64)
+    return {"ids": cat(ids, np.int32), "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            "type_start": cat(type_start, np.int64), "truncated": cat(truncated, bool)}
+
+
+class CausalTransfer(nn.Module):
+    """decoder -> final state of each row's last real token (<e>) (B, C) -> dropout -> Linear -> (B, num_labels).
+
+    A (B, R, T) input holds R orderings of one example (similarity: both orders); their final states are
+    added element-wise before the head. Rows are right-padded: attention_mask gives each row's length
+    (causal attention, so the padding never reaches a real position). With `return_lm` the decoder's
+    next-token logits (N, T, V) over the same rows come too, for the auxiliary LM loss. Backbone and
+    head live in this one module, so the loop, best-weight selection and load_finetuned handle it whole.
+    """
+
+    def __init__(self, backbone: nn.Module, num_labels: int, dropout: float | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.num_labels = num_labels
+        self.frozen: list[str] = []
+        cfg = backbone.cfg
+        self.dropout = nn.Dropout(getattr(cfg, "dropout", 0.1) if dropout is None else dropout)  # GPT: clf_pdrop 0.1
+        self.head = nn.Linear(cfg.d_model, num_labels)
+        nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def max_positions(self) -> int:
+        return self.backbone.max_positions
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, return_lm: bool = False):
+        lead, T = input_ids.shape[:-1], input_ids.shape[-1]
+        ids = input_ids.reshape(-1, T)  # (N, T), N = B·R
+        if attention_mask is None:
+            lengths = torch.full((ids.shape[0],), T, device=ids.device)
+        else:
+            lengths = attention_mask.reshape(-1, T).sum(-1)
+        h = self.backbone.hidden(ids)  # (N, T, C)
+        last = h[torch.arange(ids.shape[0], device=ids.device), lengths - 1]  # (N, C): each row's <e>
+        last = last.reshape(*lead, -1)
+        if last.dim() == 3:
+            last = last.sum(1)  # (B, R, C) -> (B, C): Radford's similarity, both orders added
+        logits = self.head(self.dropout(last))  # (B, num_labels)
+        return (logits, self.backbone.lm_head(h)) if return_lm else logits
+
+    def freeze_unused(self, tokens: TransferTokens | None, with_lm: bool) -> list[str]:
+        """As SequenceClassifier.freeze_unused (an untied LM head when λ = 0, say), starting from all trainable."""
+        for p in self.parameters():
+            p.requires_grad_(True)  # a backbone taken from a finetuned run may carry an earlier run's freezing
+        probe_ids = [tokens.start, *tokens.delimiter, tokens.extract] if tokens else [0, 0]
+        x = torch.tensor([probe_ids], device=next(self.parameters()).device)
+
+        def probe():
+            out = self(x, return_lm=with_lm)
+            return out[0].float().sum() + out[1].float().sum() if with_lm else out.float().sum()
+
+        return _freeze_unreached(self, probe)
+
+
+def lm_loss(lm_logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the real tokens after each row's first (fp32).
+
+    Position t predicts token t+1 while t+1 is real, so every token of <s> x ($ y) <e> but <s> is a target,
+    <e> included (as in the original finetune-transformer-lm code, whose mask covers the extract token).
+    """
+    T = input_ids.shape[-1]
+    ids, mask = input_ids.reshape(-1, T), attention_mask.reshape(-1, T).bool()
+    keep = mask[:, 1:]
+    return F.cross_entropy(lm_logits[:, :-1][keep].float(), ids[:, 1:][keep])
+
+
+def _freeze_unreached(model: nn.Module, probe) -> list[str]:
+    """Backpropagate `probe()` once (eval mode: no dropout, nothing drawn from the RNG) and freeze the
+    parameters it never reaches; returns their names."""
+    was_training = model.training
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    probe().backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    for n, p in model.named_parameters():
+        if p.grad is None:
+            p.requires_grad_(False)
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return unused
 
 
 class Classify(Objective):
     Config = ClassifyConfig
+    stack_rows = True
+    """Batches of examples with several rows (similarity's two orders) come as (B, R, T); Choice flattens them."""
 
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
-        """`layout`: where the encoder wants [CLS] (its class's `pair_layout`; see encode_pairs)."""
+        """`layout`: where the encoder wants [CLS] (its class's `pair_layout`; see encode_pairs), or
+        "causal" (CAUSAL) for GPT's transforms on a causal LM."""
         super().__init__(cfg, tokenizer, special_ids, seq_len)
-        if tokenizer is not None:  # before any output exists: [CLS] a [SEP] b [SEP] needs both
-            require_roles(special_ids, ("cls", "sep"))
         self.layout = layout
+        self.transfer = None
+        if tokenizer is not None:  # before any output exists: the special tokens the inputs need
+            if layout == CAUSAL:
+                self.transfer = transfer_tokens(tokenizer, special_ids)
+            else:  # [CLS] a [SEP] b [SEP] needs both
+                require_roles(special_ids, ("cls", "sep"))
         if task is None:
             from plmcli.data.tasks.registry import get_task
 
@@ -107,21 +281,51 @@ class Classify(Objective):
         self.task = task
         self.regression = cfg.num_labels == 1
         self.pad_id = special_ids.get("pad", 0)
+        weight = float(task.options.aux_lm_weight)
+        if not (math.isfinite(weight) and weight >= 0):
+            raise PlmError(f"--aux-lm-weight {weight} is not a weight ≥ 0",
+                           "use 0.5 (GPT's λ), or 0 to train on the task loss alone")
+        self.aux_lm_weight = weight if layout == CAUSAL else 0.0  # an encoder has no next-token head
 
     @classmethod
     def backbone_problem(cls, model_cls) -> str | None:
-        """Why runs of `model_cls` cannot be finetuned by this objective, or None when they can."""
+        """Why runs of `model_cls` cannot be finetuned by this objective, or None when they can.
+
+        Encoders; and causal LMs that read a whole sequence at once and expose `hidden(ids) -> (B, T, C)`
+        (GPT-style transfer). Not: stateful LMs (RNNs, Transformer-XL carry memory from batch to batch, so
+        an example's state would depend on the examples before it), causal LMs without hidden states
+        (n-gram counts), encoder-decoders (a sentence representation is not what they learn).
+        """
+        need = "; it needs an encoder run (bert) or a GPT-style decoder run (gpt)"
         if getattr(model_cls, "encoder", False):
             return None
         if getattr(model_cls, "causal", False):
-            return "is a causal LM; it needs an encoder run"
-        return "has no encoder to finetune; it needs an encoder run"
+            if getattr(model_cls, "stateful", False):
+                return "is a recurrent LM that carries its state from batch to batch, not one example at a time" + need
+            if not callable(getattr(model_cls, "hidden", None)):
+                return "is a causal LM without per-position hidden states to transfer" + need
+            return None
+        if getattr(model_cls, "seq2seq", False):
+            return "is an encoder-decoder (sequence-to-sequence) model with no sentence representation to finetune" + need
+        return "has no encoder to finetune" + need
 
-    def build_model(self, encoder: nn.Module) -> SequenceClassifier:
+    def build_model(self, encoder: nn.Module) -> nn.Module:
+        if self.layout == CAUSAL:
+            return self._causal_model(encoder, self.cfg.num_labels)
         if not getattr(type(encoder), "encoder", False):
             raise PlmError(f"{type(encoder).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
         model = SequenceClassifier(encoder, self.cfg.num_labels, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
+        return model
+
+    def _causal_model(self, backbone: nn.Module, num_outputs: int) -> CausalTransfer:
+        kind = type(backbone)
+        if self.backbone_problem(kind) or not getattr(kind, "causal", False):
+            raise PlmError(f"{kind.__name__} is not a causal LM with hidden states", "finetune from a gpt run")
+        if self.aux_lm_weight > 0 and not isinstance(getattr(backbone, "lm_head", None), nn.Module):
+            raise PlmError(f"{kind.__name__} has no lm_head for the auxiliary LM loss", "pass --aux-lm-weight 0")
+        model = CausalTransfer(backbone, num_outputs, self.cfg.classifier_dropout)
+        model.frozen = model.freeze_unused(self.transfer, with_lm=self.aux_lm_weight > 0)
         return model
 
     # -------------------------------------------------------------- data
@@ -136,40 +340,54 @@ class Classify(Objective):
         for name, parts in plan.items():
             examples = [e for p in parts for e in splits[p]]
             group = np.concatenate([np.full(len(splits[p]), g, dtype=np.int8) for g, p in enumerate(parts)])
-            pair = any(e.text_b is not None for e in examples)
-            enc = encode_pairs(self.tokenizer, self.special_ids, [e.text_a for e in examples],
-                               [e.text_b or "" for e in examples] if pair else None, self.seq_len,
-                               layout=self.layout)
+            enc, rows = self._encode(examples)
             labels = np.array([-1 if e.label is None else e.label for e in examples],
                               dtype=np.float32 if self.regression else np.int64)
-            save_split(data_dir / f"{name}.npz", {**enc, "labels": labels, "group": group,
+            save_split(data_dir / f"{name}.npz", {**enc, "rows": np.int64(rows), "labels": labels, "group": group,
                                                   "example_id": np.array([str(e.id) for e in examples])})
             counts[name] = {"documents": len(examples), "tokens": int(len(enc["ids"])),
-                            "truncated": int(enc["truncated"].sum())}
+                            "truncated": int(enc["truncated"].reshape(-1, rows).any(1).sum())}
         meta = {"task": self.task.name, "max_seq_len": self.seq_len, "counts": counts, "splits": plan}
+        if self.transfer is not None:
+            meta["transfer_tokens"] = asdict(self.transfer)
         write_meta(data_dir, meta)
         return meta
+
+    def _encode(self, examples) -> tuple[dict, int]:
+        """(encode_pairs-style arrays, rows per example): example i is rows i·R .. i·R + R-1."""
+        pair = any(e.text_b is not None for e in examples)
+        a, b = [e.text_a for e in examples], [e.text_b or "" for e in examples] if pair else None
+        if self.layout != CAUSAL:
+            return encode_pairs(self.tokenizer, self.special_ids, a, b, self.seq_len, layout=self.layout), 1
+        if pair and self.regression:  # similarity has no natural order: both, <s> a $ b <e> and <s> b $ a <e>
+            both_a = [t for x, y in zip(a, b) for t in (x, y)]
+            both_b = [t for x, y in zip(a, b) for t in (y, x)]
+            return encode_transformed(self.tokenizer, self.transfer, both_a, both_b, self.seq_len), 2
+        return encode_transformed(self.tokenizer, self.transfer, a, b, self.seq_len), 1
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         d = load_split(Path(corpus_dir) / f"{split}.npz")
         ids, off, type_start = d["ids"], d["offsets"], d["type_start"]
-        labels, group, n = d["labels"], d["group"], len(d["offsets"]) - 1
+        R = int(d["rows"]) if "rows" in d else 1
+        labels, group, n = d["labels"], d["group"], (len(d["offsets"]) - 1) // R
         if n < 1:
             raise PlmError(f"the {split} split of {corpus_dir} has no examples", "check the task's data files")
         pad = self.pad_id
 
         def fetch(epochs, indices):
             idx = np.asarray(indices, dtype=np.int64)
-            starts, lens = off[idx], off[idx + 1] - off[idx]
+            rows = (idx[:, None] * R + np.arange(R)).reshape(-1)  # (B·R,) the examples' rows, in order
+            starts, lens = off[rows], off[rows + 1] - off[rows]
             pos = np.arange(lens.max())
-            mask = pos[None, :] < lens[:, None]  # (B, T) dynamic padding: T = longest in this batch
+            mask = pos[None, :] < lens[:, None]  # (B·R, T) dynamic right padding: T = longest in this batch
             x = np.full(mask.shape, pad, dtype=np.int64)
             x[mask] = ids[(starts[:, None] + pos[None, :])[mask]]
-            types = mask & (pos[None, :] >= type_start[idx][:, None])
-            return {"input_ids": torch.from_numpy(x), "token_type_ids": torch.from_numpy(types.astype(np.int64)),
-                    "attention_mask": torch.from_numpy(mask.astype(np.int64)), "labels": torch.from_numpy(labels[idx]),
-                    "group": torch.from_numpy(group[idx].astype(np.int64)), "index": torch.from_numpy(idx),
-                    "num_tokens": int(lens.sum())}
+            types = mask & (pos[None, :] >= type_start[rows][:, None])
+            shape = (len(idx), R, -1) if R > 1 and self.stack_rows else (len(rows), -1)
+            as_t = lambda a: torch.from_numpy(a.astype(np.int64).reshape(shape))  # noqa: E731
+            return {"input_ids": as_t(x), "token_type_ids": as_t(types), "attention_mask": as_t(mask),
+                    "labels": torch.from_numpy(labels[idx]), "group": torch.from_numpy(group[idx].astype(np.int64)),
+                    "index": torch.from_numpy(idx), "rows": R, "num_tokens": int(lens.sum())}
 
         stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
         stream.example_ids = d["example_id"]
@@ -189,12 +407,23 @@ class Classify(Objective):
     def _preds(self, logits) -> torch.Tensor:
         return logits.squeeze(-1).float() if self.regression else logits.argmax(-1)
 
+    def _logits(self, model, batch, with_lm: bool = False):
+        """(task logits (B, num_labels), next-token logits of the rows or None)."""
+        args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return model(*args, return_lm=True) if with_lm else (model(*args), None)
+
     def step(self, model, batch, state=None):
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        with_lm = self.aux_lm_weight > 0
+        logits, lm_logits = self._logits(model, batch, with_lm)
         labels = batch["labels"]
         loss = self._losses(logits, labels).mean()
         count = torch.tensor(float(len(labels)), device=labels.device)
-        metrics = {"loss": loss.detach() * count}
+        metrics = {}
+        if with_lm:  # L3 = L2 + λ·L1 (Radford et al. 2018, eq. 5)
+            lm = lm_loss(lm_logits, batch["input_ids"], batch["attention_mask"])
+            metrics.update(task_loss=loss.detach() * count, lm_loss=lm.detach() * count)
+            loss = loss + self.aux_lm_weight * lm
+        metrics["loss"] = loss.detach() * count
         if not self.regression:
             metrics["accuracy"] = (logits.argmax(-1) == labels).sum().float()
         return StepOutput(loss, metrics, count)
@@ -211,7 +440,7 @@ class Classify(Objective):
                     continue
                 batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
                 with autocast():
-                    logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                    logits = self._logits(model, batch)[0]
                 out["logits"].append(logits.float())
                 for key in ("labels", "group", "index"):
                     out[key].append(batch[key])

@@ -165,14 +165,21 @@ def test_no_data_dir_offline(monkeypatch):
 
 
 def test_registry_and_task_declarations():
-    assert set(TASKS) == {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"}
-    mains = {n: get_task(n).main_metric for n in TASKS}
+    glue = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+    assert set(glue) <= set(TASKS)
+    mains = {n: get_task(n).main_metric for n in glue}
     assert mains == {"cola": "mcc", "sst2": "accuracy", "mrpc": "f1", "stsb": "spearman", "qqp": "f1",
                      "mnli": "accuracy", "qnli": "accuracy", "rte": "accuracy", "wnli": "accuracy"}
     assert get_task("STS-B").num_labels == 1 and get_task("mnli").num_labels == 3
     assert get_task("mnli").test_splits["test_mismatched"] == "MNLI-mm.tsv"
     with pytest.raises(PlmError, match="did you mean sst2"):
         get_task("sst")
+    # every registered task builds and names an objective that exists
+    from plmcli.objectives.registry import objective_class
+
+    for name in TASKS:
+        task = get_task(name)
+        assert task.name == name and objective_class(task.objective) and task.main_metric
 
 
 def test_write_predictions(tmp_path):

@@ -16,6 +16,13 @@ TASKS: dict[str, str] = {
     "qnli": "plmcli.data.tasks.glue:QNLI",
     "rte": "plmcli.data.tasks.glue:RTE",
     "wnli": "plmcli.data.tasks.glue:WNLI",
+    "squad": "plmcli.data.tasks.squad:SQUAD",
+    "cmrc2018": "plmcli.data.tasks.squad:CMRC2018",
+    "conll2003": "plmcli.data.tasks.conll:Conll2003",
+    "swag": "plmcli.data.tasks.swag:SwagTask",
+    "classification": "plmcli.data.tasks.custom:CLASSIFICATION",
+    "regression": "plmcli.data.tasks.custom:REGRESSION",
+    "pair-classification": "plmcli.data.tasks.custom:PAIR_CLASSIFICATION",
 }
 
 

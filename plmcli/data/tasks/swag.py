@@ -1,0 +1,150 @@
+"""SWAG (Zellers et al. 2018, "SWAG: A Large-Scale Adversarial Dataset for Grounded Commonsense Inference"):
+multiple choice — which of the endings follows a caption from a video.
+
+Any CSV with SWAG's columns is read: `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,...,ending3,label`
+(the leading unnamed column is the row index of rowanz/swagaf's files; the test file has no label). Files come from
+--train/--dev/--test, or from --data-dir holding train.csv / val.csv / test.csv (swagaf's names); a file option wins
+over the folder for its split. The number of choices is the number of `ending<k>` columns, and every row must fill
+all of them: a count that varies within a file would give examples of different sizes, so it is an error naming the
+line. Each choice reads as Hugging Face's run_swag builds it: context = sent1, ending k = sent2 + " " + ending<k>
+(sent2 is the start of the second sentence, e.g. "Someone"; the endings continue it).
+
+Scored by accuracy; test predictions (`index<TAB>prediction`, as GLUE's files) are the chosen ending's index.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plmcli.data.tasks import Task
+from plmcli.errors import PlmError
+
+FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
+_ENDING = re.compile(r"ending(\d+)$")
+
+
+@dataclass
+class ChoiceExample:
+    """One multiple-choice question: a context and its candidate endings (objective `choice`)."""
+
+    context: str
+    endings: list
+    label: int | None = None
+    """Index of the right ending; None where the split is unlabeled."""
+    id: str | None = None
+    """The row's index column (the file's leading unnamed column), else its position among the examples."""
+
+
+@dataclass
+class SwagTask(Task):
+    name: str = "swag"
+    objective: str = "choice"
+    num_labels: int = 4
+    """The number of choices (endings), taken from the files' ending<k> columns."""
+    label_names: tuple = ("0", "1", "2", "3")
+    metrics: tuple = ("accuracy",)
+    main_metric: str = "accuracy"
+    eval_splits: dict = field(default_factory=lambda: {"dev": ""})
+    test_splits: dict = field(default_factory=lambda: {"test": "SWAG.tsv"})
+
+    def state(self) -> dict:
+        return {"choices": self.num_labels}
+
+    def restore(self, state: dict) -> None:
+        self._set_choices(int(state.get("choices", self.num_labels)))
+
+    def _set_choices(self, k: int) -> None:
+        self.num_labels = k
+        self.label_names = tuple(str(i) for i in range(k))
+
+    # -------------------------------------------------------------- reading
+
+    def load(self, data_dir: str | None) -> dict[str, list[ChoiceExample]]:
+        """Splits train, dev and (when given) test."""
+        paths = self.files(data_dir)
+        splits, choices = {}, {}
+        for split, path in paths.items():
+            splits[split], choices[path] = self.read_file(path, labeled=split != "test")
+        first = paths["train"]
+        for path, k in choices.items():
+            if k != choices[first]:
+                raise PlmError(f"{path} has {k} endings per row (ending0..ending{k - 1}) but {first} has {choices[first]}",
+                               "every file of a run needs the same number of choices")
+        self._set_choices(choices[first])
+        return splits
+
+    def files(self, data_dir: str | None) -> dict[str, Path]:
+        """Split -> file: the --train/--dev/--test options, else swagaf's names in --data-dir."""
+        o = self.options
+        paths = {s: Path(f) for s, f in (("train", o.train), ("dev", o.dev), ("test", o.test)) if f}
+        if data_dir is not None:
+            root = Path(data_dir)
+            if not root.is_dir():
+                raise PlmError(f"--data-dir {root} is not a directory",
+                               "pass the folder holding SWAG's train.csv and val.csv (and test.csv)")
+            for split, name in FILES.items():
+                if split not in paths and (root / name).is_file():
+                    paths[split] = root / name
+        missing = [s for s in ("train", "dev") if s not in paths]
+        if missing:
+            where = f"--data-dir {data_dir} has no {' or '.join(FILES[s] for s in missing)}" if data_dir \
+                else f"no {' or '.join(missing)} file given"
+            raise PlmError(f"{where}: SWAG finetuning needs a train and a dev file",
+                           "pass --train FILE --dev FILE (SWAG-format CSVs), or --data-dir holding train.csv and val.csv")
+        for path in paths.values():
+            if not path.is_file():
+                raise PlmError(f"{path} not found", "pass an existing SWAG-format CSV file")
+        return paths
+
+    def read_file(self, path: Path, labeled: bool) -> tuple[list[ChoiceExample], int]:
+        """(examples, number of choices) of one SWAG-format CSV."""
+        try:
+            text = Path(path).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise PlmError(f"{path} is not UTF-8 text (byte {e.start})", "pass SWAG's csv files as downloaded") from None
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = [c.strip() for c in next(reader, [])]
+        endings = sorted((int(m.group(1)), i) for i, c in enumerate(header) if (m := _ENDING.match(c)))
+        k = len(endings)
+        need = ["sent1", "sent2"] + (["label"] if labeled else [])
+        if [n for n, _ in endings] != list(range(k)) or k < 2 or any(c not in header for c in need):
+            shown = ", ".join(header[:14]) + (", ..." if len(header) > 14 else "")
+            raise PlmError(f"{path}: expected a header with the columns {', '.join(need[:2])}, ending0, ending1, ..."
+                           f"{', label' if labeled else ''}; found: {shown or 'nothing'}",
+                           "pass a CSV in SWAG's layout (,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0..3,label)")
+        col = {c: header.index(c) for c in need}
+        ending_cols = [i for _, i in endings]
+        id_col = 0 if header[0] == "" else None  # swagaf's leading unnamed index column
+        out, end = [], reader.line_num
+        for row in reader:
+            line, end = end + 1, reader.line_num  # the record's first line (a quoted field may span several)
+            if not any(f.strip() for f in row):
+                continue
+            filled = [j for j, i in enumerate(ending_cols) if i < len(row) and row[i].strip()]
+            if len(filled) != k:
+                empty = next(f"ending{j}" for j in range(k) if j not in filled)
+                raise PlmError(f"{path}:{line}: {len(filled)} of {k} endings filled ({empty} is empty or missing)",
+                               f"every row needs all {k} endings (the choice count cannot vary within a file): fill or drop the row")
+            if any(i >= len(row) for i in col.values()):
+                raise PlmError(f"{path}:{line}: {len(row)} fields, expected {len(header)}",
+                               "the row is cut or not quoted as CSV")
+            label = _label(row[col["label"]], k, path, line) if labeled else None
+            ident = row[id_col].strip() if id_col is not None and row[id_col].strip() else str(len(out))
+            start = row[col["sent2"]].strip()
+            out.append(ChoiceExample(row[col["sent1"]].strip(), [f"{start} {row[i].strip()}".strip() for i in ending_cols],
+                                     label, ident))
+        if not out:
+            raise PlmError(f"{path} has a header but no examples", "pass a SWAG-format CSV with rows")
+        return out, k
+
+
+def _label(raw: str, k: int, path, line: int) -> int:
+    raw = raw.strip()
+    if not raw.isdigit() or int(raw) >= k:
+        raise PlmError(f"{path}:{line}: label {raw!r} is not an ending index 0..{k - 1}",
+                       "SWAG labels are the index of the right ending")
+    return int(raw)

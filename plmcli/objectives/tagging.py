@@ -1,0 +1,425 @@
+"""Token classification (NER) on an encoder, as BERT finetunes CoNLL-2003 (Devlin et al. 2018, §5.3),
+optionally with a linear-chain CRF over the tag scores (Lample et al. 2016).
+
+Words become sub-tokens in context: each sentence is encoded as its words joined by single spaces
+(the text the tokenizer saw in pretraining, so byte-level BPE keeps its Ġ-marked word starts) and each
+token goes to the word holding its last character; a word the tokenizer drops entirely (a stray
+control character) becomes one [UNK]. The tag of a word is predicted at its first sub-token only;
+the other sub-tokens and the special tokens carry no label (-100), as in BERT's NER setup. Rows are
+[CLS] tokens [SEP] (`cls_last` encoders: tokens [SEP] [CLS]).
+
+A sentence longer than `max_seq_len` - 2 sub-tokens is split into windows at word boundaries, each
+filled greedily; every word is labeled and predicted in exactly one window, and the windows'
+predictions are joined back into the sentence before scoring. A window sees no context across its
+edges and the CRF chain restarts in each; where a window starts inside an entity, its first tag is
+read as B- in that window's loss (its own view: an entity starts there), so the gold path stays
+valid under the BIO constraints; scoring uses the sentence's real tags. A single word longer than a
+window keeps its first sub-tokens (`truncated` counts such sentences). meta.json counts windows as
+`documents` (one example each: what an epoch is), and `sentences`, `words`, `windowed` (sentences
+split: rare at 128; with an 8k WordPiece vocabulary, 1 of CoNLL-2003's 14,041 training sentences)
+and `iob1_converted`.
+
+Model: encoder hidden (B, T, C) at the first sub-tokens -> dropout -> Linear(C, num_tags). Loss: the
+mean per-word cross-entropy, or with `--crf` the CRF's negative log-likelihood summed over sentences
+and divided by their words (a per-word scale like cross-entropy's, so the same learning rate fits).
+Decoding: argmax per word, or constrained Viterbi (never I-X after O or another type).
+Evaluation decodes the whole dev set and scores whole sentences (the task's `score`: seqeval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plmcli.data.batching import BatchStream
+from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
+from plmcli.errors import PlmError
+from plmcli.models.crf import LinearChainCRF, bio_constraints
+from plmcli.objectives.base import Objective, StepOutput
+
+IGNORE = -100
+"""Label of a sub-token that is not a word's first (and of special tokens): no loss, no prediction."""
+
+
+@dataclass
+class TaggingConfig:
+    task: str = "conll2003"
+    """The task (plmcli.data.tasks.registry) whose data, tags and metrics this serves."""
+    num_labels: int = 9
+    """Tags (CoNLL-2003 in IOB2: O and B-/I- of PER, ORG, LOC, MISC)."""
+    classifier_dropout: Optional[float] = None
+    """Dropout before the tag layer; None = the encoder's own dropout (BERT: 0.1)."""
+
+
+class TokenClassifier(nn.Module):
+    """encoder -> hidden states at each word's first sub-token (B, W, C) -> dropout -> Linear -> (B, W, num_tags).
+
+    `crf` (a LinearChainCRF or None) is held here so its transitions train and save with the model;
+    the objective calls it.
+    """
+
+    def __init__(self, encoder: nn.Module, num_tags: int, dropout: float | None = None, crf: LinearChainCRF | None = None):
+        super().__init__()
+        self.encoder = encoder
+        self.num_tags = num_tags
+        self.frozen: list[str] = []
+        cfg = encoder.cfg
+        self.dropout = nn.Dropout(getattr(cfg, "dropout", 0.1) if dropout is None else dropout)
+        self.head = nn.Linear(self._hidden_size(encoder), num_tags)
+        nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))  # as BERT's token classifier
+        nn.init.zeros_(self.head.bias)
+        self.crf = crf
+
+    @staticmethod
+    def _hidden_size(encoder) -> int:
+        """The width of encode()'s hidden states: d_model for most, 2·d_proj for ELMo; asked, not guessed."""
+        p0 = next(encoder.parameters())
+        was_training = encoder.training
+        encoder.eval()
+        with torch.no_grad():
+            hidden, _ = encoder.encode(torch.zeros(1, 2, dtype=torch.long, device=p0.device), None,
+                                       torch.ones(1, 2, dtype=torch.long, device=p0.device))
+        encoder.train(was_training)
+        return hidden.shape[-1]
+
+    @property
+    def max_positions(self) -> int:
+        return self.encoder.max_positions
+
+    def forward(self, input_ids, attention_mask, first) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) ids, mask and first-sub-token flags -> (tag scores (B, W, K), word mask (B, W)).
+
+        Words are packed to the left in sentence order (W = most words in a row of the batch).
+        """
+        hidden, _ = self.encoder.encode(input_ids, None, attention_mask)  # (B, T, C)
+        n_words = first.sum(1)  # (B,)
+        W = int(n_words.max())
+        # A stable sort of "not first" puts each row's first-sub-token positions first, in order.
+        where = torch.argsort((~first.bool()).to(torch.int32), dim=1, stable=True)[:, :W]  # (B, W)
+        h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, W, C)
+        word_mask = torch.arange(W, device=first.device)[None, :] < n_words[:, None]
+        return self.head(self.dropout(h)), word_mask
+
+    def freeze_unused(self, cls_id: int, sep_id: int) -> list[str]:
+        """Freeze (and name) encoder parameters tagging never reaches (MLM/NSP heads, the pooler): the
+        optimizer holds no state for them and DDP does not wait for their gradients. Saved as before."""
+        p0 = next(self.parameters())
+        x = torch.tensor([[cls_id, sep_id, sep_id]] * 2, device=p0.device)
+        mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=p0.device)
+        first = torch.tensor([[False, True, False]] * 2, device=p0.device)
+        was_training = self.training
+        self.eval()  # no dropout: the probe draws nothing from the RNG
+        self.zero_grad(set_to_none=True)
+        self(x, mask, first)[0].float().sum().backward()
+        unused = [n for n, p in self.encoder.named_parameters() if p.requires_grad and p.grad is None]
+        for _, p in self.encoder.named_parameters():
+            if p.grad is None:
+                p.requires_grad_(False)
+        self.zero_grad(set_to_none=True)
+        self.train(was_training)
+        return [f"encoder.{n}" for n in unused]
+
+
+def word_pieces(tokenizer, sentences: list[list[str]], unk_id: int, chunk: int = 4096) -> list[list[list[int]]]:
+    """Sub-token ids of each word of each sentence, tokenized in context (see the module docstring)."""
+    out = []
+    for lo in range(0, len(sentences), chunk):
+        part = sentences[lo:lo + chunk]
+        encs = tokenizer.encode_batch([" ".join(words) for words in part], add_special_tokens=False)
+        for words, enc in zip(part, encs):
+            starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])  # each word's first character
+            ends = np.array([e for _, e in enc.offsets], dtype=np.int64)
+            owner = (np.searchsorted(starts, ends - 1, side="right") - 1).clip(0)
+            pieces: list[list[int]] = [[] for _ in words]
+            for tid, w in zip(enc.ids, owner):
+                pieces[w].append(tid)
+            out.append([p or [unk_id] for p in pieces])
+    return out
+
+
+def plan_windows(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Word ranges [start, end) that cover a sentence in order, greedily filled to `budget` sub-tokens
+    (a word longer than the budget alone in its window)."""
+    spans, start, used = [], 0, 0
+    for w, n in enumerate(lengths):
+        n = min(n, budget)
+        if used and used + n > budget:
+            spans.append((start, w))
+            start, used = w, 0
+        used += n
+    spans.append((start, len(lengths)))
+    return spans
+
+
+class Tagging(Objective):
+    Config = TaggingConfig
+
+    def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
+        """`layout`: where the encoder wants [CLS] (its class's `pair_layout`)."""
+        super().__init__(cfg, tokenizer, special_ids, seq_len)
+        if tokenizer is not None:
+            require_roles(special_ids, ("cls", "sep"))
+        self.layout = layout
+        if task is None:
+            from plmcli.data.tasks.registry import get_task
+
+            task = get_task(cfg.task)
+        self.task = task
+        self.pad_id = special_ids.get("pad", 0)
+
+    @classmethod
+    def backbone_problem(cls, model_cls) -> str | None:
+        """Encoders only: a word's tag needs its bidirectional state (GPT-style transfer reads one token)."""
+        if getattr(model_cls, "encoder", False):
+            return None
+        if getattr(model_cls, "causal", False):
+            return "is a causal LM; it needs an encoder run"
+        return "has no encoder to finetune; it needs an encoder run"
+
+    @property
+    def use_crf(self) -> bool:
+        return bool(self.task.options.crf)
+
+    def build_model(self, encoder: nn.Module) -> TokenClassifier:
+        if not getattr(type(encoder), "encoder", False):
+            raise PlmError(f"{type(encoder).__name__} has no encoder interface",
+                           "finetune from an encoder run (bert recipes)")
+        crf = None
+        if self.use_crf:
+            allowed, start = bio_constraints(list(self.task.label_names))
+            crf = LinearChainCRF(self.cfg.num_labels, allowed, start)
+        model = TokenClassifier(encoder, self.cfg.num_labels, self.cfg.classifier_dropout, crf)
+        model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
+        return model
+
+    # -------------------------------------------------------------- data
+
+    def encode_sentences(self, sentences, group: int = 0) -> tuple[dict[str, np.ndarray], dict]:
+        """Arrays of one split (windows: ids/offsets/first/labels/sentence; sentences: example_id,
+        word_offsets/word_tags (-1 unlabeled), group) and its counts."""
+        cls, sep = self.special_ids["cls"], self.special_ids["sep"]
+        unk = self.special_ids.get("unk", self.pad_id)
+        budget = self.seq_len - 2
+        last = self.layout == "cls_last"
+        pieces = word_pieces(self.tokenizer, [s.words for s in sentences], unk)
+        ids, first, labels, lengths, win_sent, win_start = [], [], [], [], [], []
+        truncated = windowed = 0
+        for k, (s, words) in enumerate(zip(sentences, pieces)):
+            spans = plan_windows([len(p) for p in words], budget)
+            windowed += len(spans) > 1
+            truncated += any(len(p) > budget for p in words)
+            for a, b in spans:
+                toks, flag, lab = [], [], []
+                for w in range(a, b):
+                    p = words[w][:budget]
+                    toks += p
+                    flag += [True] + [False] * (len(p) - 1)
+                    tag = IGNORE if s.tags is None else s.tags[w]
+                    if w == a and a > 0 and tag != IGNORE:
+                        tag = self._window_start_tag(tag)
+                    lab += [tag] + [IGNORE] * (len(p) - 1)
+                row = [*toks, sep, cls] if last else [cls, *toks, sep]
+                ids += row
+                first += flag + [False, False] if last else [False] + flag + [False]
+                labels += lab + [IGNORE, IGNORE] if last else [IGNORE] + lab + [IGNORE]
+                lengths.append(len(row))
+                win_sent.append(k)
+                win_start.append(a)
+        n_words = [len(s.words) for s in sentences]
+        tags = [t for s in sentences for t in (s.tags if s.tags is not None else [-1] * len(s.words))]
+        arrays = {"ids": np.array(ids, dtype=np.int32), "first": np.array(first, dtype=bool),
+                  "labels": np.array(labels, dtype=np.int64),
+                  "offsets": np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
+                  "window_sentence": np.array(win_sent, dtype=np.int64),
+                  "window_word_start": np.array(win_start, dtype=np.int64),
+                  "example_id": np.array([str(s.id) for s in sentences]),
+                  "word_offsets": np.concatenate([[0], np.cumsum(n_words, dtype=np.int64)]).astype(np.int64),
+                  "word_tags": np.array(tags, dtype=np.int64), "group": np.full(len(sentences), group, dtype=np.int8)}
+        counts = {"documents": len(lengths), "sentences": len(sentences), "words": int(sum(n_words)),
+                  "tokens": len(ids), "truncated": int(truncated), "windowed": int(windowed),
+                  "iob1_converted": int(sum(getattr(s, "converted", 0) for s in sentences))}
+        return arrays, counts
+
+    def _window_start_tag(self, tag: int) -> int:
+        """I-X opening a window (a sentence split inside an entity) reads as B-X there."""
+        names = self.task.label_names
+        name = names[tag]
+        return names.index("B-" + name[2:]) if name.startswith("I-") and "B-" + name[2:] in names else tag
+
+    def encode_splits(self, splits: dict, data_dir: Path) -> dict:
+        """train / validation (the task's eval splits, tagged by group) / test splits into DATA_DIR."""
+        data_dir = Path(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        plan = {"train": ["train"], "validation": list(self.task.eval_splits),
+                **{s: [s] for s in self.task.test_splits}}
+        plan = {name: parts for name, parts in plan.items() if all(p in splits for p in parts)}
+        counts = {}
+        for name, parts in plan.items():
+            encoded = [self.encode_sentences(splits[p], g) for g, p in enumerate(parts)]
+            arrays = _concat([a for a, _ in encoded])
+            save_split(data_dir / f"{name}.npz", arrays)
+            counts[name] = {k: sum(c[k] for _, c in encoded) for k in encoded[0][1]}
+        meta = {"task": self.task.name, "max_seq_len": self.seq_len, "counts": counts, "splits": plan,
+                "tags": list(self.task.label_names)}
+        write_meta(data_dir, meta)
+        return meta
+
+    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        d = load_split(Path(corpus_dir) / f"{split}.npz")
+        ids, off, first, labels = d["ids"], d["offsets"], d["first"], d["labels"]
+        n = len(off) - 1
+        if n < 1:
+            raise PlmError(f"the {split} split of {corpus_dir} has no sentences", "check the task's data files")
+        pad = self.pad_id
+
+        def fetch(epochs, indices):
+            idx = np.asarray(indices, dtype=np.int64)
+            starts, lens = off[idx], off[idx + 1] - off[idx]
+            pos = np.arange(lens.max())
+            mask = pos[None, :] < lens[:, None]  # (B, T): padded to the longest row of this batch
+            flat = (starts[:, None] + pos[None, :])[mask]
+            x = np.full(mask.shape, pad, dtype=np.int64)
+            x[mask] = ids[flat]
+            f = np.zeros(mask.shape, dtype=bool)
+            f[mask] = first[flat]
+            lab = np.full(mask.shape, IGNORE, dtype=np.int64)
+            lab[mask] = labels[flat]
+            n_words = f.sum(1)
+            word_mask = np.arange(n_words.max())[None, :] < n_words[:, None]
+            tags = np.full(word_mask.shape, IGNORE, dtype=np.int64)
+            tags[word_mask] = lab[f]  # both row-major: row b's words in order
+            return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+                    "first": torch.from_numpy(f), "tags": torch.from_numpy(tags), "index": torch.from_numpy(idx),
+                    "num_tokens": int(lens.sum())}
+
+        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        stream.arrays = d  # sentences and windows, for joining predictions back into sentences
+        return stream
+
+    def tokens_in(self, batch) -> int:
+        return batch["num_tokens"]
+
+    # -------------------------------------------------------------- loss
+
+    def _crf(self, model) -> LinearChainCRF | None:
+        from accelerate.utils import extract_model_from_parallel
+
+        return extract_model_from_parallel(model).crf
+
+    def _losses(self, crf, scores, tags, word_mask) -> torch.Tensor:
+        """Summed loss per window (B,), in fp32."""
+        if crf is not None:
+            return crf.nll(scores, tags, word_mask)
+        return F.cross_entropy(scores.float().transpose(1, 2), tags, ignore_index=IGNORE, reduction="none").sum(1)
+
+    def step(self, model, batch, state=None):
+        scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"])
+        tags, crf = batch["tags"], self._crf(model)
+        count = word_mask.sum().float()
+        loss = self._losses(crf, scores, tags, word_mask).sum() / count.clamp(min=1)
+        metrics = {"loss": loss.detach() * count}
+        if crf is None:  # with a CRF the per-word argmax is not the prediction; dev accuracy reports it
+            metrics["accuracy"] = ((scores.argmax(-1) == tags) & word_mask).sum().float()
+        return StepOutput(loss, metrics, count)
+
+    # -------------------------------------------------------------- evaluation
+
+    def _run(self, model, stream, max_batches, device, autocast, with_loss: bool) -> dict:
+        """Per window: predicted tags (N, seq_len) padded with -1, summed loss, words, index."""
+        crf = self._crf(model)
+        out = {"preds": [], "loss": [], "words": [], "index": []}
+        n = stream.batches_per_epoch()
+        with torch.no_grad():
+            for k in range(min(n, max_batches) if max_batches else n):
+                batch = stream[k]
+                if batch is None:
+                    continue
+                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                with autocast():
+                    scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"])
+                scores = scores.float()
+                preds = crf.decode(scores, word_mask) if crf is not None else scores.argmax(-1).masked_fill(~word_mask, -1)
+                out["preds"].append(F.pad(preds, (0, self.seq_len - preds.shape[1]), value=-1))
+                losses = (self._losses(crf, scores, batch["tags"], word_mask) if with_loss
+                          else torch.zeros(len(preds), device=device))
+                out["loss"].append(losses.float())
+                out["words"].append(word_mask.sum(1))
+                out["index"].append(batch["index"])
+        if not out["preds"]:  # a rank with no windows (tiny dev set, many processes) still joins the gather
+            long = torch.zeros(0, dtype=torch.long, device=device)
+            return {"preds": torch.zeros(0, self.seq_len, dtype=torch.long, device=device),
+                    "loss": torch.zeros(0, device=device), "words": long, "index": long}
+        return {k: torch.cat(v) for k, v in out.items()}
+
+    @staticmethod
+    def _sentences(arrays: dict, got: dict) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Join the windows' predictions into sentences: (sentence numbers, predicted tags of each)."""
+        index = got["index"].cpu().numpy()
+        order = np.argsort(index, kind="stable")  # windows of a sentence are consecutive, in word order
+        index, preds, words = index[order], got["preds"].cpu().numpy()[order], got["words"].cpu().numpy()[order]
+        sent = arrays["window_sentence"][index]
+        joined = np.concatenate([p[:w] for p, w in zip(preds, words)]) if len(index) else np.zeros(0, dtype=np.int64)
+        numbers, first_window = np.unique(sent, return_index=True)
+        ends = np.append(first_window[1:], len(sent))
+        word_ends = np.cumsum(words)
+        bounds = np.concatenate([[0], word_ends[ends - 1]]) if len(index) else np.zeros(1, dtype=np.int64)
+        return numbers, [joined[bounds[i]:bounds[i + 1]] for i in range(len(numbers))]
+
+    def evaluate(self, accelerator, model, stream, max_batches) -> dict:
+        """Loss and the task's metrics (entity P/R/F1, token accuracy) per eval split, over whole sentences."""
+        got = self._run(model, stream, max_batches, accelerator.device, accelerator.autocast, with_loss=True)
+        if accelerator.num_processes > 1:  # every window sits on exactly one rank; pads carry index -1
+            got = {k: accelerator.gather(accelerator.pad_across_processes(v, dim=0, pad_index=-1 if k == "index" else 0))
+                   for k, v in got.items()}
+            keep = got["index"] >= 0
+            got = {k: v[keep] for k, v in got.items()}
+        a = stream.arrays
+        numbers, preds = self._sentences(a, got)
+        win_group = a["group"][a["window_sentence"][got["index"].cpu().numpy()]]
+        losses, words = got["loss"].cpu().numpy(), got["words"].cpu().numpy()
+        res = {}
+        for g, prefix in enumerate(self.task.eval_splits.values()):
+            sel = np.flatnonzero(a["group"][numbers] == g)
+            if not len(sel):
+                continue
+            w = win_group == g
+            res[f"val_{prefix}loss"] = float(losses[w].sum() / max(words[w].sum(), 1))
+            gold = [a["word_tags"][a["word_offsets"][s]:a["word_offsets"][s + 1]] for s in numbers[sel]]
+            res.update({f"val_{prefix}{k}": v for k, v in self.task.score([preds[i] for i in sel], gold).items()})
+        return res
+
+    def predict(self, model, stream) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(sentence ids, predicted tag indices of each sentence's words) over the whole stream on this process."""
+        from contextlib import nullcontext
+
+        device = next(model.parameters()).device
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else nullcontext
+        was_training = model.training
+        model.eval()
+        try:
+            got = self._run(model, stream, 0, device, autocast, with_loss=False)
+        finally:
+            model.train(was_training)
+        numbers, preds = self._sentences(stream.arrays, got)
+        return stream.arrays["example_id"][numbers], preds
+
+
+def _concat(parts: list[dict]) -> dict[str, np.ndarray]:
+    """One split's arrays from several groups' (offsets and sentence numbers shifted)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {k: np.concatenate([p[k] for p in parts]) for k in ("ids", "first", "labels", "window_word_start",
+                                                              "example_id", "word_tags", "group")}
+    for key, count in (("offsets", "ids"), ("word_offsets", "word_tags")):
+        shift = np.cumsum([0] + [len(p[count]) for p in parts[:-1]])
+        out[key] = np.concatenate([[0]] + [p[key][1:] + s for p, s in zip(parts, shift)]).astype(np.int64)
+    shift = np.cumsum([0] + [len(p["example_id"]) for p in parts[:-1]])
+    out["window_sentence"] = np.concatenate([p["window_sentence"] + s for p, s in zip(parts, shift)])
+    return out
