@@ -16,6 +16,10 @@ BENCHMARKS = {
     "ngram-ptb": "benchmarks.ngram_ptb",
     "txl-vs-gpt": "benchmarks.txl_vs_gpt",
     "family-sst2": "benchmarks.family_sst2",
+    "gpu-check": "benchmarks.gpu_check",
+    "conll-ner": "benchmarks.conll_ner",
+    "cmrc2018": "benchmarks.cmrc",
+    "tokenize-memory": "benchmarks.tokenize_memory",
 }
 
 

@@ -8,13 +8,12 @@ allows. PTB and SST-2 have no document breaks, so runs of 8 consecutive lines be
 
 from __future__ import annotations
 
-import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks import common
+from benchmarks.pretraining import pretrain_for
 
 NAME = "bert-sst2"
 HELP = "bert-mini pretrained for a CPU budget, then SST-2 dev accuracy vs the same model from random init"
@@ -55,28 +54,6 @@ def build_corpus(path: Path) -> Path:
     docs += chunks(sst)
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
-
-
-def pretrain_for(recipe_name: str, corpus: Path, root: Path, budget: float, overrides=None) -> tuple[dict, float, float]:
-    """Pretrain `recipe_name` on `corpus` for `budget` seconds into root/pretrain; (summary, wall s, tokens/s).
-
-    A short calibration run measures this machine's tokens/s first, so the schedule's horizon (max_steps)
-    ends when the budget does instead of being cut mid-decay by the time limit.
-    """
-    from plmcli import api
-    from plmcli.config import load_recipe
-
-    recipe = load_recipe(recipe_name, overrides)
-    tokens_per_step = recipe.train.global_batch_size * recipe.train.seq_len
-    api.pretrain(recipe_name, [str(corpus)], str(root / "calibrate"), overrides=overrides, max_steps=30)
-    rates = [r["tok_per_s"] for r in map(json.loads, (root / "calibrate" / "metrics.jsonl").read_text().splitlines())
-             if "tok_per_s" in r][1:]
-    rate = statistics.median(rates)
-    steps = max(10, int(0.93 * budget * rate / tokens_per_step))  # evaluations and checkpoints take the rest
-    t0 = time.perf_counter()
-    pre = api.pretrain(recipe_name, [str(corpus)], str(root / "pretrain"), overrides=overrides,
-                       max_steps=steps, time_budget=budget)
-    return pre, time.perf_counter() - t0, rate
 
 
 def run(args) -> int:

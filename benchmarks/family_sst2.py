@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from benchmarks import common
 from benchmarks.bert_sst2 import build_corpus
+from benchmarks.pretraining import pretrain_compute
 
 NAME = "family-sst2"
 HELP = "bert-mini vs electra-mini vs albert-mini: same size and CPU budget, SST-2 dev accuracy"
@@ -34,20 +34,6 @@ def add_arguments(p) -> None:
     p.add_argument("--max-seq-len", type=int, default=64, help="finetuning tokens per sentence (SST-2 sentences are short)")
     p.add_argument("--max-finetune-steps", type=int, help="cap finetuning steps (smoke test)")
     p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
-
-
-def steps_for(recipe, tflop: float) -> tuple[int, float]:
-    """(optimizer steps, training FLOPs per token) that spend `tflop` on this recipe's model."""
-    import torch
-
-    from plmcli.models.registry import build_model
-
-    cfg = replace(recipe.model)
-    if getattr(cfg, "vocab_size", 1) == 0:
-        cfg.vocab_size = recipe.tokenizer.vocab_size
-    with torch.device("meta"):
-        fpt = build_model(recipe.family, cfg).flops_per_token(recipe.train.seq_len)
-    return max(10, round(tflop * 1e12 / (fpt * recipe.train.global_batch_size * recipe.train.seq_len))), fpt
 
 
 def run(args) -> int:
@@ -68,13 +54,7 @@ def run(args) -> int:
         r = load_recipe(name)
         d = root / name
         d.mkdir(exist_ok=True)
-        steps, fpt = steps_for(r, args.pretrain_tflop)
-        print(f"pretraining {name} for {steps} steps ({args.pretrain_tflop:g} TFLOP at {fpt / 1e6:.1f} MFLOP/token) ...")
-        t0 = time.perf_counter()
-        # The recipe's warmup and decay stretched over the budget's steps, evaluation at the end only.
-        pre = api.pretrain(name, [str(corpus)], str(d / "pretrain"), max_steps=steps,
-                           overrides=[f"train.eval_every={steps}", f"train.save_every={steps}"])
-        pre_wall = time.perf_counter() - t0
+        pre, pre_wall, fpt = pretrain_compute(name, corpus, d / "pretrain", args.pretrain_tflop)
         t0 = time.perf_counter()
         res = api.finetune("sst2", from_run=str(d / "pretrain"), data_dir=str(common.SHARED_DATA / "glue"),
                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=42, out=str(d / "sst2"),

@@ -19,8 +19,14 @@ class Lamb(torch.optim.Optimizer):
     tensor then moves by lr · trust · r, with trust = ‖w‖ / ‖r‖ (φ = identity) so that every layer
     takes a step proportional to its own scale, whatever its gradient scale.
 
-    max_trust_ratio clamps the trust ratio from above, as NVIDIA's implementation does, so a layer
-    with a tiny update cannot take a huge step; None leaves it unclamped (the paper's φ = identity).
+    A group with layer_adaptation=False takes the plain step lr · r (trust 1). The authors'
+    implementation (tensorflow_addons LAMB: exclude_from_layer_adaptation defaults to
+    exclude_from_weight_decay) and apex's FusedLAMB (use_nvlamb=False) exempt biases and LayerNorm
+    parameters this way; build_optimizer does the same for its ndim < 2 group.
+
+    max_trust_ratio clamps the trust ratio from above, as DeepSpeed's FusedLamb does (max_coeff 10),
+    so a layer with a tiny update cannot take a huge step; None (the default) leaves it unclamped:
+    the paper's φ = identity, as in the authors' implementation.
     """
 
     def __init__(
@@ -31,7 +37,8 @@ class Lamb(torch.optim.Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.01,
         bias_correction: bool = True,
-        max_trust_ratio: float | None = 10.0,
+        max_trust_ratio: float | None = None,
+        layer_adaptation: bool = True,
     ):
         if lr < 0.0:
             raise ValueError(f"invalid learning rate: {lr}")
@@ -50,6 +57,7 @@ class Lamb(torch.optim.Optimizer):
             weight_decay=weight_decay,
             bias_correction=bias_correction,
             max_trust_ratio=max_trust_ratio,
+            layer_adaptation=layer_adaptation,
         )
         super().__init__(params, defaults)
 
@@ -104,6 +112,10 @@ def _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group) -> None:
         updates.append((m / bc1).div_(denom))
     if weight_decay != 0.0:
         torch._foreach_add_(updates, params, alpha=weight_decay)
+    # .get: groups restored from a state_dict saved before this option existed lack the key.
+    if not group.get("layer_adaptation", True):
+        torch._foreach_add_(params, updates, alpha=-lr)
+        return
 
     w_norms = torch._foreach_norm(params)
     r_norms = torch._foreach_norm(updates)
@@ -169,6 +181,11 @@ def build_optimizer(
             # Adam's weight_decay is coupled L2 (added to the gradient); adamw decouples it.
             return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=eps, **kernel)
         if key == "lamb":
+            # Biases and norm gains (the ndim < 2 group) take plain Adam steps, as in the authors'
+            # implementation: a trust ratio ties a step to the tensor's own norm, so a bias that
+            # starts at 0 could only grow by a factor (1 + lr) per step.
+            for g in groups:
+                g["layer_adaptation"] = g["params"][0].ndim >= 2
             return Lamb(groups, lr=lr, betas=tuple(betas), eps=eps)
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, foreach=True)
     except (ValueError, RuntimeError) as e:

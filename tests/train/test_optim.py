@@ -31,8 +31,11 @@ def _loss(model: nn.Module) -> torch.Tensor:
     return ((model(x) - target) ** 2).mean()
 
 
-def _reference_lamb(named, steps, lr, betas, eps, wd, decayed, max_trust):
-    """Plain-torch LAMB: `named` maps name -> tensor; grads come from re-running the loss."""
+def _reference_lamb(named, steps, lr, betas, eps, wd, decayed, max_trust, adapted=None):
+    """Plain-torch LAMB: `named` maps name -> tensor; grads come from re-running the loss.
+
+    Parameters in `decayed` get weight decay, those in `adapted` (all when None) the trust ratio.
+    """
     b1, b2 = betas
     model = _tiny_model()
     with torch.no_grad():
@@ -57,6 +60,8 @@ def _reference_lamb(named, steps, lr, betas, eps, wd, decayed, max_trust):
                 trust = w_norm / r_norm if w_norm > 0 and r_norm > 0 else 1.0
                 if max_trust is not None:
                     trust = min(trust, max_trust)
+                if adapted is not None and n not in adapted:
+                    trust = 1.0
                 w -= lr * trust * r
     return dict(model.named_parameters())
 
@@ -75,11 +80,32 @@ def test_lamb_matches_hand_computation(steps, max_trust):
         _loss(model).backward()
         opt.step()
 
-    # build_optimizer decays only the Linear weight: bias and LayerNorm gain/bias have ndim < 2.
-    expected = _reference_lamb(start, steps, lr, betas, eps, wd, decayed={"0.weight"}, max_trust=max_trust)
+    # build_optimizer decays and layer-adapts only the Linear weight: bias and LayerNorm gain/bias
+    # have ndim < 2 and take plain Adam steps, as in the LAMB authors' implementation.
+    expected = _reference_lamb(start, steps, lr, betas, eps, wd, decayed={"0.weight"}, max_trust=max_trust,
+                               adapted={"0.weight"})
     for n, p in model.named_parameters():
         assert not torch.equal(p, start[n]), n
         torch.testing.assert_close(p, expected[n], atol=1e-6, rtol=0)
+
+
+def test_lamb_exempts_biases_and_norms_from_layer_adaptation():
+    model = _tiny_model()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, "lamb", lr=0.05, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-6)
+    assert {id(p): g["layer_adaptation"] for g in opt.param_groups for p in g["params"]} == {
+        id(model[0].weight): True, id(model[0].bias): False, id(model[1].weight): False, id(model[1].bias): False}
+    _loss(model).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    opt.step()
+    # First step: m̂ = g, v̂ = g², so r = g / (|g| + eps). Exempt tensors move by exactly lr · r ...
+    for n in ("0.bias", "1.weight", "1.bias"):
+        g = grads[n]
+        torch.testing.assert_close(model.get_parameter(n).detach(), start[n] - 0.05 * g / (g.abs() + 1e-6),
+                                   atol=1e-12, rtol=0)
+    # ... and the matrix by lr · ‖w‖ in norm: the trust ratio rescales its whole update to its own norm.
+    step = (model[0].weight - start["0.weight"]).norm().item()
+    assert math.isclose(step, 0.05 * start["0.weight"].norm().item(), rel_tol=1e-9)
 
 
 def test_lamb_trust_ratio_is_one_for_zero_weight():
