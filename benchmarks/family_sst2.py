@@ -10,13 +10,14 @@ same compute per token, and is expected to trail BERT slightly at this size.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks import common
 from benchmarks.bert_sst2 import build_corpus
-from benchmarks.pretraining import pretrain_compute
+from benchmarks.pretraining import pretrain_compute, steps_for
 
 NAME = "family-sst2"
 HELP = "bert-mini vs electra-mini vs albert-mini: same size and CPU budget, SST-2 dev accuracy"
@@ -54,12 +55,23 @@ def run(args) -> int:
         r = load_recipe(name)
         d = root / name
         d.mkdir(exist_ok=True)
-        pre, pre_wall, fpt = pretrain_compute(name, corpus, d / "pretrain", args.pretrain_tflop)
+        # A recipe finished by an earlier invocation with the same --keep is read back, not redone: the
+        # recipes can run as separate processes (one thread each) and a last call gathers the table.
+        done = d / "pretrain" / "summary.json"
+        if done.is_file():
+            pre, fpt = json.loads(done.read_text()), steps_for(r, args.pretrain_tflop)[1]
+            pre_wall = pre["elapsed_s"]
+        else:
+            pre, pre_wall, fpt = pretrain_compute(name, corpus, d / "pretrain", args.pretrain_tflop)
         t0 = time.perf_counter()
-        res = api.finetune("sst2", from_run=str(d / "pretrain"), data_dir=str(common.SHARED_DATA / "glue"),
-                           epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=42, out=str(d / "sst2"),
-                           max_seq_len=args.max_seq_len, max_steps=args.max_finetune_steps)
-        ft_wall = time.perf_counter() - t0
+        if (d / "sst2" / "metrics.json").is_file():
+            res = json.loads((d / "sst2" / "metrics.json").read_text())
+            ft_wall = res["elapsed_s"]
+        else:
+            res = api.finetune("sst2", from_run=str(d / "pretrain"), data_dir=str(common.SHARED_DATA / "glue"),
+                               epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=42, out=str(d / "sst2"),
+                               max_seq_len=args.max_seq_len, max_steps=args.max_finetune_steps)
+            ft_wall = time.perf_counter() - t0
         print(f"  {name}: SST-2 dev accuracy {res['dev']['accuracy']:.4f}")
         rows.append([f"`{name}`", r.objective_name, f"{api.count_params(r) / 1e6:.2f}M", f"{fpt / 1e6:.1f}M", f"{pre['steps']:,}",
                      f"{pre['tokens']:,}", f"{pre_wall / 60:.1f} min", f"{pre.get('val_ppl', float('nan')):.1f}",
