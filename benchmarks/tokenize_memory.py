@@ -26,14 +26,15 @@ HELP = "plm tokenize on 100 MB ... 1 GB of generated text: peak RSS of the proce
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--sizes", nargs="+", default=["100M", "300M"], help="corpus sizes (K, M, G suffixes)")
+    p.add_argument("--sizes", nargs="+", default=["100M", "1G"], help="corpus sizes (K, M, G suffixes)")
     p.add_argument("--files", type=int, default=16, help="files per corpus")
     p.add_argument("--num-proc", type=int, default=2, help="plm tokenize --num-proc")
     p.add_argument("--tokenizer", default="bytelevel-bpe", help="plm tokenize --tokenizer")
     p.add_argument("--vocab-size", type=int, default=8192, help="plm tokenize --vocab-size")
     p.add_argument("--workdir", type=Path, default=None, help="where corpora and outputs go (default: a temp dir, removed)")
     p.add_argument("--plm-path", default=None,
-                   help="PYTHONPATH for the plm under test (e.g. an unpacked older checkout, to compare)")
+                   help="the directory holding the plmcli under test (default: this checkout), e.g. an older one "
+                        "unpacked with `git archive REV plmcli | tar -x -C DIR`, to compare")
 
 
 def parse_size(text: str) -> int:
@@ -98,12 +99,12 @@ def _anon_bytes(pid: int) -> int:
     return 0
 
 
-def run_polled(cmd: list[str], env: dict, interval: float = 0.1) -> dict:
+def run_polled(cmd: list[str], env: dict, cwd: Path, interval: float = 0.1) -> dict:
     """Run `cmd`, polling its process tree: peak Σ RSS, peak Σ RssAnon, peak single-process RSS, wall time."""
     import psutil
 
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(proc.pid)
     peak = {"tree_rss": 0, "tree_anon": 0, "one_rss": 0, "procs": 1}
     while proc.poll() is None:
@@ -133,9 +134,10 @@ def run_polled(cmd: list[str], env: dict, interval: float = 0.1) -> dict:
 def run(args) -> int:
     info = common.machine_info()
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="plm-bench-tokmem-"))
-    env = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "PLM_CACHE": str(root / "cache")}
-    if args.plm_path:
-        env["PYTHONPATH"] = args.plm_path
+    # The plm under test comes first on the path, and the command runs outside any checkout (`python -m`
+    # would otherwise import the plmcli of its working directory).
+    env = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "PLM_CACHE": str(root / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [args.plm_path or str(common.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     rows, results = [], []
     source = word_table()[2]
     try:
@@ -147,7 +149,7 @@ def run(args) -> int:
             print(f"{size_arg}: generated {n_bytes / 1e6:,.0f} MB in {args.files} files ({time.perf_counter() - t0:.0f} s)")
             cmd = [sys.executable, "-m", "plmcli", "tokenize", str(corpus), "--out", str(out), "--tokenizer", args.tokenizer,
                    "--vocab-size", str(args.vocab_size), "--num-proc", str(args.num_proc), "--force"]
-            r = run_polled(cmd, env)
+            r = run_polled(cmd, env, root)
             meta = json.loads((out / "meta.json").read_text())
             tokens = sum(c["tokens"] for c in meta["counts"].values())
             docs = sum(c["documents"] for c in meta["counts"].values())

@@ -63,6 +63,13 @@ def show_recipe(name: str, overrides: list[str] | None = None) -> str:
     return load_recipe(name, overrides).to_yaml()
 
 
+def accelerate_configs() -> dict:
+    """name -> path of each `accelerate launch --config_file` file shipped with plm (ddp, fsdp, deepspeed-zero2/3)."""
+    from plmcli.train.distributed import accelerate_configs as shipped
+
+    return shipped()
+
+
 # ---------------------------------------------------------------- tokenize
 
 
@@ -116,21 +123,23 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
 def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
              overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
              time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
-             console=None) -> dict:
+             console=None, streaming: bool = False) -> dict:
     """Train a model from a recipe; returns the run summary (also written to RUN/summary.json).
 
     A recipe with `phases` trains them in order (RUN/phases/<name>/ each), every phase continuing the
-    previous one's weights with a fresh optimizer and schedule.
+    previous one's weights with a fresh optimizer and schedule. `streaming`: read, tokenize and pack the
+    text files as training goes (plmcli/data/streaming.py) instead of tokenizing them first.
     """
     import torch
-    from accelerate import PartialState
 
     from plmcli.config import load_recipe
     from plmcli.data.corpus import default_cache_dir
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.models.registry import build_model
+    from plmcli.models.registry import build_model, model_class
     from plmcli.objectives.registry import objective_class
     from plmcli.train import checkpoint as ckpt
+    from plmcli.train.distributed import process_state
+    from plmcli.train.loop import batch_sizes
 
     _quiet_datasets_off_terminal()
     if resume:
@@ -142,9 +151,12 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
                 + list(run_dir.glob("phases/*/summary.json")):
             ckpt.latest_checkpoint(run_dir)  # raises the clear "no checkpoint" error
         r = load_recipe(str(run_dir / "recipe.yaml"), overrides)
+        prev = json.loads((run_dir / RUN_CONFIG).read_text())
+        if streaming and not prev.get("streaming"):
+            raise PlmError(f"--resume --streaming: {run_dir} was trained from a tokenized corpus", "resume without --streaming")
+        streaming = prev.get("streaming", False)  # a streamed run resumes streaming its text files
         if not data:  # the same corpus as the interrupted run: its tokenized dir if still there, else its inputs
-            prev = json.loads((run_dir / RUN_CONFIG).read_text())
-            data = [prev["corpus"]] if (Path(prev["corpus"]) / "meta.json").is_file() else prev["inputs"]
+            data = [prev["corpus"]] if (Path(prev["corpus"]) / "meta.json").is_file() and not streaming else prev["inputs"]
     else:
         if not recipe:
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
@@ -158,13 +170,23 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
 
     shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
     inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
-    state = PartialState()
+    state = process_state(r.train.dist_timeout)  # on N processes (accelerate launch, torchrun) they all get here
+    fits = hasattr(model_class(r.family), "fit")
+    for st in stages if not fits else []:  # a batch that does not split over the processes fails before tokenizing
+        batch_sizes(st.train.global_batch_size, st.train.micro_batch_size, state.num_processes)
     with state.main_process_first():  # one process tokenizes; the others then read its cache
-        corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
+        if streaming:  # only a tokenizer and the validation tail are prepared; training text is read as it goes
+            from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
+
+            corpus_dir = prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name))
+        else:
+            corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
     meta = json.loads((corpus_dir / "meta.json").read_text())
     tok = load_tokenizer(corpus_dir / "tokenizer.json")
     special_ids = meta["tokenizer"]["special_token_ids"]
     objectives = [_objective(st, tok, special_ids) for st in stages]
+    if streaming:
+        objectives = [StreamingObjective(obj, st.train.num_workers) for obj, st in zip(objectives, stages)]
     objectives[0].configure_model(r.model, tok.get_vocab_size())
     _check_sizes(r, stages, tok.get_vocab_size())
     torch.manual_seed(r.train.seed)
@@ -182,7 +204,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             ckpt.write_json(run_dir / RUN_CONFIG, {
                 "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
                 "tokenizer": meta["tokenizer"], "seq_len": r.train.seq_len, "corpus": str(Path(corpus_dir).resolve()),
-                "inputs": [str(Path(i).resolve()) for i in inputs],
+                "inputs": [str(Path(i).resolve()) for i in inputs], "streaming": streaming,
             })
         ckpt.point_latest(run_dir)
     state.wait_for_everyone()
@@ -200,8 +222,11 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
         with state.main_process_first():
             data_dir = obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc)
-        if hasattr(model, "fit"):  # no gradient (n-gram counts): the model fits itself and writes RUN/model.*
-            summary = model.fit(data_dir, st, sub, console=console)
+        if fits:  # no gradient (n-gram counts): the main process fits the model and writes RUN/model.*
+            from accelerate.utils import broadcast_object_list
+
+            summary = [model.fit(data_dir, st, sub, console=console) if state.is_main_process else None]
+            summary = broadcast_object_list(summary)[0] if state.num_processes > 1 else summary[0]
         else:
             summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
                                  stop_after=stop_after, console=console)

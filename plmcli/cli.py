@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from typing import List, Optional
 
 import typer
@@ -41,6 +42,11 @@ def _floats(text: str, name: str) -> list[float]:
         raise PlmError(f"{name} '{text}' is not a comma-separated list of numbers", f"e.g. {name} 0.4,0.3,0.2,0.1") from None
 
 
+def _process() -> tuple[int, int]:
+    """(rank, world size) under a multi-process launcher (accelerate launch, torchrun); (0, 1) without one."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
 def guarded(fn):
     """PlmError -> one line `error: what — fix` and exit code 2 (the traceback only with --debug)."""
 
@@ -51,7 +57,8 @@ def guarded(fn):
         except PlmError as e:
             if _state["debug"]:
                 raise
-            typer.echo(f"error: {e}", err=True)
+            rank, world = _process()  # each process says it once: the line may come from only one of them
+            typer.echo(f"error{f' (process {rank} of {world})' if world > 1 else ''}: {e}", err=True)
             raise typer.Exit(2)
         except KeyboardInterrupt:
             typer.echo("interrupted — a checkpoint was saved where possible; continue with `plm pretrain --resume --out RUN`", err=True)
@@ -126,6 +133,21 @@ def recipes_show(
     from plmcli import api
 
     typer.echo(api.show_recipe(name, overrides), nl=False)
+
+
+@recipes_app.command("accelerate")
+@guarded
+def recipes_accelerate(name: Optional[str] = typer.Argument(None, help="ddp | fsdp | deepspeed-zero2 | deepspeed-zero3")):
+    """Where the shipped `accelerate launch` configs are (all of them, or NAME's path alone).
+
+    Example: accelerate launch --config_file $(plm recipes accelerate ddp) --num_processes 8 -m plmcli pretrain --recipe bert-base
+    """
+    from plmcli import api
+
+    configs = api.accelerate_configs()
+    if name is not None and name not in configs:
+        raise PlmError(f"no shipped accelerate config '{name}'", f"one of: {', '.join(configs)}")
+    typer.echo(configs[name] if name else "\n".join(f"{key:16} {path}" for key, path in configs.items()))
 
 
 # ---------------------------------------------------------------- tokenize
@@ -228,16 +250,24 @@ def pretrain(
     time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time: seconds, or 90s / 10m / 2h."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run at --out (default runs/latest) from its last checkpoint."),
     stop_after: Optional[int] = typer.Option(None, help="Stop (with a checkpoint) after N steps without changing the schedule."),
+    streaming: bool = typer.Option(False, "--streaming", help="Read, tokenize and pack the --data text files as training goes "
+                                   "(corpora too big to tokenize first; objective clm). The tokenizer is tokenizer.path, or trained on up to 256 MB "
+                                   "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
+                                   "--resume continues at the same byte of every file (same processes, train.num_workers, batch)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ):
     """Train a model from a recipe.
 
     Example: plm pretrain --recipe gpt-mini --data corpus.txt --set train.max_steps=500
+
+    Example: plm pretrain --recipe gpt2-small --data shards/ --streaming --set train.num_workers=4
     """
     from plmcli import api
 
     summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
-                           resume, stop_after, console=_stderr())
+                           resume, stop_after, console=_stderr(), streaming=streaming)
+    if _process()[0]:  # one result for N processes
+        return
     if as_json:
         return _print_json(summary)
     val = f", val loss {summary['val_loss']:.4f} (ppl {summary['val_ppl']:.2f})" if "val_loss" in summary else ""
@@ -298,6 +328,8 @@ def finetune(
                    aux_lm_weight=aux_lm_weight)
     res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
                        console=_stderr(), eval_only=eval_only, **options)
+    if _process()[0]:  # one result for N processes
+        return
     if as_json:
         return _print_json(res)
     best = f" (best at epoch {res['best_epoch']})" if res.get("best_epoch") is not None else ""

@@ -43,7 +43,7 @@ class TrainConfig:
     eval_every: int = 200
     """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
     eval_batches: int = 50
-    """Validation micro-batches per evaluation; 0 = the whole split."""
+    """Validation micro-batches per evaluation, over all processes; 0 = the whole split."""
     save_every: int = 1000
     """Write a resumable checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 2
@@ -56,6 +56,8 @@ class TrainConfig:
     """DataLoader worker processes feeding batches."""
     compile: bool = False
     """torch.compile the model (GPU runs)."""
+    dist_timeout: int = 7200
+    """Multi-process runs: seconds a process waits for the others (e.g. while the main one tokenizes)."""
 
 
 @dataclass

@@ -40,7 +40,6 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     scored and its test split predicted, nothing is trained.
     """
     import torch
-    from accelerate import PartialState
     from safetensors.torch import load_model
 
     from plmcli.api import RUN_CONFIG, resolve_run
@@ -48,6 +47,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     from plmcli.data.tasks.registry import get_task
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.train import checkpoint as ckpt
+    from plmcli.train.distributed import process_state
     from plmcli.train.loop import train
 
     _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout)
@@ -85,7 +85,11 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any writes
         raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
-    state = PartialState()
+    state = process_state()  # on N processes (accelerate launch, torchrun) they all get here
+    if not eval_only and batch_size % state.num_processes:  # fail before encoding anything
+        fit = -(-batch_size // state.num_processes) * state.num_processes
+        raise PlmError(f"--batch-size {batch_size} cannot be split evenly over {state.num_processes} processes",
+                       f"pick a multiple of the process count, e.g. --batch-size {fit}")
     state.wait_for_everyone()
     if state.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -179,10 +183,13 @@ def _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed
     from accelerate import Accelerator
 
     from plmcli.train import checkpoint as ckpt
+    from plmcli.train.distributed import use_cpu
 
-    acc = Accelerator(cpu=not __import__("torch").cuda.is_available())
+    acc = Accelerator(cpu=use_cpu())
     model.to(acc.device).eval()
-    dev = obj.evaluate(acc, model, obj.stream(data, "validation", batch_size, seed, 0, 1, shuffle=False), 0)
+    # each process scores its share of the dev split; evaluate gathers them
+    stream = obj.stream(data, "validation", batch_size, seed, state.process_index, state.num_processes, shuffle=False)
+    dev = obj.evaluate(acc, model, stream, 0)
     written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed) if state.is_main_process else {}
     result = {"task": t.name, "from_run": str(run), "eval_only": True, "out_dir": str(out_dir),
               "main_metric": t.main_metric, "dev": _strip(dev), "examples": counts,

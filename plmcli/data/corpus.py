@@ -2,14 +2,15 @@
 
 A corpus directory holds `dataset/` (a DatasetDict with `train` and `validation`), `tokenizer.json` and
 `meta.json`. It is built in a hidden temp directory and renamed into place, so a directory with a
-`meta.json` is always complete. Memory stays flat in corpus size throughout: text is streamed line by
-line into Arrow on disk, and everything after that streams over memory-mapped Arrow batches.
+`meta.json` is always complete. Memory stays flat in corpus size throughout: the text is read line by
+line twice (tokenizer training, then encoding), big files in byte-range pieces that `--num-proc`
+workers encode batch by batch into Arrow shards (data/ranges.py, data/shards.py), and the shards are
+moved into the dataset rather than copied. Readers stream over memory-mapped Arrow batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from plmcli.data.tokenizers import (
     train_tokenizer,
 )
 from plmcli.data.outdir import build_atomically
+from plmcli.data.ranges import PROBE_BYTES, binary_error, decode_line, encoding_error, iter_lines, range_documents
 from plmcli.errors import PlmError
 
 if TYPE_CHECKING:
@@ -41,7 +43,10 @@ if TYPE_CHECKING:
 FORMAT = "plm-tokenized"
 VERSION = 3  # 2: word_starts column; 3: word_starts filled (encode_batch)
 STDIN = "-"
-_PROBE_BYTES = 8192  # how much of each file is checked for NUL bytes (as git and grep do)
+UNIT_BYTES = 64 << 20
+"""A text file bigger than this is encoded in pieces of about this size, so `--num-proc` workers share it."""
+ENCODE_BATCH_BYTES = 1 << 20
+"""Text handed to the tokenizer at a time (up to 1000 documents): a worker's memory is about one batch."""
 
 
 # ----------------------------------------------------------------------------- reading text
@@ -94,59 +99,28 @@ def _expand_inputs(inputs: list[str]) -> list[str]:
     return files
 
 
-def _raw_lines(name: str) -> Iterator[bytes]:
-    if name == STDIN:
-        buf = getattr(sys.stdin, "buffer", None)
-        # A text-only stdin (e.g. replaced by a StringIO) is already decoded; re-encode it line by line.
-        yield from buf if buf is not None else (line.encode("utf-8") for line in sys.stdin)
-        return
-    opener = gzip.open if name.endswith(".gz") else open
-    try:
-        with opener(name, "rb") as f:
-            head = f.read(_PROBE_BYTES)
-            if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-                raise _encoding_error(name, 1, "it starts with a UTF-16 byte-order mark", "utf-16")
-            if b"\0" in head:
-                raise _binary_error(name)
-            f.seek(0)
-            yield from f
-    except (OSError, EOFError) as e:  # includes gzip.BadGzipFile and truncated .gz streams
-        raise PlmError(f"cannot read '{name}': {e}",
-                       "check the file (a .gz file must be gzip-compressed text)") from e
-
-
-def _binary_error(name: str) -> PlmError:
-    return PlmError(f"'{name}' looks like a binary file (it contains NUL bytes)",
-                    "pass only plain-text files (or .gz of them)")
-
-
-def _encoding_error(name: str, lineno: int, why: str, enc: str = "<enc>") -> PlmError:
-    return PlmError(
-        f"'{name}' is not UTF-8 text (line {lineno}: {why})",
-        f"convert it first: iconv -f {enc} -t utf-8 '{name}' > converted.txt"
-        + (" (<enc> is the file's encoding, e.g. latin1 or cp1252)" if enc == "<enc>" else ""),
-    )
+def _stdin_lines() -> Iterator[str]:
+    """Standard input, decoded and checked as files are (it can only be read once, so it is checked as it streams)."""
+    buf = getattr(sys.stdin, "buffer", None)
+    # A text-only stdin (e.g. replaced by a StringIO) is already decoded; re-encode it line by line.
+    raws = buf if buf is not None else (line.encode("utf-8") for line in sys.stdin)
+    checked = 0
+    for lineno, raw in enumerate(raws, start=1):
+        if lineno == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise encoding_error(STDIN, "line 1", "it starts with a UTF-16 byte-order mark", "utf-16")
+        if checked < PROBE_BYTES:
+            if b"\0" in raw[: PROBE_BYTES - checked]:
+                raise binary_error(STDIN)
+            checked += len(raw)
+        yield decode_line(raw, STDIN, f"line {lineno}", lineno == 1)
 
 
 def _text_lines(name: str) -> Iterator[str]:
     """Decoded lines of one input, each ending in exactly one "\\n" (CRLF and a missing final newline fixed)."""
-    checked = 0
-    for lineno, raw in enumerate(_raw_lines(name), start=1):
-        if checked < _PROBE_BYTES:  # files were probed up front; stdin can only be checked as it streams
-            if b"\0" in raw[: _PROBE_BYTES - checked]:
-                raise _binary_error(name)
-            checked += len(raw)
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise _encoding_error(name, lineno, f"invalid byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line") from None
-        if lineno == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        if line.endswith("\r\n"):
-            line = line[:-2] + "\n"
-        elif not line.endswith("\n"):
-            line += "\n"
-        yield line
+    if name == STDIN:
+        yield from _stdin_lines()
+    else:
+        yield from (line for _, line in iter_lines(name))
 
 
 def _documents(files: list[str], doc_per_line: bool) -> Iterator[str]:
@@ -214,9 +188,58 @@ def corpus_key(inputs: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool =
     return _key(_input_stats(_expand_inputs(inputs)), tok_cfg, doc_per_line, val_fraction)
 
 
-def _doc_rows(files: list[str], doc_per_line: bool) -> Iterator[dict]:
-    for doc in iter_documents(files, doc_per_line):
-        yield {"text": doc}
+def _spool_stdin(files: list[str], tmp: Path) -> list[str]:
+    """stdin can be read only once and tokenize reads its inputs twice (tokenizer, then encoding): keep a copy."""
+    if STDIN not in files:
+        return files
+    copy = tmp / ".stdin.txt"
+    with open(copy, "w", encoding="utf-8") as f:
+        f.writelines(_stdin_lines())
+    return [str(copy) if name == STDIN else name for name in files]
+
+
+def _plan_units(files: list[str]) -> list[tuple[str, int, int | None, int]]:
+    """(file, start, end, bytes) pieces of about UNIT_BYTES; a .gz file is one piece (it cannot be entered midway)."""
+    units = []
+    for name in files:
+        size = os.path.getsize(name)
+        n = 1 if name.endswith(".gz") else max(1, -(-size // UNIT_BYTES))
+        bounds = [size * i // n for i in range(n + 1)]
+        units += [(name, bounds[i], None if i == n - 1 else bounds[i + 1], bounds[i + 1] - bounds[i]) for i in range(n)]
+    return units
+
+
+def _encoder(spec: tuple):
+    """In each worker: unit -> batches of encoded documents (see shards.write_shards)."""
+    from tokenizers import Tokenizer
+
+    tok_json, doc_per_line = spec
+    tok = Tokenizer.from_str(tok_json)
+
+    def encode(unit):
+        name, start, end = unit[:3]
+        batch, size = [], 0
+        for doc in range_documents(name, start, end, doc_per_line):
+            batch.append(doc)
+            size += len(doc)
+            if len(batch) >= 1000 or size >= ENCODE_BATCH_BYTES:
+                yield _encode({"text": batch}, tok)
+                batch, size = [], 0
+        if batch:
+            yield _encode({"text": batch}, tok)
+
+    return encode
+
+
+def _totals(rb) -> dict:
+    """Documents, sentences, tokens and bytes in one Arrow record batch of an encoded corpus."""
+    import pyarrow.compute as pc
+
+    def total(x):
+        return int(pc.sum(x).as_py() or 0)
+
+    return {"documents": rb.num_rows, "sentences": total(pc.list_value_length(rb["sentence_starts"])),
+            "tokens": total(pc.list_value_length(rb["input_ids"])), "bytes": total(rb["num_bytes"])}
 
 
 def _encode(batch: dict, tok) -> dict:
@@ -265,67 +288,63 @@ def arrow_totals(ds, lengths: dict[str, str], sums: dict[str, str]) -> dict:
     return c
 
 
-def _counts(ds) -> dict:
-    return {"documents": len(ds), **arrow_totals(ds, {"sentences": "sentence_starts", "tokens": "input_ids"},
-                                                 {"bytes": "num_bytes"})}
-
-
-def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool,
-           val_fraction: float, num_proc: int, key: str) -> dict:
-    from datasets import DatasetDict, Dataset, Features, Sequence, Value
-
-    cache = tmp / ".cache"
-    given = load_tokenizer(tok_cfg.path) if tok_cfg.path else None  # fail before the long pass over the text
-    # One pass over the inputs (stdin can be read only once); the text then lives in Arrow on disk.
-    raw = Dataset.from_generator(
-        _doc_rows, features=Features({"text": Value("large_string")}), cache_dir=str(cache),
-        gen_kwargs={"files": files, "doc_per_line": doc_per_line}, fingerprint=f"raw-{key[:32]}",
-    )
-
-    if given is not None:
-        tok = given
+def tokenizer_entry(tok_cfg: TokenizerConfig, lines) -> tuple:
+    """(tokenizer, its meta.json entry): loaded from tok_cfg.path, else trained on `lines()` (a stream of text)."""
+    if tok_cfg.path:
+        tok = load_tokenizer(tok_cfg.path)
         specials = resolve_special_tokens(tok_cfg, add_unk=False)
         kind = tokenizer_kind(tok)
     else:
-        lines = (line for batch in raw.iter(batch_size=256) for doc in batch["text"] for line in _split_lines(doc))
-        tok = train_tokenizer(lines, tok_cfg)
+        tok = train_tokenizer(lines(), tok_cfg)
         specials = resolve_special_tokens(tok_cfg)
         kind = tok_cfg.kind
-    special_ids = special_token_ids(tok, specials)
+    ids = special_token_ids(tok, specials)
+    return tok, {**dataclasses.asdict(tok_cfg), "kind": kind, "hash": tokenizer_hash(tok),
+                 "vocab_size": tok.get_vocab_size(), "special_tokens": specials, "special_token_ids": ids}
+
+
+def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int, key: str, n_train) -> dict:
+    """Encode the documents of `units` into tmp/dataset (train = the first n_train(n) of n documents,
+    validation the rest); returns the counts per split. Raises PlmError if `n_train` does."""
+    from datasets import Features, Sequence, Value
+
+    from plmcli.data.shards import file_splits, write_shards
 
     if num_proc > 1:  # forked workers would otherwise warn that rayon parallelism was already used
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     features = Features({"input_ids": Sequence(Value("int32")), "sentence_starts": Sequence(Value("int32")),
                          "word_starts": Sequence(Value("bool")), "num_bytes": Value("int64")})
-    encoded = raw.map(_encode, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
-                      remove_columns=["text"], features=features, fn_kwargs={"tok": tok},
-                      new_fingerprint=f"enc-{key[:32]}", desc="tokenizing")
+    try:
+        shards = list(write_shards(units, _encoder, (tok.to_str(), doc_per_line), features, _totals,
+                                   tmp / ".shards", num_proc, [u[3] for u in units]))
+        cut = n_train(sum(sh["rows"] for sh in shards))
+        sums = file_splits(tmp / "dataset", shards, cut, features, _totals, key[:16])
+    finally:
+        shutil.rmtree(tmp / ".shards", ignore_errors=True)
+    return {split: {k: sums[split].get(k, 0) for k in ("documents", "sentences", "tokens", "bytes")} for split in sums}
 
-    n = len(encoded)
-    n_train = n - _num_validation(n, val_fraction)
-    # select() rejects an empty range but takes an empty list
-    splits = DatasetDict(train=encoded.select(range(n_train)),
-                         validation=encoded.select(range(n_train, n) if n_train < n else []))
-    # An empty split saved with the default sharding writes no .arrow file and cannot be loaded back.
-    splits.save_to_disk(str(tmp / "dataset"), num_shards={k: 1 for k, ds in splits.items() if len(ds) == 0})
-    counts = {name: _counts(ds) for name, ds in splits.items()}
+
+def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool,
+           val_fraction: float, num_proc: int, key: str) -> dict:
+    """Two streamed passes over the text: train the tokenizer, then encode `num_proc` pieces at a time.
+
+    Memory stays flat in corpus size: the tokenizer trainer keeps counts of distinct words, each worker
+    one batch of documents, and the Arrow shards it writes become the dataset without a copy.
+    """
+    if tok_cfg.path:
+        load_tokenizer(tok_cfg.path)  # fail before the long pass over the text
+    inputs = _input_stats(files)
+    files = _spool_stdin(files, tmp)
+    if not any(line.strip() for name in files for line in _text_lines(name)):  # stops at the first text
+        raise PlmError("the input contains no text (every line is blank)", "check the input files")
+    tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in _text_lines(name)))
+    counts = encode_splits(tmp, _plan_units(files), tok, doc_per_line, num_proc, key,
+                           lambda n: n - _num_validation(n, val_fraction))
     tok.save(str(tmp / "tokenizer.json"))
-
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "tokenizer": {**dataclasses.asdict(tok_cfg), "kind": kind, "hash": tokenizer_hash(tok),
-                      "vocab_size": tok.get_vocab_size(), "special_tokens": specials,
-                      "special_token_ids": special_ids},
-        "inputs": _input_stats(files),
-        "doc_per_line": doc_per_line,
-        "val_fraction": val_fraction,
-        "counts": counts,
-        "key": key,
-    }
+    (tmp / ".stdin.txt").unlink(missing_ok=True)
+    meta = {"format": FORMAT, "version": VERSION, "tokenizer": entry, "inputs": inputs, "doc_per_line": doc_per_line,
+            "val_fraction": val_fraction, "counts": counts, "key": key}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    del raw, encoded, splits  # drop the memory maps before deleting the files under them
-    shutil.rmtree(cache, ignore_errors=True)
     return meta
 
 
@@ -418,6 +437,9 @@ def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, f
 
     corpus_dir = Path(corpus_dir)
     meta = _require_meta(corpus_dir)
+    if split == "train" and "streaming" in meta:
+        raise PlmError(f"'{corpus_dir}' holds a corpus prepared for --streaming: its training text is read as it trains",
+                       "add --streaming to `plm pretrain`, or tokenize the text with `plm tokenize`")
     if split not in meta["counts"]:
         raise PlmError(f"no split '{split}' in '{corpus_dir}'", f"use one of: {', '.join(meta['counts'])}")
     bin_path = corpus_dir / filename

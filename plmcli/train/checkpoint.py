@@ -32,7 +32,12 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, keep: int) -> Path:
-    """accelerate's save_state (weights, optimizer, scheduler, RNG) + the loop's data position."""
+    """accelerate's save_state (weights, optimizer, scheduler, RNG) + the loop's data position.
+
+    Every process calls it: each saves its RNG state (and, under FSDP / DeepSpeed, its shard) into one
+    temp directory, which the main process alone renames into place once all of them are done. On
+    several machines the run directory must be on a filesystem they share.
+    """
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".{final.name}.tmp"
     if accelerator.is_main_process:
@@ -50,9 +55,15 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, kee
     return final
 
 
-def load_checkpoint(accelerator, path: Path) -> dict:
-    accelerator.load_state(str(path))
+def read_loop_state(path: Path) -> dict:
+    """The loop's state in a checkpoint (step, data position, the world size and global batch that wrote it)."""
     return json.loads((Path(path) / LOOP_STATE).read_text())
+
+
+def load_checkpoint(accelerator, path: Path) -> dict:
+    """accelerate's load_state on every process; each restores its own RNG from random_states_<rank>."""
+    accelerator.load_state(str(path))
+    return read_loop_state(path)
 
 
 def write_json(path: Path, obj) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import nullcontext
+import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from plmcli.data.batching import CountFrom
 from plmcli.errors import PlmError
 from plmcli.train import checkpoint as ckpt
+from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
 from plmcli.train.optim import build_optimizer
 from plmcli.train.progress import MetricsLog, TrainProgress
 from plmcli.train.schedule import build_scheduler
@@ -25,22 +27,25 @@ from plmcli.train.schedule import build_scheduler
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
 
 
-def make_accelerator(mixed_precision: str, dist_timeout_s: int = 7200):
-    from datetime import timedelta
-
+def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, accum: int = 1):
+    """A fresh Accelerator on this process's process group, accumulating over `accum` micro-batches."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
-    from accelerate.utils import InitProcessGroupKwargs
+    from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
 
-    cuda = torch.cuda.is_available()
+    cpu = use_cpu()
+    cuda = torch.cuda.is_available() and not cpu
     if mixed_precision == "auto":
         mixed_precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "no"
     if mixed_precision == "fp16" and not cuda:
         raise PlmError("train.mixed_precision=fp16 needs a GPU", "use --set train.mixed_precision=bf16 (or no) on a CPU")
-    # Several runs in one process (tests, notebooks) each get a fresh precision setting.
+    process_state(dist_timeout_s)  # the process group, unless pretrain / finetune already made it
+    # Several runs in one process (tests, notebooks, phases) each get a fresh precision setting.
     AcceleratorState._reset_state()
     return Accelerator(
-        mixed_precision=mixed_precision,
+        cpu=cpu, mixed_precision=mixed_precision,
+        # A plugin, not gradient_accumulation_steps=: accelerate would let a launch config's value win.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=accum, sync_with_dataloader=False),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))],
     )
 
@@ -48,8 +53,9 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = 7200):
 def batch_sizes(global_batch: int, micro: int, world: int) -> tuple[int, int]:
     """(micro batch per device, accumulation steps) for a global batch on `world` processes."""
     if global_batch % world:
-        raise PlmError(f"train.global_batch_size {global_batch} is not divisible by {world} processes",
-                       "pick a global batch that is a multiple of the process count")
+        fit = -(-global_batch // world) * world
+        raise PlmError(f"train.global_batch_size {global_batch} cannot be split evenly over {world} processes",
+                       f"pick a multiple of the process count, e.g. --set train.global_batch_size={fit}")
     micro = micro or global_batch // world
     if global_batch % (micro * world):
         raise PlmError(f"train.global_batch_size {global_batch} is not a multiple of micro batch {micro} × {world} processes",
@@ -72,8 +78,11 @@ def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
     """Token-weighted mean of the objective's metrics over the validation stream.
 
     An objective with its own `evaluate(accelerator, model, stream, max_batches)` (task metrics that
-    need all predictions, such as MCC or F1) is asked instead.
+    need all predictions, such as MCC or F1) is asked instead. `max_batches` counts micro-batches over
+    all processes (rounded up to a multiple of their number): N processes score the samples one does.
     """
+    if max_batches:
+        max_batches = -(-max_batches // accelerator.num_processes)
     if hasattr(objective, "evaluate"):
         model.eval()
         try:
@@ -86,13 +95,19 @@ def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
     state = objective.init_state()
     n = stream.batches_per_epoch()
     n = min(n, max_batches) if max_batches else n
+    # FSDP / ZeRO-3 gather the weights inside forward, so a process whose share of the split ran out
+    # still runs forward (on a batch it already scored, not counted) while the others finish theirs.
+    shard, filler = sharded(accelerator), None
     with torch.no_grad():
         for k in range(n):
             batch = stream[k]
+            if batch is None and not (shard and filler is not None):
+                continue
+            filler = batch if filler is None else filler
+            with accelerator.autocast():
+                out = objective.step(model, _to(filler if batch is None else batch, accelerator.device), state)
             if batch is None:
                 continue
-            with accelerator.autocast():
-                out = objective.step(model, _to(batch, accelerator.device), state)
             state = out.state
             for name, v in out.metrics.items():
                 sums[name] = sums.get(name, 0) + v.float()
@@ -115,34 +130,50 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
 
     With `select_metric` (a key of the evaluation results, higher is better) model.safetensors holds
     the best evaluated weights instead of the last ones, and the summary reports that evaluation.
+    On N processes (accelerate launch, torchrun) every process runs this; the main one writes files.
     """
     t, o = recipe.train, recipe.optim
     run_dir = Path(run_dir)
-    accelerator = make_accelerator(t.mixed_precision)
-    world, rank = accelerator.num_processes, accelerator.process_index
+    dist = process_state(t.dist_timeout)
+    world, rank = dist.num_processes, dist.process_index
     micro, accum = batch_sizes(t.global_batch_size, t.micro_batch_size, world)
+    accelerator = make_accelerator(t.mixed_precision, t.dist_timeout, accum)
+    loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
+    notice = None
+    if resume_from is not None:  # checked before anything is built: a refusal costs nothing
+        loop = ckpt.read_loop_state(resume_from)
+        notice = _resumable(loop, resume_from, accelerator, world, accum, t.global_batch_size)
 
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
     # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
     scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio, o.power,
                                 decay_factor=o.decay_factor, decay_every=o.decay_every, decay_start=o.decay_start)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    train_stream = objective.stream(corpus_dir, "train", micro, t.seed, rank, world, shuffle=True)
+    val_stream = objective.stream(corpus_dir, "validation", micro, t.seed, rank, world, shuffle=False) \
+        if _has_split(corpus_dir, "validation") else None
+    tied = tied_names(model)
+    configure_backend(accelerator, model, t, o.name, micro, accum)
+    if world > 1 and not sharded(accelerator):
+        if not getattr(train_stream, "sequential", False):
+            probe = train_stream[loop["micro_batches"]]
+        else:  # a stream read in order has no batch k to look at; a validation batch serves
+            probe = val_stream[0] if val_stream is not None else None
+        accelerator.ddp_handler = _ddp_settings(accelerator, model, objective, probe)
+    with warnings.catch_warnings():
+        # torch calls broadcast_buffers deprecated, yet names it the way to keep buffers out of DDP's syncs
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
     accelerator.register_for_checkpointing(scheduler)
     if t.compile:
         model = torch.compile(model)
-
-    train_stream = objective.stream(corpus_dir, "train", micro, t.seed, rank, world, shuffle=True)
-    val_stream = objective.stream(corpus_dir, "validation", micro, t.seed, rank, world, shuffle=False) \
-        if _has_split(corpus_dir, "validation") else None
-
-    loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
+    if rank:
+        # Every process built the model from one seed; from here each draws its own dropout masks
+        # (rank 0 keeps the single-process stream, so a 1-process run is unchanged).
+        torch.manual_seed(t.seed + rank)
     if resume_from is not None:
-        loop = ckpt.load_checkpoint(accelerator, resume_from)
-        if loop.get("world_size", world) != world or loop.get("global_batch_size", t.global_batch_size) != t.global_batch_size:
-            raise PlmError(
-                f"checkpoint was written by {loop.get('world_size')} processes with global batch {loop.get('global_batch_size')}",
-                f"resume with the same world size and batch (now {world}, {t.global_batch_size})")
+        ckpt.load_checkpoint(accelerator, resume_from)
+        accelerator.step = 0  # accumulate()'s micro-step counter: a checkpoint is always at an optimizer step
 
     main = accelerator.is_main_process
     log = MetricsLog(run_dir, enabled=main)
@@ -150,7 +181,12 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     fpt = unwrapped.flops_per_token(t.seq_len) if hasattr(unwrapped, "flops_per_token") else None
     peak = peak_flops(accelerator.device)
 
-    loader = torch.utils.data.DataLoader(
+    # Streaming seam (issue 8): a sequential stream (data/streaming.py) has no random access; it keeps its
+    # own data position, restored here and saved with every checkpoint, and serves its batches in order.
+    sequential = getattr(train_stream, "sequential", False)
+    if sequential and "data_position" in loop:
+        train_stream.load_state_dict(loop["data_position"])
+    loader = train_stream.loader() if sequential else torch.utils.data.DataLoader(
         train_stream, batch_size=None, sampler=CountFrom(loop["micro_batches"]), num_workers=t.num_workers,
         pin_memory=accelerator.device.type == "cuda", persistent_workers=False,
         # Its own generator: creating the iterator would otherwise draw from the global RNG after a
@@ -172,10 +208,14 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
         return None
 
     def snapshot():
+        if sequential:  # streaming seam: every process takes part (the positions are gathered)
+            loop["data_position"] = train_stream.state_dict()
         return ckpt.save_checkpoint(accelerator, run_dir, loop["step"], {**loop, "world_size": world,
                                     "global_batch_size": t.global_batch_size}, t.keep_checkpoints)
 
     progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main)
+    if notice and main:
+        progress.console.print(notice, highlight=False, soft_wrap=True)
     window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
     last_eval, last_saved, reason = {}, -1, stop_reason()
     best = loop.get("best") or {}
@@ -183,18 +223,18 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     start = time.perf_counter() - loop["elapsed"]
     try:
         while reason is None:
-            for i in range(accum):
+            step_tokens = 0
+            for _ in range(accum):
                 batch = _to(next(batches), accelerator.device)
-                sync = i == accum - 1 or world == 1
-                with nullcontext() if sync else accelerator.no_sync(model):
+                # accumulate(): no gradient all-reduce until the last micro-batch, and the loss scaled
+                # by 1/accum in backward (DeepSpeed does both inside its engine).
+                with accelerator.accumulate(model):
                     with accelerator.autocast():
                         out = objective.step(model, batch, state)
-                    accelerator.backward(out.loss / accum)
+                    accelerator.backward(out.loss)
                 state = out.state
                 loop["micro_batches"] += 1
-                n_tok = objective.tokens_in(batch) * world
-                loop["tokens"] += n_tok
-                window["tokens"] += n_tok
+                step_tokens += objective.tokens_in(batch)
                 for name, v in out.metrics.items():
                     window["sums"][name] = window["sums"].get(name, 0) + v.float()
                 window["count"] = window["count"] + out.count
@@ -204,7 +244,15 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             loop["step"] += 1
-            loop["elapsed"] = time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            if world > 1:
+                # One count of tokens and one clock for all processes: they must all stop at the same step
+                # (max_tokens, time_budget), or those still training would wait for the others forever.
+                both = accelerator.gather(torch.tensor([[step_tokens, elapsed]], dtype=torch.float64, device=accelerator.device))
+                step_tokens, elapsed = int(both[:, 0].sum().item()), both[:, 1].max().item()
+            loop["tokens"] += step_tokens
+            window["tokens"] += step_tokens
+            loop["elapsed"] = elapsed
             reason = stop_reason()
 
             if loop["step"] % t.log_every == 0 or reason:
@@ -215,11 +263,11 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                 last_eval = evaluate(accelerator, model, objective, val_stream, t.eval_batches)
                 log.write({"step": loop["step"], "tokens": loop["tokens"], **last_eval})
                 progress.update(loop["step"], None, last_eval)
+                # Every process reaches the same verdict (the metrics are reduced over all of them).
                 if select_metric and (not best or last_eval[select_metric] > best[select_metric]):
                     best = {"step": loop["step"], **last_eval}
                     loop["best"] = best
-                    if main:
-                        save_weights(accelerator.unwrap_model(model), run_dir)
+                    save_weights(accelerator, model, run_dir, tied)
             if (t.save_every and loop["step"] % t.save_every == 0) or reason:
                 snapshot()
                 last_saved = loop["step"]
@@ -236,10 +284,58 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                "stop_reason": reason, "train_loss": log.last.get("loss"), **last_eval}
     if select_metric and best:
         summary["best"] = best
-    elif main:
-        save_weights(accelerator.unwrap_model(model), run_dir)
+    else:
+        save_weights(accelerator, model, run_dir, tied)
     accelerator.wait_for_everyone()
     return summary
+
+
+def _ddp_settings(accelerator, model, objective, batch):
+    """How DistributedDataParallel should wrap `model`.
+
+    Buffers stay out of its syncs: in plm models they are constants built alike on every process
+    (position tables; ELMo's int16 character ids, a dtype neither gloo nor NCCL broadcasts). And DDP
+    waits for a gradient of every parameter unless told that some may get none (ELMo's task-only
+    scalar mix in pretraining, a finetuned encoder's pretraining heads). Telling it costs a graph
+    traversal every step, so one forward/backward of the raw model on a first batch decides, with the
+    random streams put back as they were; a process that found one (or had no batch) tells them all.
+    """
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    device = accelerator.device
+    model.to(device)
+    unused = batch is None
+    if batch is not None:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with accelerator.autocast():
+                out = objective.step(model, _to(batch, device), objective.init_state())
+            out.loss.backward()
+        unused = any(p.requires_grad and p.grad is None for p in model.parameters())
+        model.zero_grad(set_to_none=True)
+    unused = bool(accelerator.reduce(torch.tensor([float(unused)], device=device), reduction="sum").item())
+    return DistributedDataParallelKwargs(broadcast_buffers=False, find_unused_parameters=unused)
+
+
+def _resumable(loop: dict, path: Path, accelerator, world: int, accum: int, global_batch: int) -> str | None:
+    """Refuse a checkpoint this launch cannot continue; map its data position to this launch.
+
+    Micro-batch k of rank r is global micro-batch k·world + r (data/batching.py), so after `step`
+    optimizer steps exactly the first step × global_batch samples are consumed, whatever the number of
+    processes or the micro batch: this launch continues at its micro-batch step × accum, the very next
+    sample. Only the sharded states of FSDP / DeepSpeed are tied to the process count that wrote them.
+    """
+    was_batch, was_world = loop.get("global_batch_size", global_batch), loop.get("world_size", world)
+    if was_batch != global_batch:
+        raise PlmError(f"checkpoint {path} was trained with global batch {was_batch}, this run has {global_batch}",
+                       f"resume with the same global batch: --set train.global_batch_size={was_batch}")
+    loop["micro_batches"] = loop["step"] * accum
+    if was_world == world:
+        return None
+    if sharded(accelerator):
+        raise PlmError(f"checkpoint {path} holds {accelerator.distributed_type.value} state sharded over {was_world} "
+                       f"processes, and {world} were launched", f"resume with {was_world} processes")
+    return (f"resuming a {was_world}-process checkpoint with {world} process{'es' * (world > 1)}: the data continues "
+            f"at sample {loop['step'] * global_batch:,}, where it stopped; dropout masks differ from an uninterrupted run")
 
 
 def _has_split(corpus_dir, split) -> bool:
@@ -262,13 +358,3 @@ def _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak) -> dict
         row["mfu"] = fpt * row["tok_per_s"] / (peak * accelerator.num_processes)
     window.update(t0=time.perf_counter(), tokens=0, sums={}, count=0.0)
     return row
-
-
-def save_weights(model, run_dir: Path) -> None:
-    import os
-
-    from safetensors.torch import save_model
-
-    tmp = Path(run_dir) / ".model.safetensors.tmp"
-    save_model(model, str(tmp))
-    os.replace(tmp, Path(run_dir) / "model.safetensors")

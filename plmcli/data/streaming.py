@@ -1,0 +1,365 @@
+"""`plm pretrain --streaming`: train on text files read, tokenized and packed as training goes.
+
+For corpora too big to tokenize up front (hundreds of GB): nothing is written but a tokenizer and a
+small validation set. The training bytes (every input file, the last one up to the validation tail)
+are cut into one contiguous stretch per *lane*; a micro-batch row is the next window of T+1 tokens of
+its lane, so rows of one batch come from far-apart places in the corpus. Lanes = processes ×
+loader workers (`train.num_workers`, at least one reader) × micro-batch rows; no two read the same
+bytes. A lane reads lines (see data/ranges.py), encodes them in the DataLoader worker and keeps the
+tokens of the documents in order, a separator after each document, as `token_stream` lays out a
+tokenized corpus; at the end of its stretch it starts over (the next epoch).
+
+Exact resume: a lane's position is (epoch, piece, byte offset of the first line whose tokens are not
+yet consumed, tokens of that line already consumed, whether the line before it was blank). Each
+batch carries the positions of its reader's lanes after it; the main process keeps those of the last
+batch the loop took, and a checkpoint saves them (all processes' gathered into one). A resumed run
+seeks every lane to its offset: consumed text is never read again, and the batches that follow are
+the ones an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.data.ranges import document_start, iter_lines, line_before_is_blank, open_text, seek_line
+from plmcli.errors import PlmError
+
+KIND = "streaming"
+VAL_MAX_BYTES = 16 << 20
+"""The validation tail is data.val_fraction of the text, at most this much (it is tokenized up front)."""
+TOKENIZER_SAMPLE_BYTES = 256 << 20
+"""A tokenizer is trained on at most this much text, taken from the start of the files, spread over them."""
+READ_LINES = 256  # lines a lane reads and encodes at a time
+
+
+class _Reads(deque):
+    """Where this process's lanes opened their files, (path, offset), the latest 4096, and the bytes they
+    read: a resume must seek past consumed text, never read it again (the tests check it)."""
+    bytes = 0
+
+
+reads = _Reads(maxlen=4096)
+
+
+# ----------------------------------------------------------------------------- preparing
+
+
+def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, objective_cls=None,
+                          cache_root=None) -> Path:
+    """A directory for streaming `inputs`: tokenizer.json, the validation tail tokenized, meta.json with
+    the file list. Cached under a key over the inputs (paths, sizes, mtimes) and settings."""
+    from plmcli.data.corpus import FORMAT, STDIN, VERSION, _expand_inputs, _input_stats, _read_meta, default_cache_dir
+    from plmcli.data.outdir import build_atomically
+
+    if objective_cls is not None:
+        check_streamable(objective_cls)
+
+    inputs = [inputs] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
+    if len(inputs) == 1 and Path(inputs[0]).is_dir() and _read_meta(Path(inputs[0])) is not None:
+        raise PlmError(f"--streaming reads text files, and '{inputs[0]}' is already tokenized",
+                       "drop --streaming (a tokenized corpus is read from disk as it trains), or pass the text files")
+    files = _expand_inputs(inputs)
+    for name in files:
+        if name == STDIN or name.endswith(".gz"):
+            raise PlmError(f"--streaming cannot read '{name}': training seeks into its inputs, and "
+                           f"{'standard input' if name == STDIN else 'a .gz file'} cannot be entered midway",
+                           "decompress it to a plain text file (or tokenize it with `plm tokenize` and drop --streaming)")
+        open_text(name).close()  # binary files and UTF-16 fail now, not hours into training
+    stats = _input_stats(files)
+    tok = dataclasses.asdict(tok_cfg)
+    if tok_cfg.path and Path(tok_cfg.path).is_file():
+        tok["path"] = hashlib.sha256(Path(tok_cfg.path).read_bytes()).hexdigest()
+    blob = json.dumps([stats, tok, data_cfg.doc_per_line, float(data_cfg.val_fraction), FORMAT, VERSION, KIND,
+                       VAL_MAX_BYTES, TOKENIZER_SAMPLE_BYTES], sort_keys=True)
+    key = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    out = (Path(cache_root) if cache_root is not None else default_cache_dir()) / "streams" / key[:16]
+    build_atomically(out, key, _read_meta, lambda tmp: _build(tmp, files, stats, tok_cfg, data_cfg, key),
+                     "plm pretrain --streaming")
+    return out
+
+
+def _sample_lines(files: list[str], budget: int) -> Iterator[str]:
+    """Lines from the start of the files, about budget/len(files) bytes each (every k-th file when there
+    are too many to give each 1 MB)."""
+    step = max(1, -(-len(files) * (1 << 20) // budget))
+    chosen = files[::step]
+    share = budget // len(chosen)
+    for name in chosen:
+        for pos, line in iter_lines(name):
+            if pos >= share:
+                break
+            yield line
+
+
+def _build(tmp: Path, files: list[str], stats: list[dict], tok_cfg: TokenizerConfig, data_cfg: DataConfig, key: str) -> dict:
+    from plmcli.data.corpus import FORMAT, VERSION, encode_splits, tokenizer_entry
+
+    if not any(line.strip() for line in _sample_lines(files, TOKENIZER_SAMPLE_BYTES)):  # stops at the first text
+        raise PlmError("the input contains no text (every line is blank)", "check the input files")
+    sizes = [os.path.getsize(f) for f in files]
+    total = sum(sizes)
+    val_bytes = min(int(total * data_cfg.val_fraction), VAL_MAX_BYTES, sizes[-1])
+    cut = sizes[-1] - val_bytes
+    # Train on the lines before the first validation document: nothing lost, nothing shared.
+    train_end = document_start(files[-1], cut, data_cfg.doc_per_line) if val_bytes else sizes[-1]
+    if sum(sizes[:-1]) + train_end == 0:
+        raise PlmError("--streaming found no training text (the validation tail takes it all)",
+                       "add text or lower data.val_fraction")
+    tok, entry = tokenizer_entry(tok_cfg, lambda: _sample_lines(files, TOKENIZER_SAMPLE_BYTES))
+    units = [(files[-1], cut, None, val_bytes)] if val_bytes else []
+    counts = encode_splits(tmp, units, tok, data_cfg.doc_per_line, 1, key, lambda n: 0)
+    tok.save(str(tmp / "tokenizer.json"))
+    meta = {"format": FORMAT, "version": VERSION, "tokenizer": entry, "inputs": stats,
+            "doc_per_line": data_cfg.doc_per_line, "val_fraction": data_cfg.val_fraction, "counts": counts, "key": key,
+            KIND: {"files": [str(Path(f).resolve()) for f in files], "sizes": sizes, "train_end": train_end,
+                   "train_bytes": sum(sizes[:-1]) + train_end, "validation_start": cut if val_bytes else None}}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return meta
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass
+class Piece:
+    """Bytes [start, end) of one file that a lane reads; `file_end`: no training text follows in that file."""
+    path: str
+    start: int
+    end: int
+    file_end: bool
+
+
+def lane_pieces(files: list[str], sizes: list[int], train_end: int, lanes: int) -> list[list[Piece]]:
+    """Cut the training bytes (all files, the last up to train_end) into `lanes` contiguous stretches."""
+    ends = sizes[:-1] + [train_end]
+    offsets = np.concatenate([[0], np.cumsum(ends)]).tolist()
+    total = offsets[-1]
+    out = []
+    for j in range(lanes):
+        lo, hi = total * j // lanes, total * (j + 1) // lanes
+        pieces = []
+        for i, name in enumerate(files):
+            a, b = max(lo, offsets[i]), min(hi, offsets[i + 1])
+            if a < b:
+                pieces.append(Piece(name, a - offsets[i], b - offsets[i], b == offsets[i + 1]))
+        out.append(pieces)
+    return out
+
+
+class Lane:
+    """Tokens of one stretch of the corpus, window after window, forever (epoch after epoch)."""
+
+    def __init__(self, pieces: list[Piece], tok, sep: int | None, position: list | None, name: str):
+        self.pieces, self.tok, self.sep, self.name = pieces, tok, sep, name
+        if position is None:
+            position = [0, 0, pieces[0].start if pieces else 0, 0, None]
+        epoch, piece, offset, self.skip, prev_blank = position
+        self.pending: deque = deque()  # (position key, token ids) of units not wholly consumed
+        self.units = self._units(epoch, piece, offset, prev_blank)
+
+    @staticmethod
+    def _start_blank(piece: Piece) -> bool:
+        """Whether the line before the piece's first line is blank (then a blank first line ends no document)."""
+        if piece.start == 0:
+            return True
+        with open(piece.path, "rb") as f:
+            first = seek_line(f, piece.start)
+        return line_before_is_blank(piece.path, first)
+
+    def _units(self, epoch: int, p: int, offset: int, prev_blank) -> Iterator[tuple[list, list[int]]]:
+        """(position key, token ids) per line that yields tokens; the key restarts reading at that line."""
+        if not self.pieces:
+            raise PlmError(f"streaming {self.name} has no text to read", _FEWER)
+        produced = 0
+        while True:
+            piece = self.pieces[p]
+            if prev_blank is None:
+                prev_blank = self._start_blank(piece)
+            lines = iter_lines(piece.path, offset, piece.end)
+            reads.append((piece.path, offset))
+            while True:
+                chunk = [x for _, x in zip(range(READ_LINES), lines)]
+                if not chunk:
+                    break
+                reads.bytes += chunk[-1][0] - chunk[0][0] + len(chunk[-1][1])  # about: CRLF counts as one
+                encoded = iter(self.tok.encode_batch([x for _, x in chunk if x.strip()], add_special_tokens=False))
+                for pos, line in chunk:
+                    blank = not line.strip()
+                    ids = ([self.sep] if not prev_blank and self.sep is not None else []) if blank else next(encoded).ids
+                    if ids:
+                        produced += len(ids)
+                        yield [epoch, p, pos, prev_blank], ids
+                    prev_blank = blank
+            if piece.file_end and not prev_blank and self.sep is not None:  # documents never span files
+                produced += 1
+                yield [epoch, p, piece.end, prev_blank], [self.sep]
+            p += 1
+            if p == len(self.pieces):
+                if not produced:
+                    raise PlmError(f"streaming {self.name} found no text in its share of the corpus", _FEWER)
+                p, epoch, produced = 0, epoch + 1, 0
+            offset, prev_blank = self.pieces[p].start, None
+
+    def window(self, n: int) -> list[int]:
+        """The next n tokens; all but the last are consumed (the last starts the next window, as the
+        target of one window's last position is the next window's first input)."""
+        have = sum(len(ids) for _, ids in self.pending) - self.skip
+        while have < n:
+            unit = next(self.units)
+            self.pending.append(unit)
+            have += len(unit[1])
+        out: list[int] = []
+        for i, (_, ids) in enumerate(self.pending):
+            out.extend(ids[self.skip if i == 0 else 0 :][: n - len(out)])
+            if len(out) == n:
+                break
+        drop = n - 1
+        while drop:
+            left = len(self.pending[0][1]) - self.skip
+            if drop < left:
+                self.skip += drop
+                break
+            drop -= left
+            self.pending.popleft()
+            self.skip = 0
+        return out
+
+    def position(self) -> list:
+        key, _ = self.pending[0]
+        return [*key[:3], self.skip, key[3]]
+
+
+_FEWER = ("the corpus is too small for this many readers (processes × loader workers × micro-batch rows): "
+          "use fewer processes or train.num_workers, a smaller train.micro_batch_size, or more text")
+
+
+class TextStream(torch.utils.data.IterableDataset):
+    """This process's training micro-batches, read from text as they are needed (see the module doc).
+
+    The loop reads it through `loader()` and saves `state_dict()` with each checkpoint (see the
+    streaming seam in train/loop.py).
+    """
+
+    sequential = True  # the loop: no random access, a position of its own
+
+    def __init__(self, corpus_dir, tokenizer_json: str, sep: int | None, seq_len: int, batch_size: int,
+                 rank: int, world: int, num_workers: int, make_batch):
+        meta = json.loads((Path(corpus_dir) / "meta.json").read_text())
+        s = meta[KIND]
+        self.key, self.tok_json, self.sep, self.T, self.B = meta["key"], tokenizer_json, sep, seq_len, batch_size
+        self.rank, self.world, self.readers, self.make_batch = rank, world, max(1, num_workers), make_batch
+        self.num_workers = num_workers
+        lanes = lane_pieces(s["files"], s["sizes"], s["train_end"], world * self.readers * batch_size)
+        per_reader = self.readers * batch_size
+        self.pieces = lanes[rank * per_reader : (rank + 1) * per_reader]
+        self.positions: list = [None] * self.readers  # per reader: its lanes' positions (None: not started)
+        self.first = 0  # the reader whose batch comes next
+
+    def _lanes(self, reader: int):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self.tok_json)
+        pos = self.positions[reader] or [None] * self.B
+        base = (self.rank * self.readers + reader) * self.B
+        return [Lane(self.pieces[reader * self.B + b], tok, self.sep, pos[b], f"lane {base + b}") for b in range(self.B)]
+
+    def _batches(self, reader: int):
+        lanes = self._lanes(reader)
+        while True:
+            x = torch.tensor([lane.window(self.T + 1) for lane in lanes], dtype=torch.long)  # (B, T+1)
+            yield {**self.make_batch(x), "_position": {"reader": reader, "lanes": [lane.position() for lane in lanes]}}
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        try:
+            yield from self._batches((self.first + (info.id if info else 0)) % self.readers)
+        except PlmError as e:
+            if info is None:
+                raise
+            # A worker's exception reaches the main process as its traceback text; this keeps the one line.
+            yield {"_error": [e.message, e.hint]}
+
+    def loader(self) -> Iterator[dict]:
+        """The batches in order, each leaving its reader's position behind for `state_dict`."""
+        if self.num_workers:  # workers fork after the main process may have used the tokenizer's threads
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        dl = torch.utils.data.DataLoader(self, batch_size=None, num_workers=self.num_workers,
+                                         pin_memory=torch.cuda.is_available(), persistent_workers=False,
+                                         generator=torch.Generator().manual_seed(0))  # leaves the global RNG alone
+        for batch in dl:
+            if "_error" in batch:
+                raise PlmError(*batch["_error"])
+            where = batch.pop("_position")
+            self.positions[where["reader"]] = where["lanes"]
+            self.first = (where["reader"] + 1) % self.readers
+            yield batch
+
+    def state_dict(self) -> dict:
+        """Every process's position (a collective call: all processes make it together)."""
+        local = {"first": self.first, "positions": self.positions}
+        if self.world > 1:
+            from accelerate.utils import gather_object
+
+            ranks = gather_object([local])
+        else:
+            ranks = [local]
+        return {"key": self.key, "readers": self.readers, "rows": self.B, "ranks": ranks}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("key") != self.key:
+            raise PlmError("the streamed input files changed since the checkpoint was written (sizes or times differ)",
+                           "resume with the same files, unchanged, or start a new run")
+        was = (len(state["ranks"]), state["readers"], state["rows"])
+        if was != (self.world, self.readers, self.B):
+            raise PlmError(f"the checkpoint streamed with {was[0]} processes × {was[1]} readers × {was[2]} rows, "
+                           f"this run with {self.world} × {self.readers} × {self.B}",
+                           "resume --streaming with the same process count, train.num_workers and micro batch")
+        local = state["ranks"][self.rank]
+        self.first, self.positions = local["first"], local["positions"]
+
+
+# ----------------------------------------------------------------------------- the objective
+
+
+def check_streamable(objective_cls) -> None:
+    """Streaming packs plain token windows, which is what a causal LM trains on."""
+    from plmcli.objectives.clm import CausalLM
+
+    if not issubclass(objective_cls, CausalLM):
+        raise PlmError(f"--streaming trains causal LMs (objective clm) for now, not {objective_cls.__name__}",
+                       "drop --streaming: `plm tokenize` the corpus first (memory stays flat) and pass it with --data")
+
+
+class StreamingObjective:
+    """An objective that trains on a TextStream; evaluation and everything else are the wrapped one's."""
+
+    def __init__(self, inner, num_workers: int = 0):
+        check_streamable(type(inner))
+        self.inner, self.num_workers = inner, num_workers
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        if split != "train":
+            return self.inner.stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
+        tok_json = (Path(corpus_dir) / "tokenizer.json").read_text(encoding="utf-8")
+        return TextStream(corpus_dir, tok_json, self.inner.separator(), self.inner.seq_len, batch_size, rank, world,
+                          self.num_workers, causal_batch)
+
+
+def causal_batch(x: torch.Tensor) -> dict:
+    """Windows of T+1 tokens -> inputs and next-token targets, as the clm objective's own stream makes them."""
+    return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
