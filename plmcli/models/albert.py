@@ -21,7 +21,7 @@ from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, padding_mask
-from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights
+from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, require_vocab
 
 SHARES = ("all", "attention", "ffn", "none")
 
@@ -60,8 +60,7 @@ class Albert(MaskedLMEncoder):
 
     def __init__(self, cfg: AlbertConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("AlbertConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.max_positions <= cfg.position_offset:
             raise ValueError(f"max_positions {cfg.max_positions} leaves no room after position_offset {cfg.position_offset}")
         self.cfg = cfg

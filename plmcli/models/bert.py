@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from plmcli.models.layers import ACTIVATIONS, Block, init_weights
+from plmcli.models.layers import ACTIVATIONS, Block, init_weights, require_vocab
 
 
 @dataclass
@@ -134,8 +134,7 @@ class Bert(MaskedLMEncoder):
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("BertConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.max_positions <= cfg.position_offset:
             raise ValueError(f"max_positions {cfg.max_positions} leaves no room after position_offset {cfg.position_offset}")
         self.cfg = cfg

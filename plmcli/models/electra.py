@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from plmcli.errors import PlmError
-from plmcli.models.layers import ACTIVATIONS, Block, init_weights
+from plmcli.models.layers import ACTIVATIONS, Block, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")
 
@@ -148,8 +148,7 @@ class Electra(nn.Module):
 
     def __init__(self, cfg: ElectraConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("ElectraConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         self.cfg = cfg
         E = cfg.embedding_size or cfg.d_model
         g_d, g_h, g_ff = cfg.generator_dims()

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models.layers import require_vocab
+
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
 N_CHARS = BYTE0 + 256
 
@@ -174,8 +176,7 @@ class ELMo(nn.Module):
 
     def __init__(self, cfg: ELMoConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("ELMoConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.token_encoder not in ("char", "word"):
             raise ValueError(f"token_encoder must be char or word, not {cfg.token_encoder!r}")
         if cfg.n_layer < 1:

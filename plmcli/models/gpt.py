@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from plmcli.models.layers import Block, init_weights, scale_residual_init
+from plmcli.models.layers import Block, init_weights, require_vocab, scale_residual_init
 
 
 @dataclass
@@ -56,8 +56,7 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("GPTConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         self.cfg = cfg

@@ -17,6 +17,12 @@ ACTIVATIONS = {
 }
 
 
+def require_vocab(cfg) -> None:
+    """Every family's config leaves vocab_size at 0 until the tokenizer is known (objective.configure_model)."""
+    if cfg.vocab_size < 1:
+        raise ValueError(f"{type(cfg).__name__}.vocab_size must be set (from the tokenizer) before building")
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with a fused QKV projection; `causal` uses SDPA's built-in causal mask."""
 

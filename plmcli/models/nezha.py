@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.models.bert import MaskedLMEncoder, MLMHead, padding_mask
-from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights
+from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, require_vocab
 
 
 @dataclass
@@ -126,8 +126,7 @@ class Nezha(MaskedLMEncoder):
 
     def __init__(self, cfg: NezhaConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("NezhaConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.d_model % cfg.n_head or (cfg.d_model // cfg.n_head) % 2:
             raise ValueError(f"d_model {cfg.d_model} / n_head {cfg.n_head} must be an even head size (sin/cos pairs)")
         if cfg.max_relative_position < 1:

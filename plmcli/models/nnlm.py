@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models.layers import require_vocab
+
 
 @dataclass
 class NNLMConfig:
@@ -44,8 +46,7 @@ class NNLM(nn.Module):
 
     def __init__(self, cfg: NNLMConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("NNLMConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.order < 2:
             raise ValueError(f"order must be ≥ 2 (a word predicted from at least one previous word), not {cfg.order}")
         self.cfg = cfg

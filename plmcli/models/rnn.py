@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models.layers import require_vocab
+
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
 
@@ -58,8 +60,7 @@ class RNNLM(nn.Module):
 
     def __init__(self, cfg: RNNConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("RNNConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.cell not in CELLS:
             raise ValueError(f"cell must be one of {', '.join(CELLS)}, not {cfg.cell!r}")
         if cfg.n_layer < 1:

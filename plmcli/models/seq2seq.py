@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from plmcli.models.layers import require_vocab
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -100,8 +102,7 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("Seq2SeqConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.cell not in CELLS:
             raise ValueError(f"cell must be one of {', '.join(CELLS)}, not {cfg.cell!r}")
         if cfg.bidirectional and cfg.d_hidden % 2:

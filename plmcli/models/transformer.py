@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.models.layers import Block, CrossAttention, FeedForward, MultiHeadAttention
+from plmcli.models.layers import Block, CrossAttention, FeedForward, MultiHeadAttention, require_vocab
 
 
 @dataclass
@@ -115,8 +115,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("TransformerConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         self.cfg = cfg

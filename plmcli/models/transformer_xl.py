@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
-from plmcli.models.layers import FeedForward, sinusoid_table
+from plmcli.models.layers import FeedForward, require_vocab, sinusoid_table
 
 
 @dataclass
@@ -161,8 +161,7 @@ class TransformerXL(nn.Module):
 
     def __init__(self, cfg: TransformerXLConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("TransformerXLConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         if cfg.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         if cfg.mem_len < 0 or cfg.clamp_len < 0:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.models.layers import FeedForward, init_weights, sinusoid_table
+from plmcli.models.layers import FeedForward, init_weights, require_vocab, sinusoid_table
 
 
 @dataclass
@@ -171,8 +171,7 @@ class XLNet(nn.Module):
 
     def __init__(self, cfg: XLNetConfig):
         super().__init__()
-        if cfg.vocab_size < 1:
-            raise ValueError("XLNetConfig.vocab_size must be set (from the tokenizer) before building")
+        require_vocab(cfg)
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # w: the query stream's input

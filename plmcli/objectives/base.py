@@ -79,3 +79,13 @@ class Objective:
 
     def tokens_in(self, batch: dict) -> int:
         return int(batch["input_ids"].numel())
+
+
+def eval_batches(stream, max_batches: int, device):
+    """This process's evaluation batches on `device`: one pass over the stream (the first `max_batches`
+    when set), skipping the empty batches a short last pass leaves."""
+    n = stream.batches_per_epoch()
+    for k in range(min(n, max_batches) if max_batches else n):
+        batch = stream[k]
+        if batch is not None:
+            yield {key: v.to(device) if torch.is_tensor(v) else v for key, v in batch.items()}

@@ -31,7 +31,7 @@ from torch import nn
 from plmcli.data.batching import BatchStream
 from plmcli.data.tasks import encode_pairs, load_split, require_roles, save_split, truncate_pair, write_meta
 from plmcli.errors import PlmError
-from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.base import Objective, StepOutput, eval_batches
 
 CAUSAL = "causal"
 """The `layout` finetune passes for a backbone class with `causal = True` (and no pair_layout): GPT's transforms."""
@@ -432,13 +432,8 @@ class Classify(Objective):
 
     def _run(self, model, stream, max_batches, device, autocast) -> dict:
         out = {"logits": [], "labels": [], "group": [], "index": []}
-        n = stream.batches_per_epoch()
         with torch.no_grad():
-            for k in range(min(n, max_batches) if max_batches else n):
-                batch = stream[k]
-                if batch is None:
-                    continue
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            for batch in eval_batches(stream, max_batches, device):
                 with autocast():
                     logits = self._logits(model, batch)[0]
                 out["logits"].append(logits.float())

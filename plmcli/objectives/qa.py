@@ -34,7 +34,7 @@ from torch import nn
 from plmcli.data.batching import BatchStream
 from plmcli.data.tasks import LAYOUTS, load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
-from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.classify import SequenceClassifier, encoder_problem
 
 NEG = -1e9
@@ -346,13 +346,8 @@ class SpanQA(Objective):
     def _run(self, model, stream, max_batches, device, autocast) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (W, seq_len, 2), window index (W,)) of the windows this process reads."""
         logits, index = [], []
-        n = stream.batches_per_epoch()
         with torch.no_grad():
-            for k in range(min(n, max_batches) if max_batches else n):
-                batch = stream[k]
-                if batch is None:
-                    continue
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            for batch in eval_batches(stream, max_batches, device):
                 with autocast():
                     out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
                 full = torch.full((len(out), self.seq_len, 2), NEG, device=device)

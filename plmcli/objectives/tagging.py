@@ -41,7 +41,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.models.crf import LinearChainCRF, bio_constraints
-from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.base import Objective, StepOutput, eval_batches
 
 IGNORE = -100
 """Label of a sub-token that is not a word's first (and of special tokens): no loss, no prediction."""
@@ -334,13 +334,8 @@ class Tagging(Objective):
         """Per window: predicted tags (N, seq_len) padded with -1, summed loss, words, index."""
         crf = self._crf(model)
         out = {"preds": [], "loss": [], "words": [], "index": []}
-        n = stream.batches_per_epoch()
         with torch.no_grad():
-            for k in range(min(n, max_batches) if max_batches else n):
-                batch = stream[k]
-                if batch is None:
-                    continue
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            for batch in eval_batches(stream, max_batches, device):
                 with autocast():
                     scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"])
                 scores = scores.float()
