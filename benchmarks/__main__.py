@@ -17,9 +17,14 @@ BENCHMARKS = {
     "txl-vs-gpt": "benchmarks.txl_vs_gpt",
     "family-sst2": "benchmarks.family_sst2",
     "gpu-check": "benchmarks.gpu_check",
+    "gpu-mfu": "benchmarks.gpu_mfu",
     "conll-ner": "benchmarks.conll_ner",
     "cmrc2018": "benchmarks.cmrc",
     "tokenize-memory": "benchmarks.tokenize_memory",
+    "varlen-sst2": "benchmarks.varlen_sst2",
+    "tokenize-speed": "benchmarks.tokenize_speed",
+    "ppl-speed": "benchmarks.ppl_speed",
+    "startup": "benchmarks.startup",
 }
 
 

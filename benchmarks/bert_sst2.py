@@ -29,9 +29,19 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="finetuning batch size")
     p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
     p.add_argument("--max-finetune-steps", type=int, help="cap finetuning steps (smoke test)")
+    p.add_argument("--corpus", default="ptb,wikitext2,sst2",
+                   help="pretraining texts, comma-separated from ptb, wikitext2, sst2 (the SST-2 train sentences, "
+                        "no labels: in-domain text, as task-adaptive pretraining uses)")
 
 
-def build_corpus(path: Path) -> Path:
+CORPORA = ("ptb", "wikitext2", "sst2")
+NAMES = {"ptb": "PTB train", "wikitext2": "WikiText-2 valid", "sst2": "the SST-2 train sentences (no labels)"}
+
+
+def build_corpus(path: Path, parts=CORPORA) -> Path:
+    unknown = set(parts) - set(CORPORA)
+    if unknown:
+        raise SystemExit(f"bert-sst2: unknown --corpus part(s) {sorted(unknown)}; choose from {', '.join(CORPORA)}")
     d = common.SHARED_DATA
     docs: list[str] = []
 
@@ -39,9 +49,10 @@ def build_corpus(path: Path) -> Path:
         lines = [x.strip() for x in lines if x.strip()]
         return ["\n".join(lines[i : i + n]) for i in range(0, len(lines), n)]
 
-    docs += chunks((d / "ptb" / "ptb.train.txt").read_text(encoding="utf-8").splitlines())
+    if "ptb" in parts:
+        docs += chunks((d / "ptb" / "ptb.train.txt").read_text(encoding="utf-8").splitlines())
     article: list[str] = []
-    for line in (d / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines():
+    for line in (d / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines() if "wikitext2" in parts else []:
         s = line.strip()
         if s.startswith("= ") and not s.startswith("= = ") and article:
             docs.append("\n".join(article))
@@ -50,8 +61,9 @@ def build_corpus(path: Path) -> Path:
             article.append(s)
     if article:
         docs.append("\n".join(article))
-    sst = [ln.split("\t")[0] for ln in (d / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]]
-    docs += chunks(sst)
+    if "sst2" in parts:
+        sst = [ln.split("\t")[0] for ln in (d / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+        docs += chunks(sst)
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
 
@@ -66,7 +78,8 @@ def run(args) -> int:
     common.set_threads(2)
     root = args.keep or Path(tempfile.mkdtemp(prefix="plm-bert-sst2-"))
     root.mkdir(parents=True, exist_ok=True)
-    corpus = build_corpus(root / "corpus.txt")
+    parts = tuple(x.strip() for x in args.corpus.split(",") if x.strip())
+    corpus = build_corpus(root / "corpus.txt", parts)
     budget = args.pretrain_minutes * 60
     recipe = load_recipe(args.recipe, args.set or None)
     pre, pre_wall, rate = pretrain_for(args.recipe, corpus, root, budget, args.set or None)
@@ -81,10 +94,14 @@ def run(args) -> int:
     acc = {k: v[0]["dev"]["accuracy"] for k, v in results.items()}
     gain = acc["pretrained"] - acc["random"]
 
+    o = recipe.objective
+    masking = (f"dynamic masking (a fresh {o.mask_prob:.0%} each batch), no sentence pairs" if o.dynamic
+               else f"static masking ({o.mask_prob:.0%}, dupe factor {o.dupe_factor}) with {o.pairs.upper()} pairs")
+    overrides = f" with `{' '.join('--set ' + x for x in args.set)}`" if args.set else ""
     text = f"""
-Pretraining: `{args.recipe}` ({recipe.model.n_layer} layers, d_model {recipe.model.d_model}) on PTB train +
-WikiText-2 valid + SST-2 train sentences ({corpus.stat().st_size / 1e6:.1f} MB of text; PTB/SST-2 lines grouped
-8 to a document, WikiText-2 split at article headings), static masking with NSP as the recipe says. The step
+Pretraining: `{args.recipe}` ({recipe.model.n_layer} layers, d_model {recipe.model.d_model}){overrides} on
+{" + ".join(NAMES[x] for x in parts)} ({corpus.stat().st_size / 1e6:.1f} MB of text; PTB/SST-2 lines grouped
+8 to a document, WikiText-2 split at article headings), {masking}. The step
 count was set from a 30-step calibration ({rate:,.0f} tokens/s) to fill the {args.pretrain_minutes:g}-minute budget
 on this machine, so the learning-rate schedule completes. Finetuning: the full SST-2 train set (67,349
 sentences), {args.epochs} epochs, lr {args.lr:g}, batch {args.batch_size}, warmup 10% + linear decay, dev

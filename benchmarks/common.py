@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import re
 import shlex
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,10 +68,10 @@ def machine_line(info: dict | None = None) -> str:
 
 
 def interleave(runners: dict[str, Callable[[], float]], repeats: int, warmup: int = 1,
-               log: Callable[[str], None] = print) -> dict[str, list[float]]:
+               log: Callable[[str], None] = print, fmt: str = "{:,.0f}") -> dict[str, list[float]]:
     """Call each runner `warmup` times (discarded), then A, B, A, B, ... for `repeats` rounds.
 
-    Each call returns one measurement (e.g. tokens/s). Alternating rather than running A's repeats then B's
+    Each call returns one measurement (e.g. tokens/s), logged with `fmt`. Alternating rather than running A's repeats then B's
     means slow drift on a shared machine (another job, thermal throttling) hits both sides alike.
     """
     for name, fn in runners.items():
@@ -80,7 +82,7 @@ def interleave(runners: dict[str, Callable[[], float]], repeats: int, warmup: in
     for r in range(repeats):
         for name, fn in runners.items():
             samples[name].append(fn())
-        log(f"repeat {r + 1}/{repeats}: " + "  ".join(f"{n} {s[-1]:,.0f}" for n, s in samples.items()))
+        log(f"repeat {r + 1}/{repeats}: " + "  ".join(f"{n} {fmt.format(s[-1])}" for n, s in samples.items()))
     return samples
 
 
@@ -142,3 +144,105 @@ def publish(name: str, body: str, args) -> None:
         return
     write_section(name, body)
     print(f"wrote section '{name}' of {BENCHMARKS_MD}")
+
+
+# ---------------------------------------------------------------- shared by several benchmarks
+
+
+def shared_or_sample(relative: str, sample: Path) -> Path:
+    """SHARED_DATA/relative when present, else `sample` (shipped with the repo), so every benchmark also
+    runs, at toy size, on a machine without the shared data."""
+    path = SHARED_DATA / relative
+    return path if path.exists() else sample
+
+
+def ptb_wikitext_text() -> tuple[str, str]:
+    """(text, what it is): PTB train/valid/test, every 8 lines one document (PTB has no document breaks),
+    then WikiText-2 raw valid as it is (its blank lines separate paragraphs); the shipped sample corpus
+    when the shared data is absent."""
+    ptb = [SHARED_DATA / "ptb" / f"ptb.{s}.txt" for s in ("train", "valid", "test")]
+    wiki = SHARED_DATA / "wikitext-2-raw" / "wiki.valid.raw"
+    if not all(p.is_file() for p in ptb + [wiki]):
+        from plmcli.api import default_corpus
+
+        src = Path(default_corpus())
+        return src.read_text(encoding="utf-8"), f"the shipped sample corpus `{src.name}`"
+    lines = [x for p in ptb for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
+    docs = ["\n".join(lines[i : i + 8]) for i in range(0, len(lines), 8)]
+    text = "\n\n".join(docs) + "\n\n" + wiki.read_text(encoding="utf-8")
+    return text, "PTB train+valid+test (8 lines a document) + WikiText-2 raw valid"
+
+
+def hf_fast_tokenizer(tokenizer_json: str | Path, special_tokens: dict):
+    """transformers' PreTrainedTokenizerFast over a plm tokenizer.json, with plm's special-token roles
+    (role -> token string) as its pad_token / cls_token / ... attributes."""
+    from transformers import PreTrainedTokenizerFast
+
+    roles = {f"{r}_token": t for r, t in special_tokens.items() if r in ("pad", "unk", "cls", "sep", "mask", "bos", "eos")}
+    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), **roles)
+
+
+def rate_rows(stats: dict[str, dict], baseline: str, unit_fmt: str = "{:,.0f}", extra: dict | None = None) -> list[list]:
+    """Table rows [side, median, min–max, × baseline, *extra[side]] from `summary` stats of rates (higher = better)."""
+    base = stats[baseline]["median"]
+    rows = []
+    for name, s in stats.items():
+        rows.append([name, unit_fmt.format(s["median"]), f"{unit_fmt.format(s['min'])}–{unit_fmt.format(s['max'])}",
+                     f"{s['median'] / base:.2f}×", *((extra or {}).get(name, []))])
+    return rows
+
+
+def child_env(threads: int | None = None, **extra: str) -> dict:
+    """Environment for a benchmark's subprocess: this checkout's plmcli first on the path, offline HF
+    libraries, no progress bars, and (with `threads`) the same thread budget for torch/OpenMP and the
+    tokenizers' Rust pool as the parent gives torch."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), RAYON_NUM_THREADS=str(threads))
+    env.update(extra)
+    return env
+
+
+def run_worker(module: str, payload: dict, env: dict) -> dict:
+    """Run `module.worker(payload)` in a fresh interpreter and return the dict it returns (sent back as
+    JSON on the last line of stdout): each measurement starts from a clean process, so one side's thread
+    pools, caches or forked workers cannot change the next side's conditions."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"import json, sys; from {module} import worker; print(json.dumps(worker(json.loads(sys.argv[1]))))"
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(payload)], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{module} worker failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def shown(path: str | Path) -> str:
+    """`path` as a reader re-running from the repository root would write it (data/..., ../shared/data/...)."""
+    p = Path(path).absolute()  # not resolve(): a symlinked path keeps the name the user gave
+    for base, prefix in ((REPO_ROOT, ""), (REPO_ROOT.parent, "../")):
+        if p.is_relative_to(base):
+            return prefix + str(p.relative_to(base))
+    return str(path)
+
+
+@contextlib.contextmanager
+def isolated_workdir(prefix: str, keep: Path | None = None):
+    """A work dir (temporary unless `keep`) that also holds the runs, runs/latest and the corpus cache
+    (PLM_RUNS / PLM_CACHE), so a benchmark leaves nothing behind in the user's plm directories."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(keep) if keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        saved = {k: os.environ.get(k) for k in ("PLM_RUNS", "PLM_CACHE")}
+        os.environ["PLM_RUNS"], os.environ["PLM_CACHE"] = str(root / "runs"), str(root / "cache")
+        try:
+            yield root
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

@@ -55,7 +55,6 @@ def hf_config(cfg, attn_implementation: str = "sdpa"):
 def build(args):
     """(recipe, {name: (model, loss_fn, optimizer)}, batch shape) with both models ready to train."""
     import torch
-    import torch.nn.functional as F
     from transformers import GPT2LMHeadModel
 
     from plmcli.config import load_recipe
@@ -84,7 +83,7 @@ def build(args):
 
     def plm_loss():
         # exactly plmcli.objectives.clm.CausalLM.step on a fp32 model
-        return F.cross_entropy(plm(x).flatten(0, 1), y.flatten())
+        return plm(x, labels=y)
 
     def hf_loss():
         return hf(input_ids=x, labels=x).loss
@@ -153,8 +152,9 @@ vocab {V}, {n_params:,} parameters) on a batch of {B} × {T} random token ids, i
 (torch foreach kernel, lr {recipe.optim.lr}, weight decay {recipe.optim.weight_decay} on ≥2-D parameters, via
 `plmcli.train.optim.build_optimizer` for both), `zero_grad(set_to_none=True)`.
 
-- **plm**: `plmcli.models.gpt.GPT`, loss `F.cross_entropy(model(x).flatten(0, 1), y.flatten())` on inputs
-  and pre-shifted targets, as the `clm` objective computes it.
+- **plm**: `plmcli.models.gpt.GPT`, loss `model(x, labels=y)` on inputs and pre-shifted targets, as the `clm`
+  objective computes it: the LM head and cross-entropy fused a chunk of rows at a time
+  (`plmcli.models.lm_loss`), so the (B·T, V) logits are never stored.
 - **transformers**: `GPT2LMHeadModel` from the same config (`activation_function="gelu_new"`, same dropouts,
   `attn_implementation="sdpa"`), loss `model(input_ids=x, labels=x).loss` (shifted inside).
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,12 +57,7 @@ def run(args) -> int:
     print(f"{common.machine_line(info)}\nGPU: {gpu}, CUDA {torch.version.cuda}, bf16 peak "
           + (f"{peak / 1e12:,.0f} TFLOP/s" if peak else "unknown (no MFU)"))
     results = []
-    with tempfile.TemporaryDirectory(prefix="plm-gpu-check-") as tmp:
-        # Runs, runs/latest and the corpus cache all stay inside the work dir: the check leaves nothing behind.
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        os.environ["PLM_RUNS"] = str(root / "runs")
-        os.environ["PLM_CACHE"] = str(root / "cache")
+    with common.isolated_workdir("plm-gpu-check-", args.keep) as root:
         for name in args.recipes:
             recipe = load_recipe(name)
             for gb in args.batch_sizes:

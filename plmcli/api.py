@@ -33,13 +33,20 @@ def default_corpus(name: str = "shakespeare-sample.txt") -> str:
 
 
 def list_recipes() -> list[dict]:
-    from plmcli.config import load_recipe, shipped_recipes
+    """Every shipped recipe: name, family, objective, params, description.
 
+    Read from the YAML files and the shipped parameter table (plmcli/recipe_params.py), so listing
+    imports no torch and builds no model; tests/test_recipes.py validates every shipped recipe."""
+    from plmcli.config import raw_recipe, shipped_recipes
+    from plmcli.recipe_params import read_table, recipe_params
+
+    table = read_table()
     rows = []
     for name in shipped_recipes():
-        r = load_recipe(name)
-        rows.append({"name": name, "family": r.family, "objective": r.objective_name,
-                     "params": count_params(r), "description": r.description})
+        raw = raw_recipe(name)
+        rows.append({"name": name, "family": (raw.get("model") or {}).get("family"),
+                     "objective": (raw.get("objective") or {}).get("name"),
+                     "params": recipe_params(name, raw, table), "description": str(raw.get("description") or "")})
     return rows
 
 
@@ -303,11 +310,20 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
 # ---------------------------------------------------------------- export
 
 
-def export(run: str | None, format: str, out: str):
-    """Write a run in another tool's format (arpa for n-gram runs); returns the written path."""
-    from plmcli.export import export as export_run
+def export(run: str | None, format: str, out: str, force: bool = False) -> dict:
+    """Write a run in another tool's format: arpa (n-gram runs) or hf (a transformers directory);
+    returns {"format", "out", ...} (hf adds architecture, parameters and what was left out, see plmcli.export)."""
+    from plmcli.export import export_report
 
-    return export_run(run, format, out)
+    return export_report(run, format, out, force)
+
+
+def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
+    """A local transformers model directory as a plm run directory at `out` (see plmcli.interop.hf);
+    returns {"out", "family", "model_type", "fresh": modules initialised because the checkpoint lacks them, ...}."""
+    from plmcli.interop.hf import import_hf as import_dir
+
+    return import_dir(hf_dir, out, force)
 
 
 # ---------------------------------------------------------------- runs
@@ -350,23 +366,30 @@ def load_run(run: str | None):
 
 
 def eval_ppl(files: list[str], model: str | None = None, max_length: int | None = None, stride: int | None = None,
-             batch_size: int = 8, console=None, mem_len: int | None = None, tgt_len: int | None = None) -> dict:
+             batch_size: int = 8, console=None, mem_len: int | None = None, tgt_len: int | None = None,
+             max_tokens_per_batch: int | None = None) -> dict:
     """Perplexity of `files` under a run (see plmcli.eval.perplexity for the conventions).
 
     Causal LMs are scored with sliding windows; a family with its own `eval_ppl` (stateful RNNs, n-grams,
     bidirectional or conditional LMs) scores the text itself and returns the same keys. `mem_len` and
     `tgt_len` (memory and segment length) apply to families with memory (`has_memory`: Transformer-XL, XLNet).
+    Masked LMs get pseudo-perplexity (plmcli.eval.pseudo; `pseudo: True`), batched by `max_tokens_per_batch`.
     """
     import torch
 
     from plmcli.eval.perplexity import encode_file, report, sequence_nll
+    from plmcli.eval.pseudo import pseudo_ppl, scores_masked_tokens
     from plmcli.models.registry import model_class
 
     family = json.loads((resolve_run(model) / RUN_CONFIG).read_text())["family"]
     cls = model_class(family)
-    if not (getattr(cls, "causal", False) or hasattr(cls, "eval_ppl")):
-        raise PlmError(f"run {model or 'runs/latest'} ({family}) is not a causal LM, so it has no left-to-right perplexity",
-                       "evaluate a causal run (gpt recipes) instead")
+    masked = not hasattr(cls, "eval_ppl") and scores_masked_tokens(cls)
+    if not (getattr(cls, "causal", False) or hasattr(cls, "eval_ppl") or masked):
+        raise PlmError(f"run {model or 'runs/latest'} ({family}) is not a causal LM, so it has no left-to-right perplexity, "
+                       "nor a masked LM for pseudo-perplexity", "evaluate a causal (gpt) or masked-LM (bert) run instead")
+    if max_tokens_per_batch is not None and not masked:
+        raise PlmError(f"--max-tokens-per-batch applies to masked LMs (pseudo-perplexity), and run {model or 'runs/latest'} "
+                       f"is {family}", "leave it out; --batch-size sets the windows per forward pass")
     memory = {k: v for k, v in (("mem_len", mem_len), ("tgt_len", tgt_len)) if v is not None}
     if memory and not getattr(cls, "has_memory", False):
         raise PlmError(f"--mem-len / --tgt-len apply to models with memory (transformer_xl, xlnet), and run "
@@ -376,6 +399,8 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     if hasattr(net, "eval_ppl"):
         return net.eval_ppl(files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size, device=device,
                             **memory)
+    if masked:
+        return pseudo_ppl(net, files, tok, cfg, max_length, stride, max_tokens_per_batch, device)
     positions = net.max_positions
     L = max_length or positions
     if not 1 <= L <= positions:
@@ -391,7 +416,7 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     total_nll, total_tok, total_bytes, total_words, per_file = 0.0, 0, 0, 0, []
     for f in files:
         seq, n_bytes, n_words = encode_file(f, tok, prefix)
-        nll, n = sequence_nll(lambda x: net(x), seq, L, S, batch_size, device)
+        nll, n = sequence_nll(net, seq, L, S, batch_size, device)
         per_file.append({"file": f, **report(nll, n, n_bytes, n_words, S, L)})
         total_nll, total_tok, total_bytes, total_words = total_nll + nll, total_tok + n, total_bytes + n_bytes, total_words + n_words
     res = report(total_nll, total_tok, total_bytes, total_words, S, L)

@@ -254,6 +254,8 @@ def pretrain(
                                    "(corpora too big to tokenize first; objective clm). The tokenizer is tokenizer.path, or trained on up to 256 MB "
                                    "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
                                    "--resume continues at the same byte of every file (same processes, train.num_workers, batch)."),
+    compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "
+                                       "faster steps after a first step that compiles for a minute or so."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ):
     """Train a model from a recipe.
@@ -261,9 +263,12 @@ def pretrain(
     Example: plm pretrain --recipe gpt-mini --data corpus.txt --set train.max_steps=500
 
     Example: plm pretrain --recipe gpt2-small --data shards/ --streaming --set train.num_workers=4
+
+    Example: plm pretrain --recipe bert-base --compile --set train.num_workers=4
     """
     from plmcli import api
 
+    overrides = [*(overrides or []), "train.compile=true"] if compile_model else overrides
     summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
                            resume, stop_after, console=_stderr(), streaming=streaming)
     if _process()[0]:  # one result for N processes
@@ -347,14 +352,17 @@ def eval_ppl(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Run directory (default runs/latest)."),
     max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: its max positions)."),
     stride: Optional[int] = typer.Option(None, help="New tokens scored per window (default max_length/2; = max_length: no overlap)."),
-    batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    batch_size: int = typer.Option(8, help="Windows per forward pass (masked LMs: --max-tokens-per-batch)."),
     mem_len: Optional[int] = typer.Option(None, help="Models with memory (Transformer-XL, XLNet): states kept per layer "
                                           "(default: the recipe's eval_mem_len, else mem_len)."),
     tgt_len: Optional[int] = typer.Option(None, help="Models with memory: tokens per segment (default: the recipe's "
                                           "eval_tgt_len, else the training seq_len)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, words, word_ppl, stride, max_length."),
+    max_tokens_per_batch: Optional[int] = typer.Option(None, help="Masked LMs: input tokens per forward pass "
+                                                       "(masked copies × their length; default 8192)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, words, word_ppl, stride, max_length "
+                                 "(masked LMs: also pseudo: true)."),
 ):
-    """Perplexity of a causal LM on text, every token scored exactly once.
+    """Perplexity of a causal LM on text, every token scored exactly once (masked LMs: pseudo-perplexity).
 
     Windows of --max-length tokens move by --stride; each window scores only its new tokens, so every
     token gets between max_length-stride and max_length tokens of context. The first token is scored
@@ -365,38 +373,29 @@ def eval_ppl(
     Transformer-XL reads the text in segments of --tgt-len tokens, each attending to --mem-len cached
     states per layer (no windows): plm eval-ppl wiki.test.tokens --tgt-len 128 --mem-len 1600
 
+    Masked LMs (BERT, RoBERTa, ALBERT, SpanBERT, NEZHA, ERNIE; ELECTRA's generator) report pseudo-perplexity
+    (Salazar et al. 2020): each line is a sentence, each of its tokens is masked in turn and scored given
+    the rest ([CLS]/[SEP] not scored); a line longer than --max-length is scored in windows centred on
+    each token: plm eval-ppl valid.txt --model runs/bert-mini --json
+
     Example: plm eval-ppl wiki.test.raw --model runs/latest --max-length 1024 --stride 512 --json
     """
     from plmcli import api
 
-    res = api.eval_ppl(files, model, max_length, stride, batch_size, mem_len=mem_len, tgt_len=tgt_len)
+    res = api.eval_ppl(files, model, max_length, stride, batch_size, mem_len=mem_len, tgt_len=tgt_len,
+                       max_tokens_per_batch=max_tokens_per_batch)
     if as_json:
         return _print_json({k: v for k, v in res.items() if k != "files"} | {"files": res["files"]})
+    if res.get("pseudo"):
+        return typer.echo(f"pseudo-perplexity (Salazar et al. 2020) {res['ppl']:.3f}  nll {res['nll']:.4f}  "
+                          f"tokens {res['tokens']:,} in {res['sentences']:,} sentences  bpb {res['bpb']:.4f}  "
+                          f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window ≤ {res['max_length']}, centred")
     context = (f"segment {res['tgt_len']} memory {res['mem_len']}" if "mem_len" in res
                else f"window {res['max_length']}/{res['stride']}")
     typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
                f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  {context}  "
                f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else "")
                + (f"  ({res['factorisation']} factorisation)" if "factorisation" in res else ""))
-
-
-# ---------------------------------------------------------------- export
-
-
-@app.command()
-@guarded
-def export(
-    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
-    format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format."),
-    out: str = typer.Option(..., "--out", "-o", help="File to write."),
-):
-    """Write a finished run in another tool's format.
-
-    Example: plm pretrain --recipe ngram-kn5 --data train.txt && plm export runs/latest --format arpa --out lm.arpa
-    """
-    from plmcli import api
-
-    typer.echo(str(api.export(run, format, out)))
 
 
 # ---------------------------------------------------------------- generate
@@ -436,6 +435,12 @@ def generate(
         return _print_json(rows)
     for row in rows:
         typer.echo(row["output"])
+
+
+# Commands that look inside runs or move them between tools, in their own file (see its docstring).
+from plmcli import cli_insight  # noqa: E402  (needs guarded & co. defined above)
+
+cli_insight.register(app)
 
 
 if __name__ == "__main__":

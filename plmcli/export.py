@@ -1,7 +1,9 @@
 """`plm export`: a finished run in a format other tools read.
 
-A format is a method the run's model provides (`write_<format>(path)`), so a family opts in by
-implementing it: n-gram runs write ARPA (`write_arpa`), readable by KenLM, SRILM and the like.
+A format is something the run's model class provides, so a family opts in by implementing it:
+arpa — `write_arpa(path)`: n-gram runs, readable by KenLM, SRILM and the like;
+hf — `to_hf(run_config)`: a transformers model directory (config.json, model.safetensors, tokenizer
+files) that AutoModel… / AutoTokenizer.from_pretrained load (driver: plmcli.interop.hf).
 """
 
 from __future__ import annotations
@@ -10,19 +12,37 @@ from pathlib import Path
 
 from plmcli.errors import PlmError
 
-FORMATS = {"arpa": "write_arpa"}
-"""Format name -> the model method that writes it."""
 
-
-def export(run: str | None, format: str, out: str) -> Path:
-    """Write run `run` (default runs/latest) as `format` to `out`; returns the path written."""
+def _arpa(run: str | None, out: str, force: bool) -> dict:
     from plmcli.api import load_run
 
+    model, _, cfg = load_run(run)
+    if not hasattr(model, "write_arpa"):
+        raise PlmError(f"run {run or 'runs/latest'} ({cfg['family']}) cannot be exported as arpa",
+                       "ARPA holds n-gram models only: export a run trained with an ngram-* recipe")
+    return {"out": str(model.write_arpa(Path(out)))}
+
+
+def _hf(run: str | None, out: str, force: bool) -> dict:
+    from plmcli.interop.hf import export_hf
+
+    return export_hf(run, out, force)
+
+
+FORMATS = {"arpa": _arpa, "hf": _hf}
+"""Format name -> its writer (run, out, force) -> report dict with at least "out"."""
+
+
+def export_report(run: str | None, format: str, out: str, force: bool = False) -> dict:
+    """Write run `run` (default runs/latest) as `format` to `out`; returns {"format", "out", ...what the writer reports}.
+
+    `force`: replace an existing non-empty output directory (hf).
+    """
     if format not in FORMATS:
         raise PlmError(f"unknown export format '{format}'", f"use one of: {', '.join(FORMATS)}")
-    model, _, cfg = load_run(run)
-    writer = getattr(model, FORMATS[format], None)
-    if writer is None:
-        raise PlmError(f"run {run or 'runs/latest'} ({cfg['family']}) cannot be exported as {format}",
-                       "ARPA holds n-gram models only: export a run trained with an ngram-* recipe")
-    return writer(Path(out))
+    return {"format": format, **FORMATS[format](run, out, force)}
+
+
+def export(run: str | None, format: str, out: str, force: bool = False) -> Path:
+    """As export_report; returns the path written (a file for arpa, a directory for hf)."""
+    return Path(export_report(run, format, out, force)["out"])

@@ -1,6 +1,11 @@
+import json
+import subprocess
+import sys
+
 import pytest
 
-from plmcli.config import load_recipe, parse_overrides, shipped_recipes
+from plmcli import api, recipe_params
+from plmcli.config import load_recipe, parse_overrides, raw_recipe, shipped_recipes
 from plmcli.errors import PlmError
 
 
@@ -87,3 +92,52 @@ def test_bad_phase_rejected(tmp_path):
     p.write_text("extends: gpt-mini\nphases:\n  - {name: a, set: {}}\n")
     with pytest.raises(PlmError, match="max_steps"):
         load_recipe(str(p))
+
+
+# ---------------------------------------------------------------- listing (`plm recipes`)
+
+
+def test_listing_imports_no_torch_and_matches_the_validated_recipes():
+    """`plm recipes` reads the YAML and the shipped table only; its rows are what loading each recipe says."""
+    code = ("import json, sys\nfrom plmcli import api\nrows = api.list_recipes()\n"
+            "print(json.dumps([rows, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy') "
+            "or m.startswith('plmcli.models'))]))")
+    rows, heavy = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                            check=True).stdout)
+    assert heavy == []
+    table = recipe_params.read_table()
+    assert [r["name"] for r in rows] == shipped_recipes()
+    for row in rows:
+        r = load_recipe(row["name"])
+        assert list(row) == ["name", "family", "objective", "params", "description"]
+        assert (row["family"], row["objective"], row["description"]) == (r.family, r.objective_name, r.description)
+        assert row["params"] == table[row["name"]]["params"]
+    by_name = {r["name"]: r for r in rows}
+    # by hand: 12 × 12·768² + 13·768 per block (attention, MLP, 2 LayerNorms), wte, wpe, ln_f; head tied
+    assert by_name["gpt2-small"]["params"] == 12 * (12 * 768 * 768 + 13 * 768) + 50257 * 768 + 1024 * 768 + 2 * 768
+
+
+def test_a_stale_or_missing_table_entry_is_recounted(tmp_path, monkeypatch):
+    """An edited recipe (its fingerprint changed) or a missing table is counted on the meta device, never
+    listed with the old number."""
+    shipped = recipe_params.read_table()
+    table = {k: v for k, v in shipped.items() if k != "nnlm-ptb"}
+    table["gpt-mini"] = {"params": 1, "fingerprint": "0" * 16}
+    table["bert-mini"] = {"params": 1, "fingerprint": shipped["bert-mini"]["fingerprint"]}  # trusted while it matches
+    recipe_params.write_table(table, tmp_path / "params.json")
+    monkeypatch.setattr(recipe_params, "table_path", lambda: tmp_path / "params.json")
+    rows = {r["name"]: r["params"] for r in api.list_recipes()}
+    assert rows["gpt-mini"] == shipped["gpt-mini"]["params"] == api.count_params(load_recipe("gpt-mini"))
+    assert rows["nnlm-ptb"] == shipped["nnlm-ptb"]["params"]
+    assert rows["bert-mini"] == 1
+    monkeypatch.setattr(recipe_params, "table_path", lambda: tmp_path / "absent.json")
+    assert recipe_params.read_table() == {}
+    assert recipe_params.recipe_params("ngram-kn5", raw_recipe("ngram-kn5"), {}) == shipped["ngram-kn5"]["params"]
+
+
+def test_fingerprint_follows_what_the_count_depends_on():
+    raw = raw_recipe("bert-mini")
+    fp = recipe_params.fingerprint(raw)
+    assert recipe_params.fingerprint({**raw, "description": "other", "train": {"max_steps": 1}}) == fp
+    assert recipe_params.fingerprint({**raw, "model": {**raw["model"], "n_layer": 3}}) != fp
+    assert recipe_params.fingerprint({**raw, "tokenizer": {**raw["tokenizer"], "vocab_size": 7}}) != fp

@@ -8,9 +8,10 @@ import torch
 
 from helpers import tiny_corpus
 from plmcli.api import count_params, pretrain
-from plmcli.config import load_recipe, shipped_recipes
+from plmcli.config import load_recipe, raw_recipe, shipped_recipes
 from plmcli.models.registry import build_model, model_class
 from plmcli.objectives.registry import objective_class
+from plmcli.recipe_params import REGENERATE, fingerprint, read_table
 
 # Per family: the keys that shrink a recipe to a seconds-sized model, everything else kept as shipped.
 TINY = {
@@ -58,6 +59,10 @@ EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6
                    "xlnet-base": 117_340_928, "xlnet-large": 361_350_400}
 
 
+def test_params_table_lists_exactly_the_shipped_recipes():
+    assert sorted(read_table()) == shipped_recipes(), f"regenerate plmcli/recipes/params.json with `{REGENERATE}`"
+
+
 @pytest.mark.parametrize("name", shipped_recipes())
 def test_recipe_loads_and_builds(name, tmp_path):
     r = load_recipe(name)
@@ -66,6 +71,10 @@ def test_recipe_loads_and_builds(name, tmp_path):
     assert n > 0 or fits
     if name in EXPECTED_PARAMS:
         assert n == pytest.approx(EXPECTED_PARAMS[name], rel=0.005)
+    # `plm recipes` lists the shipped table's count: it must be this one
+    entry = read_table().get(name, {})
+    assert (entry.get("params"), entry.get("fingerprint")) == (n, fingerprint(raw_recipe(name))), \
+        f"plmcli/recipes/params.json is stale for {name}: regenerate it with `{REGENERATE}`"
     tiny = load_recipe(name, TINY[r.family] + ["train.seq_len=16"])
     torch.manual_seed(0)
     model = build_model(tiny.family, tiny.model)

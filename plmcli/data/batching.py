@@ -31,12 +31,64 @@ class EpochOrder:
         return epoch, int(self._perm[i])
 
 
+GROUP_WINDOW = 50
+"""Micro-batches per length-sorting window (the megabatch of transformers' group_by_length): wide enough
+that a batch finds rows of its own length, narrow enough that the order stays random across the epoch."""
+
+
+class LengthGroupedOrder(EpochOrder):
+    """EpochOrder whose micro-batches hold samples of similar length, so dynamic padding pads little.
+
+    Each epoch's permutation is cut into windows of `window` micro-batches; a window is sorted by length
+    (longest first), cut into micro-batches, and those are shuffled by (seed, epoch, window), so the
+    lengths of successive batches stay random. Windows start at the epoch's first micro-batch boundary
+    (global positions are cut every batch_size; an epoch of n % batch_size ≠ 0 samples starts mid-batch),
+    so each sorted batch is one micro-batch of the stream. Still a permutation per epoch and a pure
+    function of (seed, position): resume and any process count read the same batches.
+    """
+
+    def __init__(self, lengths, seed: int, batch_size: int, window: int = GROUP_WINDOW):
+        super().__init__(len(lengths), seed, shuffle=True)
+        if batch_size < 1 or window < 1:
+            raise ValueError("batch_size and window must be ≥ 1")
+        self.lengths, self.batch_size, self.window = np.asarray(lengths), batch_size, window
+
+    def __call__(self, pos: int) -> tuple[int, int]:
+        epoch, i = divmod(pos, self.n)
+        if epoch != self._epoch:
+            self._perm, self._epoch = self.arrange(epoch), epoch
+        return epoch, int(self._perm[i])
+
+    def arrange(self, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s samples in stream order."""
+        B, n = self.batch_size, self.n
+        perm = np.random.default_rng((self.seed, epoch)).permutation(n)
+        head = min((-epoch * n) % B, n)  # the rest of a micro-batch the previous epoch began: left as drawn
+        out = [perm[:head]]
+        for w, lo in enumerate(range(head, n, B * self.window)):
+            part = perm[lo : lo + B * self.window]
+            part = part[np.argsort(-self.lengths[part], kind="stable")]
+            full = len(part) // B  # a short tail (< B) only at the epoch's end: it stays last, as the next epoch expects
+            shuffled = np.random.default_rng((self.seed, epoch, w)).permutation(full)
+            out += [part[: full * B].reshape(full, B)[shuffled].reshape(-1), part[full * B :]]
+        return np.concatenate(out)
+
+
 class BatchStream(torch.utils.data.Dataset):
-    """`stream[k]` is this rank's k-th micro-batch. `fetch(epoch, indices)` builds it from samples."""
+    """`stream[k]` is this rank's k-th micro-batch. `fetch(epoch, indices)` builds it from samples.
+
+    `lengths` (one per sample), when given, groups training batches by length (LengthGroupedOrder);
+    an evaluation pass (shuffle=False) reads in order either way.
+    """
 
     def __init__(self, num_samples: int, batch_size: int, fetch: Callable, seed: int = 0, rank: int = 0,
-                 world: int = 1, shuffle: bool = True):
-        self.order = EpochOrder(num_samples, seed, shuffle)
+                 world: int = 1, shuffle: bool = True, lengths=None):
+        if shuffle and lengths is not None:
+            if len(lengths) != num_samples:
+                raise ValueError(f"{len(lengths)} lengths for {num_samples} samples")
+            self.order = LengthGroupedOrder(lengths, seed, batch_size)
+        else:
+            self.order = EpochOrder(num_samples, seed, shuffle)
         self.batch_size, self.fetch, self.rank, self.world = batch_size, fetch, rank, world
         self.num_samples = num_samples
 

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import uuid
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -243,30 +244,50 @@ def _totals(rb) -> dict:
 
 
 def _encode(batch: dict, tok) -> dict:
+    """Documents -> the corpus' Arrow columns, built from flat arrays and offsets: no Python work per token."""
+    import pyarrow as pa
+
+    docs = batch["text"]
     lines, per_doc = [], []
-    for doc in batch["text"]:
+    for doc in docs:
         doc_lines = _split_lines(doc)
         lines.extend(doc_lines)
         per_doc.append(len(doc_lines))
     # encode_batch, not encode_batch_fast: the fast path leaves word_ids empty, and whole-word masking needs them.
-    encodings = iter(tok.encode_batch(lines, add_special_tokens=False))
-    ids_out, starts_out, words_out = [], [], []
-    for n in per_doc:
-        ids: list[int] = []
-        starts = []
-        word_starts: list[bool] = []
-        for _ in range(n):
-            enc = next(encodings)
-            starts.append(len(ids))
-            ids.extend(enc.ids)
-            # The pre-tokenizer's words, for whole-word masking with any tokenizer (no "##" assumption).
-            w = enc.word_ids
-            word_starts.extend(i == 0 or w[i] != w[i - 1] for i in range(len(w)))
-        ids_out.append(ids)
-        starts_out.append(starts)
-        words_out.append(word_starts)
-    return {"input_ids": ids_out, "sentence_starts": starts_out, "word_starts": words_out,
-            "num_bytes": [len(doc.encode("utf-8")) for doc in batch["text"]]}
+    encodings = tok.encode_batch(lines, add_special_tokens=False)
+    line_at = _offsets(np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings)))
+    doc_lines_at = _offsets(np.asarray(per_doc, dtype=np.int64))
+    doc_at = line_at[doc_lines_at]
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(line_at[-1]))
+    sentence_starts = line_at[:-1] - np.repeat(doc_at[:-1], per_doc)
+
+    def lists(offsets, values):
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+
+    return {"input_ids": lists(doc_at, ids), "sentence_starts": lists(doc_lines_at, sentence_starts.astype(np.int32)),
+            "word_starts": lists(doc_at, _word_starts(encodings, line_at)),
+            "num_bytes": pa.array([len(doc.encode("utf-8")) for doc in docs], type=pa.int64())}
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """Lengths -> offsets, with a leading 0 and the total at the end."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _word_starts(encodings, line_at: np.ndarray) -> np.ndarray:
+    """Whether each token starts a pre-tokenizer word (whole-word masking with any tokenizer, no "##"
+    assumption): the first token of a line, or one whose word id differs from the token before it."""
+    n = int(line_at[-1])
+    # An added token (e.g. "<eos>" in the text) has word id None: as float it reads NaN, then -1, so two of
+    # them in a row compare equal, as None == None does, and neither equals a word's id.
+    words = np.fromiter(chain.from_iterable(e.word_ids for e in encodings), dtype=np.float64, count=n)
+    words = np.nan_to_num(words, nan=-1.0)
+    starts = np.ones(n, dtype=np.bool_)
+    np.not_equal(words[1:], words[:-1], out=starts[1:])
+    starts[line_at[:-1][line_at[1:] > line_at[:-1]]] = True
+    return starts
 
 
 def _num_validation(n_docs: int, val_fraction: float) -> int:

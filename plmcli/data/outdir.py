@@ -37,8 +37,7 @@ def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict |
                            "choose another --out directory (plm will not overwrite it)")
         if old is not None and old.get("key") == key and not force:
             return old
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = temp_beside(out_dir)
     try:
         try:
             meta = build(tmp)
@@ -47,14 +46,31 @@ def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict |
             if plm is not None and plm is not e:
                 raise plm from None
             raise
-        if out_dir.exists():  # an older output or an empty dir: swap it out only once the new one is complete
-            trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, trash / "old")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        swap_into(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def temp_beside(dest: Path) -> Path:
+    """An empty temp dir next to `dest` (same filesystem, so the final rename is atomic), with the
+    permissions a plain mkdir would give: mkdtemp's 0700 would hide the output from other users."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
+
+
+def swap_into(tmp: Path, dest: Path) -> None:
+    """Rename the finished `tmp` to `dest`; an existing `dest` (older output, empty dir) is swapped out
+    only now, so at every moment `dest` is either the old output or the complete new one."""
+    if dest.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        os.replace(dest, trash / "old")
+        os.replace(tmp, dest)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)

@@ -31,12 +31,23 @@ def windows(n: int, max_length: int, stride: int):
         prev_end, start = end, start + stride
 
 
+def scores_labels(model) -> bool:
+    """Whether `model` takes objective clm's protocol, `model(ids, labels=...)` -> the mean NLL of the
+    labelled positions: a causal, stateless LM module (what clm trains). Such a model computes its
+    output layer only where a label is scored (GPT: plmcli.models.lm_loss), not over the whole window."""
+    return isinstance(model, torch.nn.Module) and getattr(model, "causal", False) and not getattr(model, "stateful", False)
+
+
 @torch.no_grad()
-def sequence_nll(logits_fn: Callable[[torch.Tensor], torch.Tensor], seq: np.ndarray, max_length: int, stride: int,
+def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], seq: np.ndarray, max_length: int, stride: int,
                  batch_size: int = 8, device="cpu", on_batch: Callable[[int], None] | None = None) -> tuple[float, int]:
-    """Summed NLL (nats) and count of the scored tokens of `seq` (all but its first)."""
+    """Summed NLL (nats) and count of the scored tokens of `seq` (all but its first).
+
+    `model`: a causal LM module (`scores_labels`), or any function (B, T) ids -> (B, T, V) next-token logits.
+    """
     if not 1 <= stride <= max_length:
         raise ValueError("stride must be in [1, max_length]")
+    fused = scores_labels(model)
     seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64))
     total, count = 0.0, 0
     pending = list(windows(len(seq_t), max_length, stride))
@@ -50,10 +61,14 @@ def sequence_nll(logits_fn: Callable[[torch.Tensor], torch.Tensor], seq: np.ndar
         for r, (s, e, k) in enumerate(group):
             x[r, : e - s] = seq_t[s:e]
             y[r, e - s - k : e - s] = seq_t[e - k + 1 : e + 1]
-        logits = logits_fn(x.to(device)).float()
-        nll = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), ignore_index=-100, reduction="sum")
+        n = int((y != -100).sum())
+        if fused:  # the mean over the scored positions, back to their sum
+            nll = model(x.to(device), labels=y.to(device)).double() * n
+        else:
+            logits = model(x.to(device)).float()
+            nll = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), ignore_index=-100, reduction="sum")
         total += nll.item()
-        count += int((y != -100).sum())
+        count += n
         if on_batch:
             on_batch(sum(k for _, _, k in group))
     return total, count

@@ -15,12 +15,14 @@ GELU is the tanh approximation by default: Google's ALBERT code computes it that
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, padding_mask
+from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, require_vocab
 
 SHARES = ("all", "attention", "ffn", "none")
@@ -57,6 +59,7 @@ class PostNorm(nn.Module):
 
 class Albert(MaskedLMEncoder):
     Config = AlbertConfig
+    probe_layers = ("attention", "ffn")  # a layer runs attention[i % n] then ffn[i % n] (plmcli.analysis.hidden)
 
     def __init__(self, cfg: AlbertConfig):
         super().__init__()
@@ -120,31 +123,101 @@ class Albert(MaskedLMEncoder):
         return 6 * (body + self.mlm_fraction * head) + 12 * c.n_layer * seq_len * c.d_model
 
 
-def from_hf_state_dict(sd: dict) -> dict:
-    """A transformers AlbertForPreTraining (or AlbertModel) state dict -> this module's, for share=all.
+    # ------------------------------------------------------------ transformers interop
 
-    HF stores ALBERT as layer groups; the released models use one group of one layer, which is
-    share=all. More groups or layers per group have no equivalent here and are refused.
-    """
-    sd = {k.removeprefix("albert."): v for k, v in sd.items()}
-    if any(".albert_layer_groups.1." in k or ".albert_layers.1." in k for k in sd):
-        raise ValueError("only ALBERT with num_hidden_groups=1 and inner_group_num=1 (share=all) maps onto Albert")
-    layer = "encoder.albert_layer_groups.0.albert_layers.0."
-    att = layer + "attention."
-    out = {"wte.weight": sd["embeddings.word_embeddings.weight"], "wpe.weight": sd["embeddings.position_embeddings.weight"],
-           "wtt.weight": sd["embeddings.token_type_embeddings.weight"]}
-    names = {"ln_emb": "embeddings.LayerNorm", "emb_proj": "encoder.embedding_hidden_mapping_in",
-             "attention.0.fn.proj": att + "dense", "attention.0.ln": att + "LayerNorm",
-             "ffn.0.fn.fc": layer + "ffn", "ffn.0.fn.proj": layer + "ffn_output", "ffn.0.ln": layer + "full_layer_layer_norm",
-             "pooler": "pooler", "nsp": "sop_classifier.classifier", "mlm.dense": "predictions.dense",
-             "mlm.ln": "predictions.LayerNorm"}
-    for ours, theirs in names.items():
+    hf_model_types: ClassVar[tuple[str, ...]] = ("albert",)
+    """transformers config.json model_type values that from_hf reads."""
+
+    def to_hf(self, run_config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(config.json, state dict) of transformers' AlbertForPreTraining, or AlbertForMaskedLM without the SOP head.
+
+        HF shares whole layers in groups: share=all is one group, share=none one group per layer.
+        """
+        c = self.cfg
+        for refused, message, hint in (
+            (c.share not in ("all", "none"), f"model.share '{c.share}'",
+             "transformers' ALBERT shares whole layers: share=all or none"),
+            (c.position_offset != 0, f"model.position_offset {c.position_offset}",
+             "transformers' ALBERT reads positions from 0"),
+            (not c.bias, "model.bias false", "transformers' ALBERT has biases in every Linear and LayerNorm"),
+            (not c.type_vocab_size, "model.type_vocab_size 0", "transformers' ALBERT always adds segment embeddings"),
+        ):
+            if refused:
+                raise PlmError(f"{message} has no transformers equivalent, so this run cannot be exported", hint)
+        ids = run_config.get("tokenizer", {}).get("special_token_ids", {})
+        config = {
+            "model_type": "albert", "architectures": ["AlbertForPreTraining" if c.nsp_head else "AlbertForMaskedLM"],
+            "vocab_size": c.vocab_size, "embedding_size": c.embedding_size, "hidden_size": c.d_model,
+            "num_hidden_layers": c.n_layer, "num_hidden_groups": len(self.attention), "inner_group_num": 1,
+            "num_attention_heads": c.n_head, "intermediate_size": c.d_ff or 4 * c.d_model,
+            "hidden_act": HF_ACTIVATION[c.activation], "hidden_dropout_prob": c.dropout,
+            "attention_probs_dropout_prob": c.attn_dropout, "max_position_embeddings": c.max_positions,
+            "type_vocab_size": c.type_vocab_size, "initializer_range": c.init_std, "layer_norm_eps": c.layer_norm_eps,
+            "tie_word_embeddings": c.tie_embeddings,
+            # ALBERT's released configs name [CLS] and [SEP] as bos and eos.
+            "pad_token_id": ids.get("pad"), "bos_token_id": ids.get("cls"), "eos_token_id": ids.get("sep"),
+        }
+        sd = self.state_dict()
+        names, fused = _hf_names(len(self.attention), c.nsp_head)
+        out = {theirs: sd[ours] for ours, theirs in names.items()}
+        for ours, parts in fused.items():
+            out |= dict(zip(parts, sd[ours].chunk(3)))
+        out["predictions.bias"] = sd["mlm.decoder.bias"]
+        # A tied decoder (and HF's decoder.bias, always tied to predictions.bias then) is left out: HF re-ties
+        # both on loading, and safetensors refuses two names for one storage.
+        if not c.tie_embeddings:
+            out |= {"predictions.decoder.weight": sd["mlm.decoder.weight"], "predictions.decoder.bias": sd["mlm.decoder.bias"]}
+        return config, owned(out)
+
+    @classmethod
+    def from_hf(cls, hf_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[AlbertConfig, dict[str, torch.Tensor]]:
+        """(our config, our state dict) from a transformers ALBERT checkpoint (AlbertForPreTraining, ForMaskedLM,
+        AlbertModel, a finetuned one...). Heads it lacks are left out; a pooler makes nsp_head true."""
+        hc = hf_config
+        L, groups = hc.get("num_hidden_layers", 12), hc.get("num_hidden_groups", 1)
+        require_hf(hc, "inner_group_num", (1,), 1)  # a layer here is one attention + one FFN
+        require_hf(hc, "num_hidden_groups", (1, L), 1)  # share=all (the released models) or share=none
+        require_hf(hc, "position_embedding_type", ("absolute",), "absolute")
+        sd = {f"albert.{k}" if k.startswith(("embeddings.", "encoder.", "pooler.")) else k: v
+              for k, v in state_dict.items()}  # a bare AlbertModel's names lack the "albert." prefix
+        cfg = AlbertConfig(
+            vocab_size=hc["vocab_size"], max_positions=hc.get("max_position_embeddings", 512),
+            type_vocab_size=hc.get("type_vocab_size", 2), n_layer=L, n_head=hc.get("num_attention_heads", 64),
+            d_model=hc.get("hidden_size", 4096), d_ff=hc.get("intermediate_size", 16384),
+            dropout=hc.get("hidden_dropout_prob", 0.0), attn_dropout=hc.get("attention_probs_dropout_prob", 0.0),
+            activation=activation_from_hf(hc, "hidden_act"),
+            layer_norm_eps=hc.get("layer_norm_eps", 1e-12), init_std=hc.get("initializer_range", 0.02),
+            nsp_head="albert.pooler.weight" in sd, tie_embeddings=hc.get("tie_word_embeddings", True),
+            embedding_size=hc.get("embedding_size", 128), share="all" if groups == 1 else "none")
+        names, fused = _hf_names(groups, cfg.nsp_head)
+        out = {ours: sd[theirs] for ours, theirs in names.items() if theirs in sd}
+        for ours, parts in fused.items():
+            if all(p in sd for p in parts):
+                out[ours] = torch.cat([sd[p] for p in parts])  # HF's query / key / value -> our fused (3H, H)
+        bias = sd.get("predictions.decoder.bias", sd.get("predictions.bias"))
+        decoder = out.get("wte.weight") if cfg.tie_embeddings else sd.get("predictions.decoder.weight")
+        out |= {k: v for k, v in (("mlm.decoder.bias", bias), ("mlm.decoder.weight", decoder)) if v is not None}
+        return cfg, owned(out)
+
+
+def _hf_names(groups: int, nsp_head: bool) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Our name -> transformers' AlbertForPreTraining name, and our fused qkv -> HF's query, key, value.
+    Layer group g of HF is our attention[g] + ffn[g]. The MLM decoder is mapped by the callers (tying)."""
+    names = {"wte.weight": "albert.embeddings.word_embeddings.weight",
+             "wpe.weight": "albert.embeddings.position_embeddings.weight",
+             "wtt.weight": "albert.embeddings.token_type_embeddings.weight"}
+    modules = {"ln_emb": "albert.embeddings.LayerNorm", "emb_proj": "albert.encoder.embedding_hidden_mapping_in",
+               "mlm.dense": "predictions.dense", "mlm.ln": "predictions.LayerNorm"}
+    if nsp_head:
+        modules |= {"pooler": "albert.pooler", "nsp": "sop_classifier.classifier"}
+    fused = {}
+    for g in range(groups):
+        layer = f"albert.encoder.albert_layer_groups.{g}.albert_layers.0."
+        modules |= {f"attention.{g}.fn.proj": layer + "attention.dense", f"attention.{g}.ln": layer + "attention.LayerNorm",
+                    f"ffn.{g}.fn.fc": layer + "ffn", f"ffn.{g}.fn.proj": layer + "ffn_output",
+                    f"ffn.{g}.ln": layer + "full_layer_layer_norm"}
         for p in ("weight", "bias"):
-            if f"{theirs}.{p}" in sd:
-                out[f"{ours}.{p}"] = sd[f"{theirs}.{p}"]
-    for p in ("weight", "bias"):  # HF's separate query / key / value -> our fused (3H, H) projection
-        out[f"attention.0.fn.qkv.{p}"] = torch.cat([sd[f"{att}{n}.{p}"] for n in ("query", "key", "value")])
-    if "predictions.bias" in sd:
-        out["mlm.decoder.bias"] = sd["predictions.bias"]
-        out["mlm.decoder.weight"] = sd.get("predictions.decoder.weight", out["wte.weight"])  # tied in both
-    return out
+            fused[f"attention.{g}.fn.qkv.{p}"] = [f"{layer}attention.{n}.{p}" for n in ("query", "key", "value")]
+    for ours, theirs in modules.items():
+        names |= {f"{ours}.{p}": f"{theirs}.{p}" for p in ("weight", "bias")}
+    return names, fused

@@ -7,15 +7,19 @@ embedding matrix. The MLM head runs only at the masked positions: at 15% masking
 the largest matmul in the model (d × vocab per token).
 
 `MaskedLMEncoder` (the heads on top of `encode`) and `MLMHead` are shared with ALBERT and NEZHA.
+`to_hf` / `from_hf` convert to and from transformers' BERT and RoBERTa checkpoints (plmcli.interop.hf).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from plmcli.errors import PlmError
+from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import ACTIVATIONS, Block, init_weights, require_vocab
 
 
@@ -53,6 +57,10 @@ class BertConfig:
     """The MLM decoder shares the word embedding matrix (it keeps its own bias)."""
     bias: bool = True
     """Biases in linear layers and LayerNorms."""
+    norm_position: str = "post"
+    """post: LN(x + f(x)) as BERT. pre: x + f(LN(x)) and a final LayerNorm before the heads, as Geiping &
+    Goldstein's "Cramming" BERT (2022): stable at a high learning rate with a short warmup, which is what
+    a small compute budget needs; transformers' BERT classes are post-LN, so such runs do not export."""
 
 
 @dataclass
@@ -131,6 +139,7 @@ class MaskedLMEncoder(nn.Module):
 
 class Bert(MaskedLMEncoder):
     Config = BertConfig
+    probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -145,11 +154,15 @@ class Bert(MaskedLMEncoder):
         # BERT normalizes the embedding sum: with post-LN blocks every block input is normalized.
         self.ln_emb = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
+        if cfg.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         self.blocks = nn.ModuleList(
             Block(cfg.d_model, cfg.n_head, d_ff, cfg.activation, cfg.bias, cfg.dropout, cfg.attn_dropout,
-                  norm_position="post", layer_norm_eps=cfg.layer_norm_eps)
+                  norm_position=cfg.norm_position, layer_norm_eps=cfg.layer_norm_eps)
             for _ in range(cfg.n_layer)
         )
+        # pre-LN leaves the residual stream unnormalized: normalize once before the heads.
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_position == "pre" else None
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if cfg.nsp_head else None
         self.nsp = nn.Linear(cfg.d_model, 2, bias=cfg.bias) if cfg.nsp_head else None
         self.mlm = MLMHead(cfg)
@@ -180,6 +193,8 @@ class Bert(MaskedLMEncoder):
         mask = padding_mask(attention_mask)
         for block in self.blocks:
             x = block(x, causal=False, attn_mask=mask)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, C)
         return x, pooled
 
@@ -195,3 +210,159 @@ class Bert(MaskedLMEncoder):
         body = sum(p.numel() for p in self.blocks.parameters())
         head = c.d_model * c.d_model + c.d_model * c.vocab_size
         return 6 * (body + self.mlm_fraction * head) + 12 * c.n_layer * seq_len * c.d_model
+
+    # ---------------------------------------------------------------- transformers interop (plmcli.interop.hf)
+
+    hf_model_types: ClassVar[tuple[str, ...]] = ("bert", "roberta")
+
+    def to_hf(self, run_config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(HF config.json contents, HF state dict): BertForPreTraining (with the NSP head), BertForMaskedLM,
+        or RobertaForMaskedLM for a run with RoBERTa's position offset.
+
+        RoBERTa numbers positions from pad_token_id + 1 (fairseq's padding_idx + 1) where we read row
+        t + position_offset: the table is shifted so that our row `position_offset` lands at the pad id + 1.
+        A tied decoder is written once, as the word embeddings (HF re-ties it: tie_word_embeddings).
+        """
+        c = self.cfg
+        if not c.bias:
+            raise PlmError("model.bias is false, and transformers' BERT and RoBERTa have biases in every layer",
+                           "export a run trained with model.bias: true")
+        if c.norm_position != "post":
+            raise PlmError("model.norm_position is pre, and transformers' BERT and RoBERTa are post-LN",
+                           "export a run trained with model.norm_position: post")
+        style = "roberta" if c.position_offset else "bert"
+        ids = run_config.get("tokenizer", {}).get("special_token_ids", {})
+        ours = self.state_dict()
+        sd = {_hf_key(f"{b}.{p}", style): ours[f"{a}.{p}"]
+              for a, b in _hf_pairs(c, style, pooler=style == "bert") for p in ("weight", "bias") if f"{a}.{p}" in ours}
+        for i in range(c.n_layer):
+            for p in ("weight", "bias"):
+                for name, part in zip(_HF_QKV, ours[f"blocks.{i}.attn.qkv.{p}"].split(c.d_model)):
+                    sd[_hf_key(f"encoder.layer.{i}.{name}.{p}", style)] = part
+        wpe = ours["wpe.weight"]
+        if style == "roberta":
+            if "pad" not in ids:
+                raise PlmError("RoBERTa-style runs (position_offset > 0) need a pad token for transformers, which "
+                               "numbers positions from pad_token_id + 1", "retrain with tokenizer.special_tokens.pad set")
+            shift = c.position_offset - ids["pad"] - 1
+            wpe = wpe[shift:] if shift >= 0 else torch.cat([wpe.new_zeros(-shift, c.d_model), wpe])
+        sd[_hf_key("embeddings.position_embeddings.weight", style)] = wpe
+        if not c.type_vocab_size:  # HF always adds a segment embedding: one row of zeros adds nothing
+            sd[_hf_key("embeddings.token_type_embeddings.weight", style)] = wpe.new_zeros(1, c.d_model)
+        head = _HF_MLM[style][2]
+        sd[f"{head}.bias"] = ours["mlm.decoder.bias"]
+        if not c.tie_embeddings:  # untied, HF's decoder uses its own bias and leaves `bias` idle: both written
+            sd |= {f"{head}.decoder.weight": ours["mlm.decoder.weight"], f"{head}.decoder.bias": ours["mlm.decoder.bias"]}
+        task = "PreTraining" if style == "bert" and c.nsp_head else "MaskedLM"
+        hf = {"model_type": style, "architectures": [f"{_HF_CLASS[style]}For{task}"], "vocab_size": c.vocab_size,
+              "hidden_size": c.d_model, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
+              "intermediate_size": c.d_ff or 4 * c.d_model, "hidden_act": HF_ACTIVATION[c.activation],
+              "hidden_dropout_prob": c.dropout, "attention_probs_dropout_prob": c.attn_dropout,
+              "max_position_embeddings": wpe.shape[0], "type_vocab_size": max(c.type_vocab_size, 1),
+              "initializer_range": c.init_std, "layer_norm_eps": c.layer_norm_eps, "tie_word_embeddings": c.tie_embeddings,
+              "pad_token_id": ids.get("pad"), "bos_token_id": ids.get("bos"), "eos_token_id": ids.get("eos")}
+        return hf, owned(sd)
+
+    def hf_export_notes(self) -> list[str]:
+        """What `to_hf` leaves out, for the export's report."""
+        if self.cfg.position_offset and self.cfg.nsp_head:
+            return ["pooler and NSP head dropped (transformers' RoBERTa has neither)"]
+        return []
+
+    def to_hf_sequence_classification(self, run_config: dict, head: nn.Linear) -> tuple[dict, dict[str, torch.Tensor]]:
+        """A finetuned classifier (plmcli.objectives.classify: pooled [CLS] -> dropout -> linear) as
+        BertForSequenceClassification or RobertaForSequenceClassification, whose heads are the same
+        functions given the pooler (RoBERTa's `classifier.dense` + tanh is our pooler)."""
+        if self.pooler is None:
+            raise PlmError("its classifier reads the [CLS] state directly, and transformers' BERT and RoBERTa "
+                           "classifiers apply a tanh pooler layer first")
+        hf, sd = self.to_hf(run_config)
+        style = hf["model_type"]
+        sd = {k: v for k, v in sd.items() if k.startswith(f"{style}.")}  # the encoder; pretraining heads dropped
+        pool, out = {"bert": ("bert.pooler.dense", "classifier"),
+                     "roberta": ("classifier.dense", "classifier.out_proj")}[style]
+        sd |= owned({f"{pool}.weight": self.pooler.weight, f"{pool}.bias": self.pooler.bias,
+                     f"{out}.weight": head.weight, f"{out}.bias": head.bias})
+        ft = run_config.get("finetune") or {}
+        n = head.out_features
+        names = [str(x) for x in ft.get("label_names") or []]
+        names = names if len(names) == n else [f"LABEL_{i}" for i in range(n)]
+        hf |= {"architectures": [f"{_HF_CLASS[style]}ForSequenceClassification"],
+               "id2label": dict(enumerate(names)), "label2id": {x: i for i, x in enumerate(names)},
+               "problem_type": "regression" if n == 1 else "single_label_classification",
+               "classifier_dropout": ft.get("classifier_dropout")}
+        return hf, sd
+
+    @classmethod
+    def from_hf(cls, hf_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[BertConfig, dict[str, torch.Tensor]]:
+        """(our Config, our state dict) from a transformers BERT or RoBERTa checkpoint (any of their
+        classes: a bare BertModel has no MLM head, which is then absent from the returned dict)."""
+        style = hf_config.get("model_type")
+        if style not in _HF_MLM:
+            raise PlmError(f"model_type '{style}' is not BERT or RoBERTa", f"this family imports: {', '.join(_HF_MLM)}")
+        require_hf(hf_config, "position_embedding_type", ("absolute",), "absolute")
+        require_hf(hf_config, "is_decoder", (False,), False)
+        require_hf(hf_config, "add_cross_attention", (False,), False)
+        sd = without_prefix(state_dict, f"{style}.")
+        d = hf_config["hidden_size"]
+        pad = hf_config.get("pad_token_id")
+        cfg = cls.Config(
+            vocab_size=hf_config["vocab_size"], max_positions=hf_config["max_position_embeddings"],
+            type_vocab_size=hf_config.get("type_vocab_size", 2), n_layer=hf_config["num_hidden_layers"],
+            n_head=hf_config["num_attention_heads"], d_model=d, d_ff=hf_config.get("intermediate_size", 4 * d),
+            dropout=hf_config.get("hidden_dropout_prob", 0.1),
+            attn_dropout=hf_config.get("attention_probs_dropout_prob", 0.1),
+            activation=activation_from_hf(hf_config, "hidden_act"), layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12),
+            init_std=hf_config.get("initializer_range", 0.02),
+            position_offset=(1 if pad is None else pad) + 1 if style == "roberta" else 0,
+            nsp_head="pooler.dense.weight" in sd, tie_embeddings=hf_config.get("tie_word_embeddings", True))
+        out = {f"{a}.{p}": sd[f"{b}.{p}"]
+               for a, b in _hf_pairs(cfg, style, pooler=True) for p in ("weight", "bias") if f"{b}.{p}" in sd}
+        for i in range(cfg.n_layer):
+            for p in ("weight", "bias"):
+                parts = [sd.get(f"encoder.layer.{i}.{name}.{p}") for name in _HF_QKV]
+                if all(x is not None for x in parts):
+                    out[f"blocks.{i}.attn.qkv.{p}"] = torch.cat(parts)
+        if "embeddings.position_embeddings.weight" in sd:
+            out["wpe.weight"] = sd["embeddings.position_embeddings.weight"]
+        head = _HF_MLM[style][2]
+        order = (f"{head}.bias", f"{head}.decoder.bias")  # tied, `bias` is the decoder's; untied, the decoder's own
+        bias = next((sd[k] for k in (order if cfg.tie_embeddings else order[::-1]) if k in sd), None)
+        if bias is not None:
+            out["mlm.decoder.bias"] = bias
+        if not cfg.tie_embeddings and f"{head}.decoder.weight" in sd:
+            out["mlm.decoder.weight"] = sd[f"{head}.decoder.weight"]
+        return cfg, owned(out)
+
+
+_HF_LAYER = (("attn.proj", "attention.output.dense"), ("ln_1", "attention.output.LayerNorm"),
+             ("mlp.fc", "intermediate.dense"), ("mlp.proj", "output.dense"), ("ln_2", "output.LayerNorm"))
+"""Our post-LN Block -> BertLayer: ln_1 normalizes after attention, ln_2 after the feed-forward."""
+_HF_QKV = ("attention.self.query", "attention.self.key", "attention.self.value")
+"""Our fused QKV projection is these three, stacked in this order."""
+_HF_MLM = {"bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions"),
+           "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head")}
+"""Per model type: the MLM head's transform, its LayerNorm, and the module holding the decoder and its bias."""
+_HF_CLASS = {"bert": "Bert", "roberta": "Roberta"}
+
+
+def _hf_pairs(cfg: BertConfig, style: str, pooler: bool) -> list[tuple[str, str]]:
+    """(our module, HF module) whose weight and bias map one to one, HF names without the `bert.` /
+    `roberta.` prefix. The fused QKV, the positions and the decoder are converted apart."""
+    dense, ln, _ = _HF_MLM[style]
+    pairs = [("wte", "embeddings.word_embeddings"), ("ln_emb", "embeddings.LayerNorm"), ("mlm.dense", dense),
+             ("mlm.ln", ln)]
+    if cfg.type_vocab_size:
+        pairs.append(("wtt", "embeddings.token_type_embeddings"))
+    if cfg.nsp_head and pooler:
+        pairs.append(("pooler", "pooler.dense"))
+    if cfg.nsp_head and style == "bert":  # RoBERTa has no NSP head in transformers
+        pairs.append(("nsp", "cls.seq_relationship"))
+    for i in range(cfg.n_layer):
+        pairs += [(f"blocks.{i}.{a}", f"encoder.layer.{i}.{b}") for a, b in _HF_LAYER]
+    return pairs
+
+
+def _hf_key(name: str, style: str) -> str:
+    """HF's task classes hold the encoder under `bert.` / `roberta.` and the heads beside it."""
+    return name if name.split(".")[0] in ("cls", "lm_head", "classifier") else f"{style}.{name}"

@@ -20,11 +20,13 @@ own finetuning code does (dropout + linear on the first token; HF's extra dense+
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from plmcli.errors import PlmError
+from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import ACTIVATIONS, Block, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")
@@ -139,6 +141,7 @@ class DiscriminatorHead(nn.Module):
 
 class Electra(nn.Module):
     Config = ElectraConfig
+    probe_layers = "discriminator.blocks"  # what encode() runs (plmcli.analysis.hidden)
     causal = False
     encoder = True
     replaced_token_detection = True
@@ -218,46 +221,136 @@ class Electra(nn.Module):
 
     # ------------------------------------------------------------ transformers interop
 
+    hf_model_types: ClassVar[tuple[str, ...]] = ("electra",)
+    """transformers config.json model_type values that from_hf reads."""
+
+    def to_hf(self, run_config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(config.json, state dict) of the discriminator as transformers' ElectraForPreTraining: the network
+        people finetune. The generator is hf_extra_exports' "generator"."""
+        return self._to_hf("discriminator", run_config)
+
+    def hf_extra_exports(self, run_config: dict) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
+        """{subdirectory: (config.json, state dict)} written beside to_hf's: the generator as transformers'
+        ElectraForMaskedLM in "generator/", with its own copy of the shared embeddings (as Google's releases)."""
+        if self.cfg.activation != "gelu":
+            raise PlmError(f"model.activation '{self.cfg.activation}' has no transformers equivalent in the generator",
+                           "transformers' ElectraGeneratorPredictions always applies exact gelu: export a gelu run")
+        return {"generator": self._to_hf("generator", run_config)}
+
+    def _to_hf(self, net: str, run_config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+        c = self.cfg
+        if not c.type_vocab_size:
+            raise PlmError("model.type_vocab_size 0 has no transformers equivalent, so this run cannot be exported",
+                           "transformers' ELECTRA always adds segment embeddings")
+        d, heads, d_ff = {"discriminator": (c.d_model, c.n_head, c.d_ff or 4 * c.d_model),
+                          "generator": c.generator_dims()}[net]
+        config = {
+            "model_type": "electra", "architectures": [HF_ARCHITECTURES[net]], "vocab_size": c.vocab_size,
+            "embedding_size": c.embedding_size or c.d_model, "hidden_size": d, "num_hidden_layers": c.n_layer,
+            "num_attention_heads": heads, "intermediate_size": d_ff, "hidden_act": HF_ACTIVATION[c.activation],
+            "hidden_dropout_prob": c.dropout, "attention_probs_dropout_prob": c.attn_dropout,
+            "max_position_embeddings": c.max_positions, "type_vocab_size": c.type_vocab_size,
+            "initializer_range": c.init_std, "layer_norm_eps": c.layer_norm_eps, "tie_word_embeddings": True,
+            "pad_token_id": run_config.get("tokenizer", {}).get("special_token_ids", {}).get("pad"),
+        }
+        sd = self.state_dict()
+        names, fused = _hf_names(net, c.n_layer, getattr(self, net).embeddings_project is not None)
+        # The generator's decoder is the word embedding: HF re-ties generator_lm_head.weight on loading, and
+        # safetensors refuses two names for one storage, so it is not written.
+        out = {theirs: sd[ours] for ours, theirs in names.items()}
+        for ours, parts in fused.items():
+            out |= dict(zip(parts, sd[ours].chunk(3)))
+        return config, owned(out)
+
     @classmethod
-    def from_hf_state_dict(cls, cfg: ElectraConfig, generator: dict, discriminator: dict) -> "Electra":
-        """Build from the state dicts of transformers' ElectraForMaskedLM (generator) and
-        ElectraForPreTraining (discriminator). The shared embeddings are the discriminator's (in
-        Google's checkpoints both hold the same tensors)."""
-        model = cls(cfg)
-        d = discriminator
-        sd = {"wte.weight": d["electra.embeddings.word_embeddings.weight"],
-              "mlm.decoder.weight": d["electra.embeddings.word_embeddings.weight"],
-              "wpe.weight": d["electra.embeddings.position_embeddings.weight"],
-              "ln_emb.weight": d["electra.embeddings.LayerNorm.weight"], "ln_emb.bias": d["electra.embeddings.LayerNorm.bias"],
-              "rtd.dense.weight": d["discriminator_predictions.dense.weight"],
-              "rtd.dense.bias": d["discriminator_predictions.dense.bias"],
-              "rtd.dense_prediction.weight": d["discriminator_predictions.dense_prediction.weight"],
-              "rtd.dense_prediction.bias": d["discriminator_predictions.dense_prediction.bias"]}
-        if model.wtt is not None:
-            sd["wtt.weight"] = d["electra.embeddings.token_type_embeddings.weight"]
-        g = generator
-        sd |= {"mlm.dense.weight": g["generator_predictions.dense.weight"], "mlm.dense.bias": g["generator_predictions.dense.bias"],
-               "mlm.ln.weight": g["generator_predictions.LayerNorm.weight"], "mlm.ln.bias": g["generator_predictions.LayerNorm.bias"],
-               "mlm.decoder.bias": g["generator_lm_head.bias"]}
-        for ours, hf in (("generator", g), ("discriminator", d)):
-            if "electra.embeddings_project.weight" in hf:
-                sd[f"{ours}.embeddings_project.weight"] = hf["electra.embeddings_project.weight"]
-                sd[f"{ours}.embeddings_project.bias"] = hf["electra.embeddings_project.bias"]
-            for i in range(cfg.n_layer):
-                sd |= _block_from_hf(hf, f"electra.encoder.layer.{i}.", f"{ours}.blocks.{i}.")
-        model.load_state_dict({k: v.detach().clone() for k, v in sd.items()})  # copies in place: the tie stays
-        return model
+    def from_hf(cls, hf_config: dict, state_dict: dict[str, torch.Tensor],
+                extras: dict[str, tuple[dict, dict[str, torch.Tensor]]] | None = None
+                ) -> tuple[ElectraConfig, dict[str, torch.Tensor]]:
+        """(our config, our state dict) from a transformers ELECTRA discriminator (ElectraForPreTraining,
+        ElectraModel, a finetuned one), plus its generator (ElectraForMaskedLM) when extras has "generator".
+
+        The shared embeddings are the discriminator's (in Google's checkpoints both hold the same values).
+        Without a generator, generator_size is ELECTRA-Small's 1/4 and the generator's weights are left out.
+        """
+        hc = hf_config
+        sd = _prefixed(state_dict)
+        if "generator_predictions.dense.weight" in sd:
+            raise PlmError("this checkpoint is an ELECTRA generator (ElectraForMaskedLM), not a discriminator",
+                           "import the discriminator (ElectraForPreTraining); its generator comes along from DIR/generator/")
+        require_hf(hc, "position_embedding_type", ("absolute",), "absolute")
+        d, heads, d_ff = hc.get("hidden_size", 256), hc.get("num_attention_heads", 4), hc.get("intermediate_size", 1024)
+        n_layer, E = hc.get("num_hidden_layers", 12), hc.get("embedding_size", 128)
+        gen_config, gen_sd = (extras or {}).get("generator", ({}, None))
+        size = gen_config.get("hidden_size", d) / d if gen_sd is not None else 0.25
+        if not 0 < size < 1:
+            raise PlmError(f"the generator's hidden_size {gen_config['hidden_size']} is not below the discriminator's {d}",
+                           "plm's ELECTRA generator is a fraction of the discriminator's width (model.generator_size)")
+        cfg = ElectraConfig(
+            vocab_size=hc["vocab_size"], max_positions=hc.get("max_position_embeddings", 512),
+            type_vocab_size=hc.get("type_vocab_size", 2), n_layer=n_layer, n_head=heads, d_model=d, d_ff=d_ff,
+            embedding_size=E, generator_size=size, dropout=hc.get("hidden_dropout_prob", 0.1),
+            attn_dropout=hc.get("attention_probs_dropout_prob", 0.1),
+            activation=activation_from_hf(hc, "hidden_act"),
+            layer_norm_eps=hc.get("layer_norm_eps", 1e-12), init_std=hc.get("initializer_range", 0.02))
+        out = _from_hf(sd, *_hf_names("discriminator", n_layer, E != d))
+        if gen_sd is not None:
+            if cfg.activation != "gelu":
+                raise PlmError(f"hidden_act '{hc['hidden_act']}' with a generator has no equivalent here",
+                               "transformers' generator head applies exact gelu where plm's uses model.activation")
+            g_d, g_heads, g_ff = cfg.generator_dims()
+            expect = {"num_hidden_layers": n_layer, "embedding_size": E, "vocab_size": cfg.vocab_size, "hidden_size": g_d,
+                      "num_attention_heads": g_heads, "intermediate_size": g_ff, "hidden_act": hc.get("hidden_act", "gelu")}
+            for field, want in expect.items():
+                if gen_config.get(field, want) != want:
+                    raise PlmError(f"the generator's {field} {gen_config[field]} does not fit the discriminator (expected {want})",
+                                   "plm's ELECTRA scales the generator's width, heads and FFN by one fraction, at the same depth")
+            gen = _from_hf(_prefixed(gen_sd), *_hf_names("generator", n_layer, E != g_d))
+            out |= {k: v for k, v in gen.items() if k.startswith(("generator.", "mlm."))}
+        if "wte.weight" in out:
+            out["mlm.decoder.weight"] = out["wte.weight"]
+        return cfg, owned(out)
 
 
-def _block_from_hf(hf: dict, src: str, dst: str) -> dict:
-    """HF query / key / value -> our fused qkv; post-LN attention / output LayerNorm -> ln_1 / ln_2."""
-    get = lambda name: hf[src + name]  # noqa: E731
-    return {
-        dst + "attn.qkv.weight": torch.cat([get(f"attention.self.{n}.weight") for n in ("query", "key", "value")]),
-        dst + "attn.qkv.bias": torch.cat([get(f"attention.self.{n}.bias") for n in ("query", "key", "value")]),
-        dst + "attn.proj.weight": get("attention.output.dense.weight"), dst + "attn.proj.bias": get("attention.output.dense.bias"),
-        dst + "ln_1.weight": get("attention.output.LayerNorm.weight"), dst + "ln_1.bias": get("attention.output.LayerNorm.bias"),
-        dst + "mlp.fc.weight": get("intermediate.dense.weight"), dst + "mlp.fc.bias": get("intermediate.dense.bias"),
-        dst + "mlp.proj.weight": get("output.dense.weight"), dst + "mlp.proj.bias": get("output.dense.bias"),
-        dst + "ln_2.weight": get("output.LayerNorm.weight"), dst + "ln_2.bias": get("output.LayerNorm.bias"),
-    }
+HF_ARCHITECTURES = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
+"""Our network -> the transformers class its export loads into."""
+
+
+def _hf_names(net: str, n_layer: int, project: bool) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Our name -> transformers' (HF_ARCHITECTURES[net]) for one network with the shared embeddings and its head,
+    and our fused qkv -> HF's query, key, value (BERT's layer layout)."""
+    names = {"wte.weight": "electra.embeddings.word_embeddings.weight",
+             "wpe.weight": "electra.embeddings.position_embeddings.weight",
+             "wtt.weight": "electra.embeddings.token_type_embeddings.weight"}
+    heads = {"discriminator": {"rtd.dense": "discriminator_predictions.dense",
+                               "rtd.dense_prediction": "discriminator_predictions.dense_prediction"},
+             "generator": {"mlm.dense": "generator_predictions.dense", "mlm.ln": "generator_predictions.LayerNorm"}}
+    modules = {"ln_emb": "electra.embeddings.LayerNorm"} | heads[net]
+    if net == "generator":
+        names["mlm.decoder.bias"] = "generator_lm_head.bias"
+    if project:
+        modules[f"{net}.embeddings_project"] = "electra.embeddings_project"
+    fused = {}
+    for i in range(n_layer):
+        a, b = f"{net}.blocks.{i}.", f"electra.encoder.layer.{i}."
+        modules |= {a + "attn.proj": b + "attention.output.dense", a + "ln_1": b + "attention.output.LayerNorm",
+                    a + "mlp.fc": b + "intermediate.dense", a + "mlp.proj": b + "output.dense",
+                    a + "ln_2": b + "output.LayerNorm"}
+        for p in ("weight", "bias"):
+            fused[f"{a}attn.qkv.{p}"] = [f"{b}attention.self.{n}.{p}" for n in ("query", "key", "value")]
+    for ours, theirs in modules.items():
+        names |= {f"{ours}.{p}": f"{theirs}.{p}" for p in ("weight", "bias")}
+    return names, fused
+
+
+def _from_hf(sd: dict, names: dict[str, str], fused: dict[str, list[str]]) -> dict:
+    """The tensors of `sd` that `names` / `fused` map, under our names (absent ones left out)."""
+    out = {ours: sd[theirs] for ours, theirs in names.items() if theirs in sd}
+    for ours, parts in fused.items():
+        if all(p in sd for p in parts):
+            out[ours] = torch.cat([sd[p] for p in parts])
+    return out
+
+
+def _prefixed(sd: dict) -> dict:
+    """A bare ElectraModel's names lack the "electra." prefix of the models with heads."""
+    return {f"electra.{k}" if k.startswith(("embeddings.", "embeddings_project.", "encoder.")) else k: v for k, v in sd.items()}

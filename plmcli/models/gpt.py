@@ -2,16 +2,21 @@
 
 One class serves both; the recipe chooses the differences as data:
 GPT-1 = post-LN, no final LN, GELU; GPT-2 = pre-LN + final LN, tanh-GELU, residual init scaled by 1/√(2L).
+`to_hf` / `from_hf` convert to and from transformers' GPT-2 and OpenAI GPT checkpoints (plmcli.interop.hf).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from plmcli.errors import PlmError
+from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import Block, init_weights, require_vocab, scale_residual_init
+from plmcli.models.lm_loss import linear_cross_entropy
 
 
 @dataclass
@@ -52,6 +57,7 @@ class GPTConfig:
 
 class GPT(nn.Module):
     Config = GPTConfig
+    probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
     causal = True
 
     def __init__(self, cfg: GPTConfig):
@@ -92,11 +98,116 @@ class GPT(nn.Module):
             x = block(x, causal=True)
         return self.ln_f(x)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) -> (B, T, V) next-token logits."""
-        return self.lm_head(self.hidden(input_ids))
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) -> (B, T, V) next-token logits; with `labels` (B, T) (-100 = not scored) the mean
+        cross-entropy instead, computed without materialising the logits (plmcli.models.lm_loss).
+
+        The loss is taken here rather than by the objective from `lm_head.weight` because sharded
+        training (FSDP, ZeRO-3) only gathers that weight inside the model's forward.
+        """
+        h = self.hidden(input_ids)
+        if labels is None:
+            return self.lm_head(h)
+        return linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, labels.flatten())
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward ≈ 3× forward), PaLM's 6N + 12·L·T·C estimate."""
         n = sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
         return 6 * n + 12 * self.cfg.n_layer * seq_len * self.cfg.d_model
+
+    # ---------------------------------------------------------------- transformers interop (plmcli.interop.hf)
+
+    hf_model_types: ClassVar[tuple[str, ...]] = ("gpt2", "openai-gpt")
+
+    def to_hf(self, run_config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(HF config.json contents, HF state dict): GPT2LMHeadModel for pre-LN + final LN, OpenAIGPTLMHeadModel
+        for post-LN without one. Both keep linear weights in Conv1D's (in, out) layout, ours transposed;
+        a tied output projection is written once, as the token embeddings (HF re-ties it)."""
+        c = self.cfg
+        style = {("pre", True): "gpt2", ("post", False): "openai-gpt"}.get((c.norm_position, c.final_norm))
+        if style is None:
+            raise PlmError(f"no transformers GPT has norm_position {c.norm_position} with final_norm {c.final_norm}",
+                           "GPT-2 is pre-LN with a final LayerNorm, OpenAI GPT post-LN without one")
+        if not c.bias:
+            raise PlmError("model.bias is false, and transformers' GPTs have biases in every layer",
+                           "export a run trained with model.bias: true")
+        ids = run_config.get("tokenizer", {}).get("special_token_ids", {})
+        ours = self.state_dict()
+        emb, pos = _HF_EMBEDDINGS[style]
+        sd = {f"transformer.{emb}.weight": ours["wte.weight"], f"transformer.{pos}.weight": ours["wpe.weight"]}
+        for i in range(c.n_layer):
+            for a, b in _HF_BLOCK:
+                for p in ("weight", "bias"):
+                    w = ours[f"blocks.{i}.{a}.{p}"]
+                    sd[f"transformer.h.{i}.{b}.{p}"] = w.T if b in _CONV1D and p == "weight" else w
+        if c.final_norm:
+            sd |= {"transformer.ln_f.weight": ours["ln_f.weight"], "transformer.ln_f.bias": ours["ln_f.bias"]}
+        if not c.tie_embeddings:
+            sd["lm_head.weight"] = ours["lm_head.weight"]
+        common = {"model_type": style, "vocab_size": c.vocab_size, "n_positions": c.max_positions, "n_embd": c.d_model,
+                  "n_layer": c.n_layer, "n_head": c.n_head, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout,
+                  "attn_pdrop": c.attn_dropout, "layer_norm_epsilon": c.layer_norm_eps,
+                  "initializer_range": c.init_std, "tie_word_embeddings": c.tie_embeddings,
+                  "bos_token_id": ids.get("bos"), "eos_token_id": ids.get("eos"), "pad_token_id": ids.get("pad")}
+        if style == "gpt2":
+            hf = {**common, "architectures": ["GPT2LMHeadModel"], "n_inner": c.d_ff or None,
+                  "activation_function": HF_ACTIVATION[c.activation], "scale_attn_weights": True}
+        else:
+            afn = {v: k for k, v in _OPENAI_AFN.items()}.get(c.activation)
+            if afn is None:  # OpenAIGPT's "gelu" is gelu_new; it has no exact GELU
+                raise PlmError(f"transformers' OpenAI GPT has no activation computing this run's {c.activation} "
+                               "(its 'gelu' is the tanh approximation)",
+                               "GPT-1's released code used the tanh GELU: train with --set model.activation=gelu_tanh")
+            if c.d_ff not in (0, 4 * c.d_model):
+                raise PlmError(f"model.d_ff {c.d_ff}: transformers' OpenAI GPT fixes the feed-forward at 4 × d_model",
+                               f"train with model.d_ff 0 or {4 * c.d_model}")
+            hf = {**common, "architectures": ["OpenAIGPTLMHeadModel"], "afn": afn}
+        return hf, owned(sd)
+
+    @classmethod
+    def from_hf(cls, hf_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+        """(our Config, our state dict) from a transformers GPT-2 or OpenAI GPT checkpoint (LM head model or bare)."""
+        style = hf_config.get("model_type")
+        if style not in _HF_EMBEDDINGS:
+            raise PlmError(f"model_type '{style}' is not GPT-2 or OpenAI GPT", "this family imports: gpt2, openai-gpt")
+        gpt2 = style == "gpt2"
+        if gpt2:
+            require_hf(hf_config, "scale_attn_weights", (True,), True)
+            require_hf(hf_config, "scale_attn_by_inverse_layer_idx", (False,), False)
+            require_hf(hf_config, "add_cross_attention", (False,), False)
+        d = hf_config.get("n_embd", 768)
+        cfg = cls.Config(
+            vocab_size=hf_config["vocab_size"], max_positions=hf_config.get("n_positions", 1024),
+            n_layer=hf_config.get("n_layer", 12), n_head=hf_config.get("n_head", 12), d_model=d,
+            d_ff=(hf_config.get("n_inner") or 0) if gpt2 else 0, dropout=hf_config.get("resid_pdrop", 0.1),
+            attn_dropout=hf_config.get("attn_pdrop", 0.1), bias=True, norm_position="pre" if gpt2 else "post",
+            final_norm=gpt2, layer_norm_eps=hf_config.get("layer_norm_epsilon", 1e-5),
+            activation=(activation_from_hf(hf_config, "activation_function") if gpt2
+                        else activation_from_hf(hf_config, "afn", _OPENAI_AFN)),
+            tie_embeddings=hf_config.get("tie_word_embeddings", True), init_std=hf_config.get("initializer_range", 0.02),
+            scaled_residual_init=gpt2)
+        sd = without_prefix(state_dict, "transformer.")
+        emb, pos = _HF_EMBEDDINGS[style]
+        out = {ours: sd[theirs] for ours, theirs in (("wte.weight", f"{emb}.weight"), ("wpe.weight", f"{pos}.weight"),
+                                                     ("ln_f.weight", "ln_f.weight"), ("ln_f.bias", "ln_f.bias"))
+               if theirs in sd and (gpt2 or not ours.startswith("ln_f"))}
+        for i in range(cfg.n_layer):
+            for a, b in _HF_BLOCK:
+                for p in ("weight", "bias"):
+                    w = sd.get(f"h.{i}.{b}.{p}")
+                    if w is not None:
+                        out[f"blocks.{i}.{a}.{p}"] = w.T if b in _CONV1D and p == "weight" else w
+        if not cfg.tie_embeddings and "lm_head.weight" in sd:
+            out["lm_head.weight"] = sd["lm_head.weight"]
+        return cfg, owned(out)
+
+
+_HF_EMBEDDINGS = {"gpt2": ("wte", "wpe"), "openai-gpt": ("tokens_embed", "positions_embed")}
+"""Per model type: the token and position embeddings' names under `transformer.`."""
+_HF_BLOCK = (("ln_1", "ln_1"), ("ln_2", "ln_2"), ("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"),
+             ("mlp.fc", "mlp.c_fc"), ("mlp.proj", "mlp.c_proj"))
+"""Our Block -> HF's (both model types). ln_1 / ln_2 sit where ours do: before (GPT-2) or after (GPT-1) each sublayer."""
+_CONV1D = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}
+"""HF modules that are Conv1D: weight (in, out), the transpose of our Linear's."""
+_OPENAI_AFN = {"gelu": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}
+"""OpenAIGPT's `afn` -> ours: its "gelu" is gelu_new, the tanh approximation."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,58 @@ def require_vocab(cfg) -> None:
         raise ValueError(f"{type(cfg).__name__}.vocab_size must be set (from the tokenizer) before building")
 
 
+_recorded: list | None = None
+"""The list `record_attention` is filling, else None (the only state the hot path reads)."""
+
+
+@contextmanager
+def record_attention():
+    """While active, every MultiHeadAttention (NEZHA's RelativeAttention too) appends its attention
+    probabilities (B, H, T, T), detached and before dropout, to the yielded list in call order: layers in
+    depth order, ALBERT's shared layer once per use. SDPA does not return them, so recorded attention
+    is computed explicitly (slower, same outputs); outside the context SDPA runs as always.
+    Process-wide, not per thread: record one forward pass at a time."""
+    global _recorded
+    outer, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = outer
+
+
+def recorded(p: torch.Tensor) -> torch.Tensor:
+    """`p` (attention probabilities), noted when record_attention is active."""
+    if _recorded is not None:
+        _recorded.append(p.detach())
+    return p
+
+
+def unpadded_attention(device: torch.device) -> bool:
+    """Whether an encoder should run its padded batches unpadded (`unpad`, the blocks, `repad`) on `device`.
+
+    On CUDA jagged SDPA runs flash / memory-efficient variable-length kernels, so the linear layers and
+    attention spend nothing on padding (NVIDIA's unpadded BERT); on a CPU it attends row by row and is
+    no faster than padding. Not while record_attention wants (B, H, T, T) maps.
+    """
+    return device.type == "cuda" and _recorded is None
+
+
+def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, C) states and their (B, T) attention_mask (1 = token) -> a jagged nested tensor (B, j, C) of
+    each row's tokens in order. Block and MultiHeadAttention take it as they take padded input (without
+    attn_mask): Linear, LayerNorm, dropout and residual sums act on the tokens alone."""
+    keep = attention_mask.bool()
+    offsets = F.pad(keep.sum(1).cumsum(0), (1, 0))
+    return torch.nested.nested_tensor_from_jagged(x[keep], offsets)
+
+
+def repad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The inverse of `unpad`: (B, j, C) jagged -> (B, T, C) with zeros at the padding."""
+    keep = attention_mask.bool()
+    values = x.values()
+    return values.new_zeros(*keep.shape, values.shape[-1]).index_put((keep,), values)
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with a fused QKV projection; `causal` uses SDPA's built-in causal mask."""
 
@@ -36,14 +89,45 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(resid_dropout)
 
     def forward(self, x: torch.Tensor, causal: bool = False, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.is_nested:
+            return self._jagged(x, causal, attn_mask)
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, D)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=causal and attn_mask is None,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-        )
+        if _recorded is not None:
+            y = self._explicit(q, k, v, causal and attn_mask is None, attn_mask)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=causal and attn_mask is None,
+                dropout_p=self.attn_dropout if self.training else 0.0,
+            )
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
+
+    def _explicit(self, q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """What SDPA computes, softmax(QKᵀ/√d + mask)·V, with the probabilities `recorded` on the way."""
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        if causal:
+            T = q.shape[-2]
+            attn_mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's boolean mask: True = attend
+            scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
+        elif attn_mask is not None:  # a float mask is added
+            scores = scores + attn_mask
+        p = recorded(F.softmax(scores, dim=-1))
+        return F.dropout(p, self.attn_dropout, self.training) @ v
+
+    def _jagged(self, x, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """x (B, j, C) from `unpad`: each row attends within its own tokens, none spent on padding."""
+        if causal or attn_mask is not None or _recorded is not None:
+            # Jagged SDPA has no causal kernel on a CPU, and recorded maps are (B, H, T, T): both take padded input.
+            raise ValueError("unpadded (jagged) input takes unmasked bidirectional attention; pass padded input "
+                             "with attn_mask for causal attention or record_attention")
+        C = x.shape[-1]
+        # SDPA wants each head's rows contiguous in the jagged values: a copy, where padded input has a view.
+        q, k, v = (t.unflatten(-1, (self.n_head, C // self.n_head)).contiguous().transpose(1, 2)  # 3 × (B, H, j, D)
+                   for t in self.qkv(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_dropout if self.training else 0.0)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).flatten(-2)))
 
 
 class FeedForward(nn.Module):

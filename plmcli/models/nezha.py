@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.models.bert import MaskedLMEncoder, MLMHead, padding_mask
-from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, require_vocab
+from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, recorded, require_vocab
 
 
 @dataclass
@@ -99,7 +99,7 @@ class RelativeAttention(MultiHeadAttention):
         if attn_mask is not None:
             # finfo.min, not −inf: a row with every key masked gets uniform weights, not NaN.
             scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
-        p = F.dropout(F.softmax(scores, dim=-1), self.attn_dropout, self.training)  # α (B, H, T, T)
+        p = F.dropout(recorded(F.softmax(scores, dim=-1)), self.attn_dropout, self.training)  # α (B, H, T, T)
         per_distance = p.new_zeros(B, H, T, table.shape[0]).scatter_add_(-1, index, p)  # Σ_j α_ij per row of the table
         y = p @ v + per_distance @ table.to(p.dtype)  # Σ_j α_ij (v_j + a_ij): (B, H, T, D)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
@@ -123,6 +123,7 @@ class NezhaBlock(nn.Module):
 
 class Nezha(MaskedLMEncoder):
     Config = NezhaConfig
+    probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
 
     def __init__(self, cfg: NezhaConfig):
         super().__init__()

@@ -68,14 +68,17 @@ class NNLM(nn.Module):
         e = F.pad(e, (0, 0, n1 - 1, 0))  # (B, T+n-2, m): zero vectors before the first token
         return e.unfold(1, n1, 1).transpose(2, 3).reshape(B, T, n1 * m)  # windows (B, T, m, n-1) -> (B, T, (n-1)m)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) -> (B, T, V) next-token logits."""
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) -> (B, T, V) next-token logits; with `labels` (B, T) (-100 = not scored) their mean
+        cross-entropy, as objective `clm` asks of every causal LM."""
         x = self.drop(self.context(input_ids))  # (B, T, (n-1)m)
         a = self.drop(torch.tanh(self.hidden(x)))  # (B, T, h)
         logits = self.lm_head(a)  # (B, T, V)
         if self.direct is not None:
             logits = logits + self.direct(x)
-        return logits
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""

@@ -13,11 +13,15 @@ needs nothing beyond `mlm_positions` and every masking strategy works with it. S
 (pair_bert.py and the pretraining command in its README): p has its own width (200) and 15 rows; a
 token further than 15 into its span gets no SBO prediction (the code truncates those targets too). The
 decoder keeps its own bias, as there.
+
+transformers has no SpanBERT class: `to_hf` (inherited) exports the encoder and MLM head as a BERT MLM
+(as the released SpanBERT checkpoints are loaded there), without the SBO head.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +94,8 @@ class SBOHead(nn.Module):
 
 class SpanBert(Bert):
     Config = SpanBertConfig
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    """Exports as BERT; an HF BERT checkpoint imports as family bert (it has no SBO head to bring)."""
 
     def __init__(self, cfg: SpanBertConfig):
         if cfg.sbo_max_span < 1 or cfg.sbo_d_position < 1:
@@ -115,3 +121,6 @@ class SpanBert(Bert):
         c = self.cfg
         sbo = (2 * c.d_model + c.sbo_d_position) * c.d_model + c.d_model * c.d_model + c.d_model * c.vocab_size
         return super().flops_per_token(seq_len) + 6 * self.mlm_fraction * sbo
+
+    def hf_export_notes(self) -> list[str]:
+        return super().hf_export_notes() + ["span-boundary (SBO) head dropped: transformers has no SpanBERT class"]

@@ -22,11 +22,13 @@ The pieces, and why they are there:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import FeedForward, init_weights, require_vocab, sinusoid_table
 
 
@@ -158,6 +160,7 @@ class XLNetBlock(nn.Module):
 
 class XLNet(nn.Module):
     Config = XLNetConfig
+    probe_layers = "blocks"  # the content stream h of each block (plmcli.analysis.hidden)
     causal = False
     encoder = True
     pair_layout = "cls_last"
@@ -357,11 +360,67 @@ class XLNet(nn.Module):
         dense = L * (block + extra + f * (2 * C * C + 2 * C * F_)) + f * C * c.vocab_size
         return 6 * dense + 6 * L * C * (3 * klen + seq_len) * (1 + f)
 
+    # ------------------------------------------------------------------ transformers interop
+
+    hf_model_types: ClassVar[tuple[str, ...]] = ("xlnet",)
+    """transformers config.json model_type values that from_hf reads."""
+
+    def to_hf(self, run_config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(config.json, state dict) of transformers' XLNetLMHeadModel. The sequence summary stays behind: no
+        pretraining loss reaches it (freeze_summary) and XLNetLMHeadModel has none; finetuning starts it afresh."""
+        c = self.cfg
+        ids = run_config.get("tokenizer", {}).get("special_token_ids", {})
+        config = {
+            "model_type": "xlnet", "architectures": ["XLNetLMHeadModel"], "vocab_size": c.vocab_size,
+            "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "d_inner": c.d_ff or 4 * c.d_model,
+            "ff_activation": HF_ACTIVATION[c.activation], "attn_type": "bi", "initializer_range": c.init_std,
+            "layer_norm_eps": c.layer_norm_eps, "mem_len": c.mem_len, "bi_data": False, "clamp_len": -1,
+            "same_length": False, "tie_word_embeddings": True,
+            # transformers has one rate for every dropout, attention probabilities included
+            "dropout": c.dropout,
+            "pad_token_id": ids.get("pad"), "bos_token_id": ids.get("bos"), "eos_token_id": ids.get("eos"),
+        }
+        sd = self.state_dict()
+        # lm_loss.weight is the word embedding: HF re-ties it on loading, and safetensors refuses two names
+        # for one storage, so it is not written.
+        out = {hf: _hf_layout(hf, sd[ours], c.n_head) for ours, hf in _hf_key_map(c.n_layer).items()
+               if not hf.startswith("sequence_summary")}
+        return config, owned(out)
+
+    def hf_export_notes(self) -> list[str]:
+        """What to_hf leaves out, for the export's report."""
+        return ["sequence summary not exported (pretraining never trains it; XLNetLMHeadModel has none)"]
+
+    @classmethod
+    def from_hf(cls, hf_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
+        """(our config, our state dict) from a transformers XLNet checkpoint (XLNetLMHeadModel, XLNetModel,
+        XLNetForSequenceClassification...): keys the checkpoint lacks (an LM model's summary) are left out.
+        bi_data is a pretraining-data choice here (objective.bi_data), not part of the model."""
+        from plmcli.errors import PlmError
+
+        hc = hf_config
+        require_hf(hc, "attn_type", ("bi",), "bi")
+        require_hf(hc, "same_length", (False,), False)
+        if hc.get("clamp_len", -1) > 0:
+            raise PlmError(f"the HF config's clamp_len = {hc['clamp_len']} cannot be represented by plm",
+                           "plm's XLNet never clamps relative distances (clamp_len -1)")
+        n_layer = hc.get("n_layer", 24)
+        cfg = XLNetConfig(
+            vocab_size=hc["vocab_size"], n_layer=n_layer, n_head=hc.get("n_head", 16), d_model=hc.get("d_model", 1024),
+            d_ff=hc.get("d_inner", 4096), dropout=hc.get("dropout", 0.1), attn_dropout=hc.get("dropout", 0.1),
+            activation=activation_from_hf(hc, "ff_activation"),
+            layer_norm_eps=hc.get("layer_norm_eps", 1e-12), init_std=hc.get("initializer_range", 0.02),
+            mem_len=hc.get("mem_len", 512) or 0)
+        sd = {k if k.startswith(("transformer.", "lm_loss", "sequence_summary")) else f"transformer.{k}": v
+              for k, v in state_dict.items()}  # a bare XLNetModel's names lack the "transformer." prefix
+        out = {ours: _our_layout(hf, sd[hf]) for ours, hf in _hf_key_map(n_layer).items() if hf in sd}
+        return cfg, owned(out)
+
 
 # ---------------------------------------------------------------------- transformers weights
 
 def _hf_key_map(n_layer: int) -> dict[str, str]:
-    """Our parameter name -> transformers' XLNetLMHeadModel name."""
+    """Our parameter name -> transformers' name (XLNetLMHeadModel's; sequence_summary.* as XLNetForSequenceClassification)."""
     m = {"wte.weight": "transformer.word_embedding.weight", "mask_emb": "transformer.mask_emb", "lm_bias": "lm_loss.bias",
          "summary.weight": "sequence_summary.summary.weight", "summary.bias": "sequence_summary.summary.bias"}
     for i in range(n_layer):
@@ -378,8 +437,8 @@ def _hf_key_map(n_layer: int) -> dict[str, str]:
     return m
 
 
-def _to_linear(name: str, w: torch.Tensor) -> torch.Tensor:
-    """transformers keeps q/k/v/r as (C, H, D) used as x @ W, and o as (C, H, D) used as y @ W^T."""
+def _our_layout(name: str, w: torch.Tensor) -> torch.Tensor:
+    """transformers keeps q/k/v/r as (C, H, D) used as x @ W, o as (C, H, D) used as y @ W^T, mask_emb as (1, 1, C)."""
     if name.endswith(("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.r")):
         return w.reshape(w.shape[0], -1).t()
     if name.endswith("rel_attn.o"):
@@ -389,26 +448,12 @@ def _to_linear(name: str, w: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def from_hf_state_dict(sd: dict, n_layer: int) -> dict:
-    """A transformers XLNetLMHeadModel (or XLNetModel / XLNetForSequenceClassification) state dict -> ours.
-    Keys ours lacks there (the summary of an LM-head model) are left out: load with strict=False for those."""
-    sd = {k if k.startswith(("transformer.", "lm_loss", "sequence_summary")) else f"transformer.{k}": v for k, v in sd.items()}
-    return {ours: _to_linear(hf, sd[hf]) for ours, hf in _hf_key_map(n_layer).items() if hf in sd}
-
-
-def to_hf_state_dict(sd: dict, n_layer: int, n_head: int, summary: bool = False) -> dict:
-    """Our state dict -> transformers XLNetLMHeadModel names and layouts (+ sequence_summary.* with `summary`)."""
-    out = {}
-    for ours, hf in _hf_key_map(n_layer).items():
-        if hf.startswith("sequence_summary") and not summary:
-            continue
-        w = sd[ours]
-        if hf.endswith(("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.r")):
-            w = w.t().reshape(w.shape[1], n_head, -1)
-        elif hf.endswith("rel_attn.o"):
-            w = w.reshape(w.shape[0], n_head, -1)
-        elif hf.endswith("mask_emb"):
-            w = w.reshape(1, 1, -1)
-        out[hf] = w
-    out["lm_loss.weight"] = sd["wte.weight"]
-    return out
+def _hf_layout(name: str, w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The inverse of _our_layout."""
+    if name.endswith(("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.r")):
+        return w.t().reshape(w.shape[1], n_head, -1)
+    if name.endswith("rel_attn.o"):
+        return w.reshape(w.shape[0], n_head, -1)
+    if name.endswith("mask_emb"):
+        return w.reshape(1, 1, -1)
+    return w

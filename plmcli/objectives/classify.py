@@ -12,8 +12,9 @@ states are added before the head. The head reads the final hidden state of the e
 inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight (`--aux-lm-weight`, 0.5 as in the paper).
 
 Cross-entropy for classes, MSE for a single regression output (STS-B). Batches are padded (right) only to
-their own longest sequence. Evaluation collects every prediction, so task metrics that are not means
-(MCC, F1, correlations) are computed over the whole dev set; val_loss is the task loss alone.
+their own longest sequence, and training batches hold examples of similar length (LengthGroupedOrder in
+plmcli.data.batching), so little is padded. Evaluation collects every prediction, so task metrics that are
+not means (MCC, F1, correlations) are computed over the whole dev set; val_loss is the task loss alone.
 """
 
 from __future__ import annotations
@@ -389,7 +390,9 @@ class Classify(Objective):
                     "labels": torch.from_numpy(labels[idx]), "group": torch.from_numpy(group[idx].astype(np.int64)),
                     "index": torch.from_numpy(idx), "rows": R, "num_tokens": int(lens.sum())}
 
-        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        # Training batches of similar lengths: dynamic padding then pads little (evaluation reads in order).
+        lengths = np.diff(off)[: n * R].reshape(n, R).max(1)
+        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=lengths)
         stream.example_ids = d["example_id"]
         return stream
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
@@ -56,8 +55,8 @@ class CausalLM(Objective):
         return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
 
     def step(self, model, batch, state=None):
-        logits = model(batch["input_ids"])  # (B, T, V)
         labels = batch["labels"]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        # The model takes the loss itself: GPT's fused head never holds the (B, T, V) logits.
+        loss = model(batch["input_ids"], labels=labels)
         count = (labels != -100).sum()
         return StepOutput(loss, {"loss": loss.detach() * count}, count)

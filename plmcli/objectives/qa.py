@@ -318,7 +318,7 @@ class SpanQA(Objective):
                     "start_positions": torch.from_numpy(sp[idx]), "end_positions": torch.from_numpy(ep[idx]),
                     "index": torch.from_numpy(idx), "num_tokens": int(lens.sum())}
 
-        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=np.diff(off))
         stream.windows = d
         table = Path(corpus_dir) / f"{split}.questions.json"
         stream.questions = json.loads(table.read_text(encoding="utf-8")) if table.is_file() else None

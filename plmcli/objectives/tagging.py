@@ -298,7 +298,7 @@ class Tagging(Objective):
                     "first": torch.from_numpy(f), "tags": torch.from_numpy(tags), "index": torch.from_numpy(idx),
                     "num_tokens": int(lens.sum())}
 
-        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=np.diff(off))
         stream.arrays = d  # sentences and windows, for joining predictions back into sentences
         return stream
 

@@ -166,7 +166,9 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
     accelerator.register_for_checkpointing(scheduler)
     if t.compile:
-        model = torch.compile(model)
+        # In place, not torch.compile(model): its wrapper's state dict prefixes every key with `_orig_mod.`,
+        # and model.safetensors would no longer load into the model.
+        model.compile()
     if rank:
         # Every process built the model from one seed; from here each draws its own dropout masks
         # (rank 0 keeps the single-process stream, so a 1-process run is unchanged).

@@ -314,3 +314,90 @@ def test_prepare_corpus(tmp_path, monkeypatch):
     assert prepare_corpus([f], CHAR, DataConfig()).parent == tmp_path / "env-cache" / "corpora"
     monkeypatch.delenv("PLM_CACHE")
     assert default_cache_dir() == Path.home() / ".cache" / "plm"
+
+
+# ----------------------------------------------------------------------------- vectorised encoding
+
+
+def _reference_encode(batch: dict, tok) -> dict:
+    """`corpus._encode` as it was, token by token in Python: the output the vectorised one must equal."""
+    lines, per_doc = [], []
+    for doc in batch["text"]:
+        doc_lines = corpus._split_lines(doc)
+        lines.extend(doc_lines)
+        per_doc.append(len(doc_lines))
+    encodings = iter(tok.encode_batch(lines, add_special_tokens=False))
+    ids_out, starts_out, words_out = [], [], []
+    for n in per_doc:
+        ids: list[int] = []
+        starts = []
+        word_starts: list[bool] = []
+        for _ in range(n):
+            enc = next(encodings)
+            starts.append(len(ids))
+            ids.extend(enc.ids)
+            w = enc.word_ids
+            word_starts.extend(i == 0 or w[i] != w[i - 1] for i in range(len(w)))
+        ids_out.append(ids)
+        starts_out.append(starts)
+        words_out.append(word_starts)
+    return {"input_ids": ids_out, "sentence_starts": starts_out, "word_starts": words_out,
+            "num_bytes": [len(doc.encode("utf-8")) for doc in batch["text"]]}
+
+
+def _tree(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+# Lines the tokenizer encodes to nothing ("\x01": wordpiece's clean_text drops control characters), added
+# tokens in the text (word id None, alone and two in a row), "##" continuations, CJK, one-token lines, CRLF.
+EDGE_TEXT = ("the cat sat on the mat\nunbelievably <eos><eos> cats\n\x01\n\n<eos> first\n\n"
+             "数据 集 分词\r\nx\n\n\x01\n\nemoji 🙂 ok\nlast line <eos>\n\x01\n")
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bytelevel-bpe", "char", "unigram"])
+def test_vectorised_encoding_writes_the_reference_bytes(tmp_path, monkeypatch, kind):
+    """Every file `plm tokenize` writes (Arrow shards, state, meta.json, tokenizer) is byte for byte what the
+    per-token implementation wrote, over several batches, pieces and a validation cut inside a piece."""
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat unbelievably dogs ran far 数据 集 <eos>".split()
+    docs = ["\n".join(" ".join(rng.choice(words, rng.integers(1, 9))) for _ in range(rng.integers(1, 4)))
+            for _ in range(120)]
+    f = write(tmp_path / "a.txt", EDGE_TEXT + "\n" + "\n\n".join(docs) + "\n\n" + EDGE_TEXT)
+    cfg = TokenizerConfig(kind=kind, vocab_size=120, min_frequency=1, special_tokens={"eos": "<eos>", "unk": "<unk>"})
+    tok = train_tokenizer(iter(["the cat sat on a mat unbelievably\n", "数据 集\n", "dogs ran far x\n"]), cfg)
+    tok.save(str(tmp_path / "tok.json"))
+    given = TokenizerConfig(kind=kind, path=str(tmp_path / "tok.json"), special_tokens={"eos": "<eos>", "unk": "<unk>"})
+    monkeypatch.setattr(corpus, "UNIT_BYTES", 1500)
+    monkeypatch.setattr(corpus, "ENCODE_BATCH_BYTES", 400)
+    new = tokenize_corpus([f], tmp_path / "new", given, val_fraction=0.3)
+    with monkeypatch.context() as m:
+        m.setattr(corpus, "_encode", _reference_encode)
+        ref = tokenize_corpus([f], tmp_path / "ref", given, val_fraction=0.3)
+    assert new == ref
+    a, b = _tree(tmp_path / "new"), _tree(tmp_path / "ref")
+    assert len([n for n in a if n.endswith(".arrow")]) > 3
+    assert a.keys() == b.keys() and all(a[n] == b[n] for n in a), [n for n in a if a[n] != b[n]]
+    if kind == "wordpiece":  # the edge cases are there: a line encoded to nothing, words in several pieces
+        batch = _reference_encode({"text": EDGE_TEXT.replace("\r\n", "\n").split("\n\n")}, tok)
+        assert [] in [ids[s:e] for ids, st in zip(batch["input_ids"], batch["sentence_starts"])
+                      for s, e in zip(st, st[1:] + [len(ids)])]
+        assert not all(all(ws) for ws in batch["word_starts"])
+
+
+class _StubEncoding:
+    def __init__(self, word_ids):
+        self.word_ids = word_ids
+
+    def __len__(self):
+        return len(self.word_ids)
+
+
+def test_word_starts_of_tokens_without_a_word():
+    """Tokens with word id None (special tokens) compare as the per-token code did: None == None, None != 0."""
+    lines = [[None, None, 0, 0, None, 1, 1], [], [0, 0, None], [None], [3, 3], [3]]
+    encodings = [_StubEncoding(w) for w in lines]
+    expected = [i == 0 or w[i] != w[i - 1] for w in lines for i in range(len(w))]
+    line_at = corpus._offsets(np.array([len(w) for w in lines]))
+    assert corpus._word_starts(encodings, line_at).tolist() == expected
+    assert expected == [True, False, True, False, True, True, False, True, False, True, True, True, False, True]

@@ -76,3 +76,16 @@ def test_report_units():
     assert r["bpb"] == pytest.approx(100 / (math.log(2) * 200))
     assert r["word_ppl"] == pytest.approx(math.exp(100 / 40))
     assert set(r) == {"ppl", "nll", "tokens", "bpb", "words", "word_ppl", "stride", "max_length"}
+
+
+@pytest.mark.parametrize("L,S", [(16, 5), (16, 16), (7, 1)])
+def test_fused_head_equals_the_logits_path(model, L, S):
+    """A GPT module scores through forward(labels=): the output layer only at scored positions."""
+    from plmcli.eval.perplexity import scores_labels
+
+    assert scores_labels(model) and not scores_labels(lambda x: model(x))
+    seq = np.random.default_rng(3).integers(0, 50, 70)
+    fused = sequence_nll(model, seq, L, S, batch_size=4)
+    generic = sequence_nll(lambda x: model(x), seq, L, S, batch_size=4)
+    assert fused[1] == generic[1] == 69
+    assert fused[0] == pytest.approx(generic[0], rel=1e-6)

@@ -8,7 +8,7 @@ import torch
 from helpers import tiny_corpus
 from plmcli.config import load_recipe
 from plmcli.errors import PlmError
-from plmcli.models.albert import Albert, AlbertConfig, from_hf_state_dict
+from plmcli.models.albert import Albert, AlbertConfig
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "glue-sample"
 
@@ -53,8 +53,10 @@ def test_parity_with_transformers_albert_for_pretraining():
     transformers = pytest.importorskip("transformers")
     V, T = 101, 40
     hf = _hf_albert(transformers, V, T)
-    ours = Albert(tiny(vocab_size=V, max_positions=T, n_layer=3, n_head=4, d_model=48, d_ff=80, embedding_size=16)).eval()
-    ours.load_state_dict(from_hf_state_dict(hf.state_dict()))  # strict: every weight mapped, nothing left over
+    cfg, sd = Albert.from_hf(hf.config.to_dict(), hf.state_dict())
+    assert cfg == tiny(vocab_size=V, max_positions=T, n_layer=3, n_head=4, d_model=48, d_ff=80, embedding_size=16)
+    ours = Albert(cfg).eval()
+    ours.load_state_dict(sd)  # strict: every weight mapped, nothing left over
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
     x, types, mask = _padded_batch(V, T)
     with torch.no_grad():
@@ -67,11 +69,11 @@ def test_parity_with_transformers_albert_for_pretraining():
     assert ours.mlm.decoder.weight is ours.wte.weight  # tied after loading, as in HF
 
 
-def test_from_hf_refuses_more_than_one_layer_group():
+def test_from_hf_refuses_layer_groups_it_cannot_share():
     transformers = pytest.importorskip("transformers")
-    hf = _hf_albert(transformers, 50, 16, num_hidden_groups=3)
-    with pytest.raises(ValueError, match="num_hidden_groups=1"):
-        from_hf_state_dict(hf.state_dict())
+    hf = _hf_albert(transformers, 50, 16, inner_group_num=2)
+    with pytest.raises(PlmError, match="inner_group_num = 2"):
+        Albert.from_hf(hf.config.to_dict(), hf.state_dict())
 
 
 # ---------------------------------------------------------------- sharing

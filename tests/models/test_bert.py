@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from plmcli.errors import PlmError
 from plmcli.models.bert import Bert, BertConfig
 
 
@@ -100,60 +101,16 @@ def test_flops_count_the_mlm_head_at_the_masked_share():
 # ---------------------------------------------------------------- parity with transformers
 
 
-def _block_to_hf(b, prefix: str, d: int) -> dict:
-    """Our fused QKV (3d, d) -> HF query / key / value; post-LN ln_1 / ln_2 -> attention / output LayerNorm."""
-    q, k, v = b.attn.qkv.weight.split(d, 0)
-    qb, kb, vb = b.attn.qkv.bias.split(d, 0)
-    return {
-        prefix + "attention.self.query.weight": q, prefix + "attention.self.query.bias": qb,
-        prefix + "attention.self.key.weight": k, prefix + "attention.self.key.bias": kb,
-        prefix + "attention.self.value.weight": v, prefix + "attention.self.value.bias": vb,
-        prefix + "attention.output.dense.weight": b.attn.proj.weight, prefix + "attention.output.dense.bias": b.attn.proj.bias,
-        prefix + "attention.output.LayerNorm.weight": b.ln_1.weight, prefix + "attention.output.LayerNorm.bias": b.ln_1.bias,
-        prefix + "intermediate.dense.weight": b.mlp.fc.weight, prefix + "intermediate.dense.bias": b.mlp.fc.bias,
-        prefix + "output.dense.weight": b.mlp.proj.weight, prefix + "output.dense.bias": b.mlp.proj.bias,
-        prefix + "output.LayerNorm.weight": b.ln_2.weight, prefix + "output.LayerNorm.bias": b.ln_2.bias,
-    }
-
-
-def _encoder_to_hf(ours: Bert, base: str) -> dict:
-    d = ours.cfg.d_model
-    sd = {base + "embeddings.word_embeddings.weight": ours.wte.weight,
-          base + "embeddings.position_embeddings.weight": ours.wpe.weight,
-          base + "embeddings.token_type_embeddings.weight": ours.wtt.weight,
-          base + "embeddings.LayerNorm.weight": ours.ln_emb.weight, base + "embeddings.LayerNorm.bias": ours.ln_emb.bias}
-    for i, b in enumerate(ours.blocks):
-        sd |= _block_to_hf(b, f"{base}encoder.layer.{i}.", d)
-    return sd
-
-
-def _load(hf, sd):
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+def _load_into_hf(ours: Bert, hf, pad_id: int = 0) -> dict:
+    """Our weights into an HF model through Bert.to_hf (HF's decoder is tied to its word embeddings, so
+    loading those fills it); returns the HF config to_hf wrote."""
+    cfg, sd = ours.to_hf({"tokenizer": {"special_token_ids": {"pad": pad_id}}})
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
     assert not unexpected, unexpected
-    assert all(k.endswith("decoder.weight") or k.endswith("position_ids") for k in missing), missing
-
-
-def bert_to_hf(ours: Bert, hf) -> None:
-    """Our Bert -> transformers.BertForPreTraining (the decoder weight is tied to the word embeddings there too)."""
-    m = ours.mlm
-    sd = _encoder_to_hf(ours, "bert.") | {
-        "bert.pooler.dense.weight": ours.pooler.weight, "bert.pooler.dense.bias": ours.pooler.bias,
-        "cls.predictions.transform.dense.weight": m.dense.weight, "cls.predictions.transform.dense.bias": m.dense.bias,
-        "cls.predictions.transform.LayerNorm.weight": m.ln.weight, "cls.predictions.transform.LayerNorm.bias": m.ln.bias,
-        "cls.predictions.bias": m.decoder.bias, "cls.predictions.decoder.bias": m.decoder.bias,
-        "cls.seq_relationship.weight": ours.nsp.weight, "cls.seq_relationship.bias": ours.nsp.bias,
-    }
-    _load(hf, sd)
-
-
-def roberta_to_hf(ours: Bert, hf) -> None:
-    m = ours.mlm
-    sd = _encoder_to_hf(ours, "roberta.") | {
-        "lm_head.dense.weight": m.dense.weight, "lm_head.dense.bias": m.dense.bias,
-        "lm_head.layer_norm.weight": m.ln.weight, "lm_head.layer_norm.bias": m.ln.bias,
-        "lm_head.bias": m.decoder.bias, "lm_head.decoder.bias": m.decoder.bias,
-    }
-    _load(hf, sd)
+    assert all(k.endswith(("decoder.weight", "decoder.bias")) for k in missing), missing
+    built = hf.config.to_dict()  # every key to_hf writes is one the HF config reads, with the value built by hand
+    assert all(built[k] == v for k, v in cfg.items() if k != "architectures" and not k.endswith("_token_id")), cfg
+    return cfg
 
 
 def _randomize(model, seed=1):
@@ -174,7 +131,7 @@ def test_parity_with_transformers_bert_for_pretraining():
                                      hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                      layer_norm_eps=1e-12, tie_word_embeddings=True)
     hf = transformers.BertForPreTraining(hf_cfg).eval()
-    bert_to_hf(ours, hf)
+    assert _load_into_hf(ours, hf)["architectures"] == ["BertForPreTraining"]
     x, types, mask = _padded_batch(101, T=40)
     with torch.no_grad():
         a = ours(x, types, mask)
@@ -195,7 +152,21 @@ def test_parity_with_transformers_roberta_for_masked_lm():
                                         pad_token_id=1, hidden_act="gelu", hidden_dropout_prob=0.0,
                                         attention_probs_dropout_prob=0.0, layer_norm_eps=1e-5, tie_word_embeddings=True)
     hf = transformers.RobertaForMaskedLM(hf_cfg).eval()
-    roberta_to_hf(ours, hf)
+    assert _load_into_hf(ours, hf, pad_id=1)["architectures"] == ["RobertaForMaskedLM"]
     x = torch.randint(3, 103, (3, T))  # no padding token (id 1): RoBERTa's positions are then 2..T+1
     with torch.no_grad():
         torch.testing.assert_close(ours(x).mlm_logits, hf(input_ids=x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_pre_ln_variant_normalizes_once_before_the_heads():
+    torch.manual_seed(0)
+    m = Bert(tiny(norm_position="pre", dropout=0.0, attn_dropout=0.0)).eval()
+    x = torch.randint(0, m.cfg.vocab_size, (2, 9))
+    h, _ = m.encode(x)
+    e = m.ln_emb(m.wte(x) + m.wpe(torch.arange(9)) + m.wtt.weight[0])
+    for b in m.blocks:  # pre-LN: x + f(LN(x))
+        e = e + b.attn(b.ln_1(e))
+        e = e + b.mlp(b.ln_2(e))
+    torch.testing.assert_close(h, m.ln_f(e))
+    with pytest.raises(PlmError, match="post-LN"):
+        m.to_hf({})

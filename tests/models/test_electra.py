@@ -139,7 +139,10 @@ def test_parity_with_transformers_generator_and_discriminator():
     cfg = ElectraConfig(vocab_size=101, max_positions=40, n_layer=3, n_head=4, d_model=48, d_ff=80, embedding_size=24,
                         generator_size=0.25, dropout=0.0, attn_dropout=0.0)
     assert cfg.generator_dims() == (12, 1, 20)
-    ours = Electra.from_hf_state_dict(cfg, gen.state_dict(), disc.state_dict()).eval()
+    got, sd = Electra.from_hf(disc.config.to_dict(), disc.state_dict(), {"generator": (gen.config.to_dict(), gen.state_dict())})
+    assert got == cfg
+    ours = Electra(cfg).eval()
+    ours.load_state_dict(sd)  # strict, and in place: the tie stays
     assert ours.mlm.decoder.weight is ours.wte.weight
     x, types, mask = _padded_batch(101, T=40)
     with torch.no_grad():

@@ -52,20 +52,15 @@ def test_positions_limit():
         m(torch.zeros(1, 33, dtype=torch.long))
 
 
-def _copy_to_hf(ours: GPT, hf):
-    """Our Linear (out, in) weights into HF GPT-2's Conv1D (in, out)."""
-    sd = {"transformer.wte.weight": ours.wte.weight, "transformer.wpe.weight": ours.wpe.weight,
-          "transformer.ln_f.weight": ours.ln_f.weight, "transformer.ln_f.bias": ours.ln_f.bias}
-    for i, b in enumerate(ours.blocks):
-        p = f"transformer.h.{i}."
-        sd |= {p + "ln_1.weight": b.ln_1.weight, p + "ln_1.bias": b.ln_1.bias,
-               p + "ln_2.weight": b.ln_2.weight, p + "ln_2.bias": b.ln_2.bias,
-               p + "attn.c_attn.weight": b.attn.qkv.weight.T, p + "attn.c_attn.bias": b.attn.qkv.bias,
-               p + "attn.c_proj.weight": b.attn.proj.weight.T, p + "attn.c_proj.bias": b.attn.proj.bias,
-               p + "mlp.c_fc.weight": b.mlp.fc.weight.T, p + "mlp.c_fc.bias": b.mlp.fc.bias,
-               p + "mlp.c_proj.weight": b.mlp.proj.weight.T, p + "mlp.c_proj.bias": b.mlp.proj.bias}
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
-    assert not unexpected and all(k == "lm_head.weight" or k.endswith("attn.bias") for k in missing), missing
+def _load_into_hf(ours: GPT, hf) -> dict:
+    """Our weights into an HF model through GPT.to_hf (Linear (out, in) -> Conv1D (in, out); HF's LM head
+    is tied to its token embeddings); returns the HF config to_hf wrote."""
+    cfg, sd = ours.to_hf({"tokenizer": {"special_token_ids": {}}})
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    assert not unexpected and missing == ["lm_head.weight"], (missing, unexpected)
+    built = hf.config.to_dict()  # every key to_hf writes is one the HF config reads, with the value built by hand
+    assert all(built[k] == v for k, v in cfg.items() if k != "architectures" and not k.endswith("_token_id")), cfg
+    return cfg
 
 
 def test_parity_with_transformers_gpt2():
@@ -76,7 +71,22 @@ def test_parity_with_transformers_gpt2():
                                      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      layer_norm_epsilon=1e-5, tie_word_embeddings=True)
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
-    _copy_to_hf(ours, hf)
+    assert _load_into_hf(ours, hf)["architectures"] == ["GPT2LMHeadModel"]
+    x = torch.randint(0, 101, (3, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_parity_with_transformers_openai_gpt():
+    """GPT-1's post-LN blocks without a final LN; OpenAIGPT's "gelu" is the tanh approximation."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ours = GPT(tiny(vocab_size=101, max_positions=40, n_layer=2, n_head=4, d_model=48, norm_position="post",
+                    final_norm=False, activation="gelu_tanh", scaled_residual_init=False)).eval()
+    hf_cfg = transformers.OpenAIGPTConfig(vocab_size=101, n_positions=40, n_embd=48, n_layer=2, n_head=4, afn="gelu",
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5)
+    hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).eval()
+    assert _load_into_hf(ours, hf)["architectures"] == ["OpenAIGPTLMHeadModel"]
     x = torch.randint(0, 101, (3, 40))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=1e-5)

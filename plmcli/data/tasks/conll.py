@@ -174,8 +174,12 @@ class Conll2003(Task):
         Path(path).write_text("\n".join(lines) + "\n" if lines else "", encoding="utf-8")
 
 
-def read_conll(path: Path, labeled: bool) -> list[tuple[list[str], list[str] | None, list[int]]]:
-    """Sentences of a CoNLL-format file as (words, raw tags or None, line numbers)."""
+def read_conll(path: Path, labeled: bool, column: int = -1) -> list[tuple[list[str], list[str] | None, list[int]]]:
+    """Sentences of a CoNLL-format file as (words, raw tags or None, line numbers).
+
+    `column`: where the tags are; the last (NER, checked to be IOB) unless another is asked for
+    (CoNLL-2003's POS is 1, chunk 2: `plm probe`), taken as written.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -199,15 +203,18 @@ def read_conll(path: Path, labeled: bool) -> list[tuple[list[str], list[str] | N
             if width < 2 and labeled:
                 raise PlmError(f"{path}:{n}: one column, so no tags",
                                "a CoNLL file has the word first and its tag last on each line (word ... tag)")
+            if labeled and column >= width:
+                raise PlmError(f"{path}:{n}: {width} columns, so no column {column + 1} to read tags from",
+                               "pass a CoNLL-2003 file: word POS chunk NER on each line")
         if len(fields) != width:
             cols = f"{len(fields)} column" + "s" * (len(fields) != 1)
             raise PlmError(f"{path}:{n}: {cols} where the file's first word line ({width_line}) has {width}",
                            "every word line needs the same columns (word ... tag); is the file cut or mixed?")
         if width > 1:
-            if not _TAG.fullmatch(fields[-1]):
+            if column == -1 and not _TAG.fullmatch(fields[-1]):
                 raise PlmError(f"{path}:{n}: tag {fields[-1]!r} is not an IOB tag (O, B-TYPE, I-TYPE)",
                                "the tag must be the last column; convert IOBES/BILOU tags to IOB2 first")
-            tags.append(fields[-1])
+            tags.append(fields[column])
         words.append(fields[0])
         lines.append(n)
     if width is not None:

@@ -1,0 +1,1 @@
+"""Looking inside trained models: attention patterns, probing classifiers, training curves."""

@@ -1,0 +1,187 @@
+"""`plm` commands that look inside runs and move them between tools: plot, export, import, attention, probe.
+
+They live apart from plmcli.cli only to keep each file readable; plmcli.cli registers them on the one app.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from plmcli.cli import _print_json, _stderr, guarded
+
+_commands: list = []
+
+
+def command(name: str | None = None):
+    """Like `app.command`, deferred: plmcli.cli adds these to its app once it is built."""
+
+    def add(fn):
+        _commands.append((name, fn))
+        return fn
+
+    return add
+
+
+def register(app: typer.Typer) -> None:
+    for name, fn in _commands:
+        app.command(name)(fn)
+
+
+# ---------------------------------------------------------------- plot
+
+
+@command()
+@guarded
+def plot(
+    runs: List[str] = typer.Argument(..., help="Run directories (each with a metrics.jsonl); several are overlaid."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="PNG to write (default RUN/plots.png for one run, ./plm-plot.png for several)."),
+    metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics, one panel each (default: loss, every val_* logged, lr)."),
+    x: str = typer.Option("step", "--x", help="x axis: step | tokens."),
+):
+    """Draw training curves from runs' metrics.jsonl: one panel per metric, runs overlaid.
+
+    Losses and perplexities that fall over a wide range get a log y axis. Malformed lines of a
+    metrics.jsonl (one cut short by a run still writing) are skipped and counted on stderr.
+
+    Example: plm plot runs/gpt-mini-a runs/gpt-mini-b --metrics loss,val_loss,lr --x tokens --out curves.png
+    """
+    from plmcli.analysis.plot import plot_runs
+
+    res = plot_runs(runs, out, [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None, x)
+    for label, n in res["skipped_lines"].items():
+        typer.echo(f"warning: skipped {n} malformed line{'s' * (n > 1)} of {label}/metrics.jsonl", err=True)
+    typer.echo(f"wrote {res['out']} ({', '.join(res['metrics'])} by {res['x']}; {len(res['runs'])} run{'s' * (len(res['runs']) > 1)})")
+
+
+# ---------------------------------------------------------------- export
+
+
+@command()
+@guarded
+def export(
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
+    format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format; "
+                               "hf: a transformers directory (BERT, RoBERTa, SpanBERT, ERNIE, GPT-2, GPT, ALBERT, ELECTRA, XLNet runs)."),
+    out: str = typer.Option(..., "--out", "-o", help="File (arpa) or directory (hf) to write."),
+    force: bool = typer.Option(False, "--force", help="hf: replace an existing non-empty --out directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Write a finished run in another tool's format.
+
+    hf writes config.json, model.safetensors and tokenizer files that transformers' AutoModelFor… and
+    AutoTokenizer .from_pretrained(DIR) load; a finetuned classifier becomes *ForSequenceClassification
+    where transformers has the same head (else its encoder is exported, and the output says so).
+
+    Example: plm pretrain --recipe ngram-kn5 --data train.txt && plm export runs/latest --format arpa --out lm.arpa
+
+    Example: plm export runs/bert-mini --format hf --out hf/bert-mini
+    """
+    from plmcli import api
+
+    res = api.export(run, format, out, force)
+    if as_json:
+        return _print_json(res)
+    what = f": {res['architecture']} ({res['model_type']}), {res['parameters']:,} parameters" if "architecture" in res else ""
+    typer.echo(res["out"] + what + "".join(f"; {note}" for note in res.get("notes", [])))
+
+
+# ---------------------------------------------------------------- import
+
+
+@command("import")
+@guarded
+def import_run(
+    hf_dir: str = typer.Argument(..., help="A local transformers model directory (config.json, model.safetensors or "
+                                 "pytorch_model.bin, tokenizer.json or vocab.txt or vocab.json + merges.txt)."),
+    out: str = typer.Option(..., "--out", "-o", help="Run directory to write."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing non-empty --out directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Turn a transformers checkpoint into a plm run that finetune, eval-ppl and generate read.
+
+    Model types: bert, roberta, gpt2, openai-gpt, albert, electra, xlnet. Nothing is downloaded. Parts of
+    the plm model the checkpoint lacks (a bare BertModel has no MLM head) are initialised fresh and listed.
+
+    Example: plm import ~/models/bert-base-uncased --out runs/bert-base && plm finetune --task sst2 --from runs/bert-base
+    """
+    from plmcli import api
+
+    res = api.import_hf(hf_dir, out, force)
+    if as_json:
+        return _print_json(res)
+    fresh = f"; fresh (not in the checkpoint): {', '.join(res['fresh'])}" if res["fresh"] else ""
+    kind = ": ".join([res["model_type"], *res["architectures"][:1]]) if res["architectures"] else res["model_type"]
+    typer.echo(f"{res['out']}: {res['family']} run from {hf_dir} ({kind}), {res['parameters']:,} parameters, "
+               f"vocab {res['vocab_size']:,}{fresh}")
+
+
+# ---------------------------------------------------------------- attention
+
+
+@command()
+@guarded
+def attention(
+    run: str = typer.Argument(..., help="Run directory (pretrained or finetuned): bert, roberta, albert, electra, spanbert, nezha or gpt."),
+    text: Optional[str] = typer.Argument(None, help="The text whose attention is drawn (default: the first line of --corpus)."),
+    text_pair: Optional[str] = typer.Option(None, "--text-pair", help="Encoders: a second text, read as [CLS] TEXT [SEP] PAIR [SEP]."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="Average the statistics over this file's lines (a tab splits a line into a pair)."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory: layer_{i}.png, attention.tsv, attention.json."),
+    max_seq_len: Optional[int] = typer.Option(None, help="Tokens per input, special tokens included (default: the model's positions)."),
+    max_lines: Optional[int] = typer.Option(None, help="--corpus: read at most this many non-blank lines."),
+    batch_size: int = typer.Option(16, help="--corpus: lines per forward pass (every layer's maps are held at once)."),
+    as_json: bool = typer.Option(False, "--json", help="Print attention.json instead of the table."),
+):
+    """Where each attention head looks (Clark et al. 2019): a heatmap per layer and six patterns per head.
+
+    Per layer × head: entropy (nats) and the share of attention on the next token, the previous token,
+    [CLS], [SEP] and the token itself, averaged over real query tokens (over every line of --corpus,
+    padding excluded). Causal runs (gpt): [CLS] is the first token, [SEP] the bos/eos tokens, next is n/a.
+
+    Example: plm attention runs/bert-mini "the cat sat on the mat" --text-pair "it was warm" --out att/
+
+    Example: plm attention runs/gpt-mini --corpus valid.txt --max-lines 500 --out att/ --json
+    """
+    from plmcli.analysis.attention import attention as run_attention, print_report
+
+    res = run_attention(run, text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
+    if as_json:
+        return _print_json(res)
+    print_report(res)
+
+
+# ---------------------------------------------------------------- probe
+
+
+@command()
+@guarded
+def probe(
+    run: Optional[str] = typer.Argument(None, help="Run directory (pretrained or finetuned; default runs/latest): bert, roberta, "
+                                        "albert, electra, spanbert, nezha, xlnet or gpt."),
+    task: str = typer.Option(..., "--task", "-t", help="pos | chunk | ner: CoNLL-2003's column 2, 3 or 4."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The CoNLL-2003 folder (eng.train + eng.testa, or train.txt + valid.txt)."),
+    train: Optional[str] = typer.Option(None, "--train", help="Train file (word POS chunk NER per line) instead of --data-dir's."),
+    dev: Optional[str] = typer.Option(None, "--dev", help="Dev file the probes are scored on."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory: probe.json, probe.tsv, probe_TASK.png."),
+    max_sentences: int = typer.Option(2000, help="Train sentences, drawn at random (seeded) when the file has more."),
+    max_dev_sentences: int = typer.Option(500, help="Dev sentences, drawn the same way."),
+    seed: int = typer.Option(0, help="Seeds the sentence sample (the probe itself is convex: no randomness)."),
+    batch_size: int = typer.Option(32, help="Sentences per forward pass."),
+    as_json: bool = typer.Option(False, "--json", help="Print probe.json instead of the table."),
+):
+    """A linear probe per layer (Tenney et al. 2019, Liu et al. 2019): how well POS, chunk or NER tags
+    can be read off each layer's frozen word vectors (a word = its first sub-token).
+
+    One multinomial logistic regression per layer (0 = embeddings) on the train words, scored on the
+    dev words (accuracy, macro-F1), next to the majority-tag baseline. gpt: left context only.
+
+    Example: plm probe runs/bert-mini --task pos --data-dir conll2003/ --out probe-pos/
+    """
+    from plmcli.analysis.probe import print_report, probe as run_probe
+
+    res = run_probe(run, task, out, data_dir, train, dev, max_sentences, max_dev_sentences, seed, batch_size,
+                    console=_stderr())
+    if as_json:
+        return _print_json(res)
+    print_report(res)

@@ -1,0 +1,89 @@
+"""Next-token cross-entropy straight from hidden states, without the (N, V) logits living in memory.
+
+A language model's output layer is a matmul to V logits per token followed by log-softmax. Done the
+plain way, the (N, V) logits are written, read by log_softmax, written again, and in backward read and
+written twice more — for GPT-2 (V = 50,257) that is 200 kB per token, more memory traffic than all of
+the transformer layers together on a CPU, and most of the activation memory on a GPU. Here the rows are
+taken a chunk at a time: logits, log-sum-exp, the loss and both gradients (softmax − one-hot, times the
+weight and times the hidden states) are computed while the chunk is hot, and only the gradients (the size
+of the inputs) are kept for backward. Because the loss is a scalar, its gradient is known in forward up to
+the incoming scale, which backward applies. The numbers are those of `F.cross_entropy(h @ w.T, y)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def chunk_rows(vocab_size: int, device: torch.device) -> int:
+    """Rows per chunk: ~4 MB of fp32 logits on a CPU (stays in cache), ~256 MB on a GPU (keeps it busy)."""
+    budget = 2**26 if device.type == "cuda" else 2**20
+    return max(16, budget // max(1, vocab_size))
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    """Matmuls in the autocast dtype when autocast is on (as nn.Linear would run); softmax always in fp32."""
+    dev = h.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return h.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk: int):
+        dt = _compute_dtype(h)
+        with torch.autocast(h.device.type, enabled=False):
+            hd, wd = h.to(dt), weight.to(dt)
+            acc = torch.promote_types(dt, torch.float32)  # fp32 softmax, fp64 stays fp64
+            valid = targets != IGNORE_INDEX
+            count = valid.sum().clamp(min=1)
+            loss = torch.zeros((), dtype=acc, device=h.device)
+            grad_h = torch.empty_like(h)
+            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+            for s in range(0, h.shape[0], chunk):
+                hc, yc, vc = hd[s : s + chunk], targets[s : s + chunk], valid[s : s + chunk]
+                logits = (hc @ wd.t()).to(acc)  # (n, V)
+                lse = torch.logsumexp(logits, dim=-1)
+                safe_y = torch.where(vc, yc, 0)
+                loss += ((lse - logits.gather(1, safe_y[:, None]).squeeze(1)) * vc).sum()
+                p = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                p.scatter_add_(1, safe_y[:, None], -vc[:, None].to(p.dtype))  # − one-hot
+                p.mul_(vc[:, None])  # ignored rows contribute nothing
+                pd = p.to(dt)
+                grad_h[s : s + chunk] = (pd @ wd).to(h.dtype)
+                grad_w += (pd.t() @ hc).to(acc)
+        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype), count)
+        return loss / count
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, count = ctx.saved_tensors
+        scale = grad_out / count
+        return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of `h @ weight.T` (h: (N, C), weight: (V, C)) against `targets` (N,),
+    skipping targets equal to -100; equal to `F.cross_entropy(h @ weight.T, targets)`.
+
+    Chunked with gradients computed on the way when a gradient is needed; otherwise the chunked loss
+    of the scored rows only (logits are never computed for a -100 target).
+    """
+    chunk = chunk or chunk_rows(weight.shape[0], h.device)
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(h, weight, targets, chunk)
+    acc = torch.promote_types(_compute_dtype(h), torch.float32)
+    # Without a gradient, ignored rows need no logits at all: sliding-window perplexity scores only a
+    # stride of each window, so the output layer runs on those rows alone (the copy of h is C per row, not V).
+    valid = targets != IGNORE_INDEX
+    h, targets = h[valid], targets[valid]
+    total = torch.zeros((), dtype=acc, device=h.device)
+    for s in range(0, h.shape[0], chunk):
+        logits = F.linear(h[s : s + chunk], weight).to(acc)
+        total += F.cross_entropy(logits, targets[s : s + chunk], reduction="sum")
+    return total / max(len(targets), 1)

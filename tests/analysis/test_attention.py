@@ -1,0 +1,323 @@
+"""`plm attention`: the recorded maps against a hand computation from the weights, the six patterns against
+loops, a head built to look one token back, and the command on tiny BERT and GPT runs."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny_corpus, tiny_recipe
+from plmcli.analysis.attention import PATTERNS, PatternSums, attention, attention_families
+from plmcli.api import pretrain
+from plmcli.errors import PlmError
+from plmcli.models.albert import Albert, AlbertConfig
+from plmcli.models.bert import Bert, BertConfig
+from plmcli.models.electra import Electra, ElectraConfig
+from plmcli.models.gpt import GPT, GPTConfig
+from plmcli.models.layers import MultiHeadAttention, record_attention
+from plmcli.models.nezha import Nezha, NezhaConfig, RelativeAttention
+from plmcli.models.spanbert import SpanBert, SpanBertConfig
+from test_cli import assert_clean_error, run
+from test_recipes import TINY
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+V = 40
+SMALL = dict(vocab_size=V, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn_dropout=0.0)
+MODELS = {
+    "bert": lambda: Bert(BertConfig(**SMALL, max_positions=16)),
+    "roberta": lambda: Bert(BertConfig(**SMALL, max_positions=18, type_vocab_size=1, position_offset=2, nsp_head=False)),
+    "albert": lambda: Albert(AlbertConfig(**SMALL | {"n_layer": 3}, max_positions=16, embedding_size=8)),
+    "electra": lambda: Electra(ElectraConfig(**SMALL, max_positions=16, embedding_size=8, generator_size=0.5)),
+    "spanbert": lambda: SpanBert(SpanBertConfig(**SMALL, max_positions=16, sbo_d_position=4)),
+    "nezha": lambda: Nezha(NezhaConfig(**SMALL, max_positions=16, max_relative_position=3)),
+    "gpt": lambda: GPT(GPTConfig(**SMALL, max_positions=16)),
+}
+
+
+def _model(name, seed=0, scale=20.0):
+    """A tiny model with its weight matrices scaled up, so attention is far from uniform."""
+    torch.manual_seed(seed)
+    m = MODELS[name]().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(scale if p.dim() == 2 else 1.0)
+    return m
+
+
+def _batch(T=9, lengths=(9, 6, 3), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, V, (len(lengths), T), generator=g)
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    types = (torch.arange(T)[None, :] >= 4).long() * mask
+    return ids * mask, types, mask
+
+
+def _run(model, ids, types, mask):
+    if getattr(model, "causal", False):
+        return model(ids)
+    return model.encode(ids, types if model.cfg.type_vocab_size >= 2 else None, mask)[0]
+
+
+# ---------------------------------------------------------------- the recording hook
+
+
+def _hand(attn, args, causal, key_mask):
+    """softmax(q·kᵀ/√d (+ NEZHA's q·a_ij), masked) from the layer's qkv weights, in float64."""
+    x = args[0].double()
+    B, T, C = x.shape
+    H = attn.n_head
+    D = C // H
+    qkv = x @ attn.qkv.weight.double().T + attn.qkv.bias.double()
+    q, k = (qkv[..., i * C:(i + 1) * C].reshape(B, T, H, D).transpose(1, 2) for i in range(2))
+    s = torch.einsum("bhid,bhjd->bhij", q, k)
+    if isinstance(attn, RelativeAttention):
+        table, index = args[1].double(), args[2]
+        s = s + torch.einsum("bhid,ijd->bhij", q, table[index])  # a_ij looked up as a (T, T, D) tensor
+    allowed = key_mask.bool()[:, None, None, :].expand(B, H, T, T)
+    if causal:
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool).tril()
+    return torch.softmax((s / math.sqrt(D)).masked_fill(~allowed, float("-inf")), -1)
+
+
+@pytest.mark.parametrize("name", ["bert", "albert", "nezha", "gpt"])
+def test_recorded_maps_equal_a_hand_computation(name):
+    model = _model(name)
+    causal = getattr(model, "causal", False)
+    ids, types, mask = _batch(lengths=(9, 9, 9) if causal else (9, 6, 3))
+    inputs = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.append((mod, args)))
+             for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    with torch.no_grad(), record_attention() as maps:
+        _run(model, ids, types, mask)
+    for h in hooks:
+        h.remove()
+    assert len(maps) == len(inputs) == model.cfg.n_layer  # ALBERT: its one shared layer, once per use
+    for p, (attn, args) in zip(maps, inputs):
+        assert p.shape == (3, 2, 9, 9)
+        torch.testing.assert_close(p.double(), _hand(attn, args, causal, mask), atol=1e-6, rtol=0)
+        torch.testing.assert_close(p.sum(-1), torch.ones(3, 2, 9))  # every row over its real keys
+        assert (p * (1 - mask)[:, None, None, :]).abs().max() == 0  # nothing on padding
+    assert p.max() > 0.5  # scaled weights: peaked heads, not a uniform average
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_recording_leaves_the_outputs_unchanged(name, monkeypatch):
+    ids, types, mask = _batch(lengths=(9, 9, 9) if name == "gpt" else (9, 6, 3))
+    # float64 with peaked heads: the explicit path is SDPA's formula; float32 at the init: as close as 1e-6
+    sharp = _model(name).double()
+    with torch.no_grad(), record_attention():
+        recorded = _run(sharp, ids, types, mask)
+    torch.testing.assert_close(recorded, _run(sharp, ids, types, mask), atol=1e-10, rtol=0)
+    model = _model(name, scale=1.0)
+    with torch.no_grad():
+        plain = _run(model, ids, types, mask)
+        with record_attention() as maps:
+            recorded = _run(model, ids, types, mask)
+    torch.testing.assert_close(recorded, plain, atol=1e-6, rtol=1e-6)
+    assert len(maps) == model.cfg.n_layer  # ELECTRA's encode: the discriminator alone
+    # Outside the context nothing is kept and SDPA runs, not the explicit path.
+    monkeypatch.setattr(MultiHeadAttention, "_explicit", lambda *a: pytest.fail("explicit attention outside recording"))
+    with torch.no_grad():
+        assert torch.equal(_run(model, ids, types, mask), plain)
+    assert len(maps) == model.cfg.n_layer
+
+
+# ---------------------------------------------------------------- the six patterns
+
+
+def _brute(maps, real, cls_keys, sep_keys, causal):
+    """Each pattern by loops over layer, head, example and position."""
+    L, (B, H, T, _) = len(maps), maps[0].shape
+    rows = []
+    for layer in range(L):
+        for h in range(H):
+            acc = {p: [] for p in PATTERNS}
+            for b in range(B):
+                n = int(real[b].sum())
+                for i in range(n):
+                    a = maps[layer][b, h, i].double()
+                    acc["entropy"].append(-sum(float(x * math.log(x)) for x in a if x > 0))
+                    acc["self"].append(float(a[i]))
+                    if i > 0:
+                        acc["previous"].append(float(a[i - 1]))
+                    if i + 1 < n and not causal:
+                        acc["next"].append(float(a[i + 1]))
+                    acc["cls"].append(float(sum(a[j] for j in range(T) if cls_keys[b, j])))
+                    if sep_keys is not None:
+                        acc["sep"].append(float(sum(a[j] for j in range(T) if sep_keys[b, j])))
+            rows.append({"layer": layer + 1, "head": h + 1, **{p: sum(v) / len(v) if v else None for p, v in acc.items()}})
+    return rows
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_patterns_equal_loops_over_a_padded_batch(causal):
+    g = torch.Generator().manual_seed(0)
+    B, H, T, lengths = 3, 2, 7, torch.tensor([7, 5, 2])
+    real = torch.arange(T)[None, :] < lengths[:, None]
+    allowed = real[:, None, None, :] & (torch.ones(T, T, dtype=torch.bool).tril() if causal else True)
+    maps = [torch.softmax((torch.randn(B, H, T, T, generator=g) * 3).masked_fill(~allowed, float("-inf")), -1)
+            for _ in range(2)]
+    ids = torch.randint(4, 9, (B, T), generator=g)
+    ids[:, 0], ids[0, 3], ids[1, 4] = 2, 3, 3  # [CLS] first, a [SEP] inside rows 0 and 1
+    cls_keys, sep_keys = (ids == 2) & real, None if causal else (ids == 3) & real
+    sums = PatternSums()
+    sums.add(maps, real, cls_keys, sep_keys, causal)
+    rows = sums.rows()
+    expect = _brute(maps, real, cls_keys, sep_keys, causal)
+    for r, e in zip(rows, expect):
+        for p in PATTERNS:
+            assert (r[p] is None) == (e[p] is None), p
+            if e[p] is not None:
+                assert r[p] == pytest.approx(e[p], abs=1e-6), (r, e)
+    assert (rows[0]["next"] is None) == causal and (rows[0]["sep"] is None) == causal
+    halves = PatternSums()  # the same rows in two batches, each padded to its own length: token-weighted sums
+    for sl in (slice(0, 1), slice(1, 3)):
+        t = int(real[sl].sum(1).max())
+        halves.add([m[sl, :, :t, :t] for m in maps], real[sl, :t], cls_keys[sl, :t],
+                   None if sep_keys is None else sep_keys[sl, :t], causal)
+    for r, e in zip(halves.rows(), rows):
+        assert all(r[p] == pytest.approx(e[p], abs=1e-9) for p in PATTERNS if e[p] is not None)
+
+
+def test_a_head_built_to_look_one_token_back():
+    """Head 1 reads the one-hot position t from the embeddings; its query at i matches key i − 1 only."""
+    torch.manual_seed(0)
+    model = Bert(BertConfig(vocab_size=V, max_positions=16, n_layer=1, n_head=2, d_model=32, d_ff=32,
+                            dropout=0.0, attn_dropout=0.0)).eval()
+    D = 16
+    with torch.no_grad():
+        model.wte.weight.zero_()
+        model.wtt.weight.zero_()
+        model.wpe.weight.copy_(torch.eye(16, 32))  # position t -> e_t (LayerNorm keeps it a scaled one-hot)
+        w = model.blocks[0].attn.qkv.weight
+        w[:D].zero_()
+        w[32:32 + D].zero_()
+        w[torch.arange(D - 1), torch.arange(1, D)] = 2.0  # q_i = 2·e_{i−1}
+        w[32 + torch.arange(D), torch.arange(D)] = 1.0  # k_j = e_j
+        model.blocks[0].attn.qkv.bias.zero_()
+    ids, types, mask = _batch(T=12, lengths=(12, 8, 5))
+    with torch.no_grad(), record_attention() as maps:
+        model.encode(ids, types, mask)
+    sums = PatternSums()
+    real = mask.bool()
+    sums.add(maps, real, (ids == 2) & real, (ids == 3) & real, causal=False)
+    head1, head2 = sums.rows()
+    assert head1["previous"] > 0.999  # query 0 has none to look at: it spreads evenly, as self and next show
+    assert head1["self"] < 0.05 and head1["next"] < 0.05
+    assert head2["previous"] < 0.5
+
+
+# ---------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A tiny BERT (wordpiece, [CLS]/[SEP]) and a tiny GPT (characters, <eos>) run, trained 2 steps."""
+    root = tmp_path_factory.mktemp("attention-runs")
+    corpus = tiny_corpus(root / "c.txt")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLM_RUNS", str(root / "runs"))
+        mp.setenv("PLM_CACHE", str(root / "cache"))
+        pretrain("bert-mini", [str(corpus)], str(root / "bert"), max_steps=2,
+                 overrides=TINY["bert"] + ["model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
+                                           "train.global_batch_size=4", "objective.dupe_factor=1", "train.eval_every=0"])
+        pretrain(str(tiny_recipe(root / "tiny.yaml")), [str(corpus)], str(root / "gpt"), max_steps=2)
+    return {"bert": root / "bert", "gpt": root / "gpt"}
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_command_writes_heatmaps_and_tables(runs, family, tmp_path):
+    out = tmp_path / "att"
+    pair = ["--text-pair", "dogs ran far"] if family == "bert" else []
+    res = run("attention", runs[family], "the cat sat on a mat", *pair, "--out", out, "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    saved = json.loads((out / "attention.json").read_text())
+    assert got == {**saved, "out_dir": str(out)}
+    assert sorted(p.name for p in out.iterdir()) == ["attention.json", "attention.tsv", "layer_1.png", "layer_2.png"]
+    for png in ("layer_1.png", "layer_2.png"):
+        w, h = _png_size(out / png)
+        assert w > 300 and h > 200
+    assert got["n_layer"] == 2 and got["n_head"] == 2 and len(got["heads"]) == 4
+    tsv = [line.split("\t") for line in (out / "attention.tsv").read_text().splitlines()]
+    assert tsv[0] == ["layer", "head", *PATTERNS]
+    for row, head in zip(tsv[1:], got["heads"]):
+        for p, cell in zip(PATTERNS, row[2:]):
+            assert cell == "n/a" if head[p] is None else float(cell) == pytest.approx(head[p], abs=1e-6)
+    T = len(got["tokens"])
+    for head in got["heads"]:
+        assert 0 < head["entropy"] <= math.log(T) + 1e-9
+        assert all(0 <= head[p] <= 1 for p in PATTERNS[1:] if head[p] is not None)
+    if family == "bert":
+        assert got["tokens"][0] == "[CLS]" and got["tokens"].count("[SEP]") == 2 and got["tokens"][-1] == "[SEP]"
+        assert got["targets"] == {"cls": "[CLS]", "sep": "[SEP]"} and got["heads"][0]["next"] is not None
+    else:
+        assert got["tokens"][:3] == ["t", "h", "e"] and got["targets"] == {"cls": "first token", "sep": "<eos>"}
+        assert all(h["next"] is None and h["sep"] == 0 for h in got["heads"])  # the plain text has no <eos>
+    res = run("attention", runs[family], "the cat sat on a mat", *pair, "--out", out)  # an earlier output is replaced
+    assert res.exit_code == 0, res.output
+    assert "entropy: broadest layer" in res.stdout and "previous token: layer" in res.stdout
+    assert ("[SEP]: layer" in res.stdout and "→ [CLS]" in res.stdout) if family == "bert" \
+        else ("next token: n/a" in res.stdout and "first token: layer" in res.stdout)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_corpus_statistics_are_token_weighted_means_of_its_lines(runs, family, tmp_path):
+    lines = [("the cat sat", "dogs ran"), ("away", None), ("a mat while dogs ran", None)]
+    if family == "gpt":
+        lines = [(a, None) for a, _ in lines]
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("\n".join(a if b is None else f"{a}\t{b}" for a, b in lines) + "\n\n")
+    whole = attention(str(runs[family]), corpus=str(corpus), out=str(tmp_path / "all"), batch_size=2)
+    assert whole["examples"] == 3 and whole["text"] == lines[0][0] and whole["text_pair"] == lines[0][1]
+    each = [attention(str(runs[family]), a, b, out=str(tmp_path / f"one{i}")) for i, (a, b) in enumerate(lines)]
+    n = [e["query_tokens"] for e in each]
+    assert whole["query_tokens"] == sum(n)
+    for k, head in enumerate(whole["heads"]):
+        for p in PATTERNS:
+            weights = [x - 1 for x in n] if p in ("next", "previous") else n
+            if head[p] is None:
+                assert family == "gpt" and p == "next"
+                continue
+            expect = sum(w * e["heads"][k][p] for w, e in zip(weights, each)) / sum(weights)
+            assert head[p] == pytest.approx(expect, abs=1e-6), (p, head)
+    # the heatmaps are of the given text even with a corpus
+    text = attention(str(runs[family]), "a mat", corpus=str(corpus), out=str(tmp_path / "t"), batch_size=2)
+    assert text["heads"] == whole["heads"] and text["text"] == "a mat"
+
+
+def test_bad_input(runs, tmp_path):
+    out = tmp_path / "att"
+    assert_clean_error(run("attention", runs["bert"], "   ", "--out", out), "text is empty")
+    assert_clean_error(run("attention", runs["bert"], "--out", out), "no text given", "--corpus")
+    assert_clean_error(run("attention", runs["gpt"], "a b", "--text-pair", "c d", "--out", out), "causal LM", "encoder run")
+    assert_clean_error(run("attention", runs["bert"], "a b", "--max-seq-len", 2, "--out", out), "--max-seq-len")
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    assert_clean_error(run("attention", runs["bert"], "--corpus", tmp_path / "empty.txt", "--out", out), "no non-blank lines")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert_clean_error(run("attention", runs["bert"], "a b", "--out", other), "not a `plm attention` output")
+    assert (other / "keep.txt").read_text() == "mine"
+    xlnet = tmp_path / "xlnet"  # a run of a family with its own attention (two-stream, relative)
+    shutil.copytree(runs["gpt"], xlnet)
+    cfg = json.loads((xlnet / "config.json").read_text())
+    (xlnet / "config.json").write_text(json.dumps({**cfg, "family": "xlnet", "model": {"vocab_size": 20}}))
+    assert_clean_error(run("attention", xlnet, "a b", "--out", out), "xlnet", "bert, spanbert, albert, nezha, electra")
+    assert not out.exists()
+
+
+def test_attention_families():
+    assert sorted(attention_families()) == ["albert", "bert", "electra", "gpt", "nezha", "spanbert"]
+    with pytest.raises(PlmError, match="no output directory"):
+        attention("x", "text")

@@ -1,0 +1,77 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from plmcli.models.gpt import GPT, GPTConfig
+from plmcli.models.lm_loss import linear_cross_entropy
+
+
+def _inputs(N=37, C=16, V=53, seed=0, ignore=True):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, C, generator=g, dtype=torch.float64)
+    w = torch.randn(V, C, generator=g, dtype=torch.float64) * 0.5
+    y = torch.randint(0, V, (N,), generator=g)
+    if ignore:
+        y[::5] = -100
+    return h, w, y
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 1000])
+def test_loss_and_gradients_equal_the_plain_cross_entropy(chunk):
+    h, w, y = _inputs()
+    h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = F.cross_entropy(h1 @ w1.t(), y, ignore_index=-100)
+    (ref * 3.0).backward()  # a non-unit incoming gradient must scale both results
+    h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
+    got = linear_cross_entropy(h2, w2, y, chunk=chunk)
+    (got * 3.0).backward()
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_without_gradients_only_the_loss_is_computed():
+    h, w, y = _inputs(ignore=False)
+    with torch.no_grad():
+        got = linear_cross_entropy(h, w, y, chunk=8)
+    torch.testing.assert_close(got, F.cross_entropy(h @ w.t(), y))
+
+
+def test_all_targets_ignored_gives_zero_not_nan():
+    h, w, y = _inputs()
+    y[:] = -100
+    h = h.requires_grad_()
+    loss = linear_cross_entropy(h, w, y, chunk=8)
+    loss.backward()
+    assert loss.item() == 0.0 and h.grad.abs().max().item() == 0.0
+
+
+def test_gpt_with_labels_returns_the_loss_of_its_logits():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=61, max_positions=16, n_layer=2, n_head=2, d_model=16, dropout=0.0, attn_dropout=0.0)
+    model = GPT(cfg)
+    x = torch.randint(0, 61, (3, 10))
+    y = torch.randint(0, 61, (3, 10))
+    y[0, :4] = -100
+    ref = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+    ref.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    loss = model(x, labels=y)
+    loss.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    for n, p in model.named_parameters():  # the tied embedding gets both of its gradients
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_without_gradients_logits_are_computed_for_scored_rows_only(monkeypatch):
+    h, w, y = _inputs(N=40)
+    y[: 30] = -100  # eval-ppl's later windows: the context positions are not scored
+    rows = []
+    linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda a, b, *r: rows.append(a.shape[0]) or linear(a, b, *r))
+    with torch.no_grad():
+        got = linear_cross_entropy(h, w, y, chunk=4)
+    monkeypatch.undo()
+    assert sum(rows) == int((y != -100).sum()) == 8
+    torch.testing.assert_close(got, F.cross_entropy(h @ w.t(), y, ignore_index=-100), rtol=1e-12, atol=1e-12)

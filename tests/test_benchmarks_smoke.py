@@ -1,0 +1,149 @@
+"""The pieces of the comparison benchmarks that decide their numbers, checked against brute force.
+
+Running the benchmarks themselves, even at toy size, takes tens of seconds each (they train tokenizers,
+spawn processes, import transformers); these tests pin what their tables are computed from. (ppl-speed
+checks its GPT2LMHeadModel copy against plm's logits itself before it times anything.)
+"""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks.ppl_speed import guide_nll
+from benchmarks.startup import parse_importtime, top_level
+from benchmarks.tokenize_speed import write_corpus
+from benchmarks.varlen_sst2 import length_grouped, padding_share
+from plmcli.eval.perplexity import sequence_nll
+from plmcli.models.gpt import GPT, GPTConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_length_grouped_batches_cover_each_sentence_once_sorted_within_windows():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 60, 200)
+    indices = rng.permutation(200)[:150]
+    batches = length_grouped(indices, lengths, batch_size=8, window=4, seed=1)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == sorted(indices.tolist())
+    assert [len(b) for b in batches].count(8) == len(batches) - 1  # 150 = 18 × 8 + 6
+    for lo in range(0, 150, 32):  # each window of 4 batches holds the window's sentences, longest first
+        window = indices[lo : lo + 32]
+        got = [b for b in batches if set(b.tolist()) <= set(window.tolist())]
+        assert sum(len(b) for b in got) == len(window)
+        ordered = np.concatenate(sorted(got, key=lambda b: -lengths[b[0]]))
+        assert (np.diff(lengths[ordered]) <= 0).all()
+    # grouping can only reduce padding on the same sentences
+    plain = [lengths[indices[i : i + 8]] for i in range(0, 150, 8)]
+    assert padding_share([lengths[b] for b in batches])[1] < padding_share(plain)[1]
+
+
+def test_padding_share_counts_real_and_padded_positions():
+    batches = [np.array([3, 5, 5]), np.array([4, 4]), np.array([7])]
+    real, total, unpadded = padding_share(batches)
+    assert (real, total, unpadded) == (3 + 5 + 5 + 4 + 4 + 7, 3 * 5 + 2 * 4 + 7, 2)
+
+
+def test_parse_importtime_reads_depth_and_ranks_top_level_imports():
+    stderr = "\n".join([
+        "import time: self [us] | cumulative | imported package",
+        "import time:       118 |        118 |   _io",
+        "import time:       258 |        733 | _frozen_importlib_external",
+        "import time:       902 |      17761 |     typer.main",
+        "import time:       192 |      25376 |   typer",
+        "import time:      4055 |      31627 | plmcli.cli",
+        "some other stderr line",
+    ])
+    rows = parse_importtime(stderr)
+    assert [(r["name"], r["depth"]) for r in rows] == [("_io", 1), ("_frozen_importlib_external", 0), ("typer.main", 2),
+                                                        ("typer", 1), ("plmcli.cli", 0)]
+    assert rows[3]["self_us"] == 192 and rows[3]["cumulative_us"] == 25376
+    assert [r["name"] for r in top_level(rows, 5)] == ["plmcli.cli", "_frozen_importlib_external"]
+
+
+def test_write_corpus_repeats_whole_documents_to_size(tmp_path):
+    text = "a b c\nd e\n\nf g h i\n\nj\n"  # 3 documents, 20 bytes with the final blank line
+    written = write_corpus(tmp_path, text, 130, 3)
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 3 and written == sum(f.stat().st_size for f in files)
+    assert 130 <= written < 130 + 3 * 20  # each file overshoots by less than one copy
+    for f in files:
+        body = f.read_text()
+        assert body.endswith("\n\n")  # cut at a document break
+        docs = [d for d in body.split("\n\n") if d]
+        assert set(docs) <= {"a b c\nd e", "f g h i", "j"}
+
+
+class _HFLike(torch.nn.Module):
+    """A plm GPT behind transformers' causal-LM call: `model(ids, labels=...)` -> .loss, the mean NLL
+    of labels[:, 1:] (shifted inside, -100 ignored), as GPT2LMHeadModel computes it."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, ids, labels):
+        logits = self.gpt(ids)
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+def _token_nll(gpt, seq, start, p):
+    """-log p(seq[p] | seq[start:p]) by a direct forward pass."""
+    with torch.no_grad():
+        logits = gpt(torch.as_tensor(seq[start:p])[None])[0, -1]
+    return -torch.log_softmax(logits.double(), -1)[seq[p]].item()
+
+
+def test_guide_loop_weighting_and_boundary_contexts_match_brute_force():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=37, max_positions=16, n_layer=1, n_head=2, d_model=16, dropout=0.0,
+                        attn_dropout=0.0)).eval()
+    seq = np.random.default_rng(0).integers(0, 37, 41)
+    n, L, S = len(seq), 12, 5
+    g = guide_nll(_HFLike(gpt), torch.as_tensor(seq)[None], L, S)
+
+    # The guide's windows: [b, min(b+L, n)) scoring targets [prev_end, end) (the first window from 1).
+    guide_tokens, prev_end, windows = {}, 0, 0
+    for b in range(0, n, S):
+        end = min(b + L, n)
+        for p in range(max(prev_end, 1), end):
+            guide_tokens[p] = b
+        windows, prev_end = windows + 1, end
+        if end == n:
+            break
+    assert sorted(guide_tokens) == list(range(1, n))  # every token after the first, once
+    assert g["windows"] == windows and g["exact_tokens"] == n - 1 and g["tokens"] == n - 1 - (windows - 1)
+    brute = {p: _token_nll(gpt, seq, b, p) for p, b in guide_tokens.items()}
+    assert g["exact_nll"] == pytest.approx(sum(brute.values()) / (n - 1), abs=1e-5)
+    # As written, the guide weights each later window's mean by one label fewer than it averages.
+    sums, prev_end = [], 0
+    for b in range(0, n, S):
+        end = min(b + L, n)
+        scored = [brute[p] for p in range(max(prev_end, 1), end)]
+        sums.append((np.mean(scored), len(scored) - (1 if b else 0)))
+        prev_end = end
+        if end == n:
+            break
+    assert g["nll"] == pytest.approx(sum(m * k for m, k in sums) / sum(k for _, k in sums), abs=1e-5)
+
+    # plm's windows: the token at each window boundary is the only one scored with another context.
+    nll, count = sequence_nll(lambda x: gpt(x), seq, L, S, batch_size=3)
+    plm_tokens, prev_end, start = {}, 0, 0
+    while prev_end < n - 1:
+        end = min(start + L, n - 1)
+        for p in range(prev_end + 1, end + 1):
+            plm_tokens[p] = start
+        prev_end, start = end, start + S
+    assert count == n - 1 and sorted(plm_tokens) == list(range(1, n))
+    differ = [p for p in plm_tokens if plm_tokens[p] != guide_tokens[p]]
+    assert differ == [b + L for b in range(0, n, S) if b + L <= n - 1]  # here 12, 17, ..., 37
+    assert all(p - plm_tokens[p] == L and p - guide_tokens[p] == L - S for p in differ)
+    plm_brute = sum(brute[p] for p in plm_tokens if p not in differ) + sum(_token_nll(gpt, seq, plm_tokens[p], p) for p in differ)
+    assert nll == pytest.approx(plm_brute, abs=1e-4)
+    assert math.isfinite(nll)
+
