@@ -217,17 +217,32 @@ def _encoder(spec: tuple):
     tok_json, doc_per_line = spec
     tok = Tokenizer.from_str(tok_json)
 
-    def encode(unit):
+    def batches(unit):
         name, start, end = unit[:3]
         batch, size = [], 0
         for doc in range_documents(name, start, end, doc_per_line):
             batch.append(doc)
             size += len(doc)
             if len(batch) >= 1000 or size >= ENCODE_BATCH_BYTES:
-                yield _encode({"text": batch}, tok)
+                yield batch
                 batch, size = [], 0
         if batch:
-            yield _encode({"text": batch}, tok)
+            yield batch
+
+    def encode(unit):
+        # One batch ahead on a second thread: the tokenizer's Rust code releases the GIL, so encoding batch
+        # k+1 overlaps reading the text and writing Arrow for batch k. Results come back in order.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for batch in batches(unit):
+                job = pool.submit(_encode, {"text": batch}, tok)
+                if pending is not None:
+                    yield pending.result()
+                pending = job
+            if pending is not None:
+                yield pending.result()
 
     return encode
 
