@@ -263,9 +263,16 @@ class ELMo(nn.Module):
         return hidden, (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 per weight (forward + backward); embeddings and char table excluded."""
+        """Training FLOPs per token: 6 per weight (forward + backward); embeddings and char table excluded.
+
+        A shared softmax runs twice per token, once for each direction's prediction, so it counts twice
+        (with share_softmax false each direction's own softmax is already among the parameters).
+        """
         n = sum(p.numel() for p in self.parameters())
-        return 6 * (n - (self.wte.weight.numel() if self.cfg.token_encoder == "word" else 0))
+        n -= self.wte.weight.numel() if self.cfg.token_encoder == "word" else 0
+        if self.bwd_softmax is None:
+            n += sum(p.numel() for p in self.softmax.parameters())
+        return 6 * n
 
     @torch.no_grad()
     def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:

@@ -76,6 +76,11 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """
     chunk = chunk or chunk_rows(weight.shape[0], h.device)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        if h.shape[0] <= chunk:  # the logits fit in one chunk (a small vocabulary): nothing to save, and
+            # torch's own cross-entropy kernels beat the explicit softmax-minus-one-hot steps here
+            logits = F.linear(h, weight)
+            return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets,
+                                   ignore_index=IGNORE_INDEX)
         return _LinearCrossEntropy.apply(h, weight, targets, chunk)
     acc = torch.promote_types(_compute_dtype(h), torch.float32)
     # Without a gradient, ignored rows need no logits at all: sliding-window perplexity scores only a

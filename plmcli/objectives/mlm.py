@@ -113,6 +113,16 @@ class MaskedLM(Objective):
             raise PlmError(f"{type(model).__name__} is not an encoder with a masked-LM head",
                            "use objective.name: mlm with an encoder recipe (bert-mini, bert-base, roberta-base)")
         self.check_positions(model)
+        self.set_predicted_share(model)
+
+    def set_predicted_share(self, model) -> None:
+        """The MLM head runs at the predicted tokens only: give the model their share of a sequence
+        (mask_prob, capped by max_predictions) so its flops_per_token, and the logged MFU, count what runs."""
+        c = self.cfg
+        share = c.mask_prob
+        if c.max_predictions and c.max_predictions > 0:
+            share = min(share, c.max_predictions / self.seq_len)
+        model.mlm_fraction = share
 
     def _id(self, role: str) -> int:
         if role not in self.special_ids:

@@ -70,6 +70,7 @@ class ReplacedTokenDetection(MaskedLM):
             raise PlmError(f"{type(model).__name__} has no generator and discriminator for replaced-token detection",
                            "use objective.name: rtd with an electra recipe (electra-mini, electra-small, electra-base)")
         self.check_positions(model)
+        self.set_predicted_share(model)
 
     def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
         return SampleSeeds(super().stream(data_dir, split, batch_size, seed, rank, world, shuffle), seed, split)

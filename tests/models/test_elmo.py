@@ -190,3 +190,12 @@ def test_finetune_runs_from_an_elmo_run(tmp_path):
     assert {"head.mix.scalars", "head.mix.gamma", "head.out.weight"} <= set(tuned)
     model, _, _ = load_finetuned(str(tmp_path / "ft"))
     assert model.feature_based and model(torch.tensor([[2, 5, 6, 3]])).shape == (1, 2)
+
+
+def test_flops_count_a_shared_softmax_once_per_direction():
+    shared, own = ELMo(tiny(token_encoder="word")), ELMo(tiny(token_encoder="word", share_softmax=False))
+    softmax = sum(p.numel() for p in shared.softmax.parameters())
+    # two softmax passes per token either way: one shared matrix used twice = two matrices used once each
+    assert shared.flops_per_token(8) == own.flops_per_token(8)
+    body = sum(p.numel() for n, p in shared.named_parameters() if not n.startswith(("wte.", "softmax.")))
+    assert shared.flops_per_token(8) == 6 * (body + 2 * softmax)

@@ -346,3 +346,15 @@ def test_ernie_three_stages_end_to_end(tmp_path, monkeypatch):
     built = sorted((m["masking"], m.get("lexicon_key")) for m in metas)
     assert built == sorted([("token", None), ("knowledge", lexicon_key("chinese-sample-phrases.txt")),
                             ("knowledge", lexicon_key("chinese-sample-entities.txt"))])
+
+
+def test_flops_count_the_share_the_objective_predicts():
+    # 40% of 16 tokens = 6.4 predictions, under max_predictions 20: the share is mask_prob
+    m = _tiny_bert()
+    MaskedLM(MLMConfig(mask_prob=0.4, max_predictions=20), None, {}, 16).check_model(m)
+    assert m.mlm_fraction == 0.4
+    # BERT's 15% of 16 capped at 2 predictions: 2/16 of the tokens reach the head
+    MaskedLM(MLMConfig(mask_prob=0.15, max_predictions=2), None, {}, 16).check_model(m)
+    assert m.mlm_fraction == 2 / 16
+    head = m.cfg.d_model * m.cfg.d_model + m.cfg.d_model * m.cfg.vocab_size
+    assert m.flops_per_token(16) - Bert(m.cfg).flops_per_token(16) == pytest.approx(6 * (2 / 16 - 0.15) * head)
