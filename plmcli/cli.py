@@ -205,6 +205,8 @@ def make_mlm_data(
     mask_prob: float = typer.Option(0.15, help="Share of tokens to predict."),
     max_predictions: int = typer.Option(20, help="At most this many predictions per instance."),
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
+    cross_documents: bool = typer.Option(True, help="--pairs none: pack across documents (RoBERTa's FULL-SENTENCES); "
+                                         "--no-cross-documents keeps each instance inside one document (DOC-SENTENCES)."),
     masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches)."),
     span_p: float = typer.Option(0.2, help="--masking span: span length in words ~ Geometric(p), p in (0, 1]."),
     span_max: int = typer.Option(10, help="--masking span: longest span, in words (≥ 1)."),
@@ -228,7 +230,7 @@ def make_mlm_data(
 
     meta = api.make_mlm_data(corpus, out, max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions,
                              pairs, masking, seed, num_proc, force, span_p=span_p, span_max=span_max, lexicon=lexicon,
-                             ngram_probs=_floats(ngram_probs, "--ngram-probs"))
+                             ngram_probs=_floats(ngram_probs, "--ngram-probs"), cross_documents=cross_documents)
     if as_json:
         return _print_json(meta)
     c = meta.get("counts", {})

@@ -191,7 +191,11 @@ def test_make_mlm_data_bad_inputs(tmp_path):
     one.write_text("just one document\nwith two lines\n")
     assert run("tokenize", one, "--out", tmp_path / "tok1", "--recipe", "bert-mini", "--val-fraction", "0").exit_code == 0
     assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o"), "at least 2 documents", "--pairs sop")
+    assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o", "--no-cross-documents"),
+                       "DOC-SENTENCES", "--pairs none")
     assert not (tmp_path / "o").exists()
+    res = run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "doc", "--pairs", "none", "--no-cross-documents", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["cross_documents"] is False
 
 
 def test_finetune_bad_inputs(files, tmp_path):

@@ -97,13 +97,17 @@ def _words(special: np.ndarray, word_starts: np.ndarray | None):
     brk[:, 1:] = special[:, :-1]
     if word_starts is None:
         starts = np.flatnonzero(valid)
-        ends = starts + 1
-    else:
-        ws = (valid & (np.asarray(word_starts, dtype=bool) | brk)).ravel()
-        starts = np.flatnonzero(ws)
-        bounds = np.append(np.flatnonzero(ws | special.ravel()), B * T)
-        ends = bounds[np.searchsorted(bounds, starts) + 1]
-    return starts, ends, brk.ravel()[starts]
+        return starts, starts + 1, brk.ravel()[starts]
+    ws = valid & (np.asarray(word_starts, dtype=bool) | brk)
+    # Every word ends at the next boundary: a word start or a special token (a row starts with one or the
+    # other), or the batch end, which one extra flag marks.
+    flags = np.empty(B * T + 1, dtype=bool)
+    flags[:-1] = (ws | special).ravel()
+    flags[-1] = True
+    bound = np.flatnonzero(flags)
+    k = np.flatnonzero(ws.ravel()[bound[:-1]])
+    starts = bound[k]
+    return starts, bound[k + 1], brk.ravel()[starts]
 
 
 def _tiles(run_first: np.ndarray, cdf: np.ndarray, rng: np.random.Generator):
@@ -131,11 +135,31 @@ def _tiles(run_first: np.ndarray, cdf: np.ndarray, rng: np.random.Generator):
     return first[run[live]] + offset[live], n[live]
 
 
-def _greedy(lengths: np.ndarray, budget: np.ndarray) -> np.ndarray:
-    """BERT's pass over the units of each row in order (columns of `lengths`, 0 = no unit): take a unit
-    if it fits in what is left of the row's budget, else skip it. Exact; one pass per overflow, not per unit."""
-    chosen = np.zeros(lengths.shape, dtype=bool)
+def _greedy(order: np.ndarray, length: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """BERT's pass over the units of each row in order: take a unit if it fits in what is left of the
+    row's budget, else skip it. `order` (B, T): each row's columns in visiting order; `length` (B·T,):
+    unit lengths at the units' first tokens, 0 elsewhere. Returns the flat positions taken. Exact; one
+    numpy pass per overflow, not per unit.
+
+    The pass is sequential in the columns, so it runs on the first few columns (where nearly every row
+    spends its budget) and carries what is left over to the rest only for rows that still have room.
+    """
+    B, T = order.shape
+    head = min(T, 2 * int(budget.max(initial=0)) + 8)
+    row_start = (np.arange(B) * T)[:, None]
+    flat = order[:, :head] + row_start
     left = budget.copy()
+    pos = flat[_greedy_pass(length[flat], left)]
+    rows = np.flatnonzero(left > 0) if head < T else ()
+    if len(rows):
+        flat = order[rows, head:] + row_start[rows]
+        pos = np.concatenate([pos, flat[_greedy_pass(length[flat], left[rows])]])
+    return pos
+
+
+def _greedy_pass(lengths: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """_greedy over these columns, spending `left` (per row) in place."""
+    chosen = np.zeros(lengths.shape, dtype=bool)
     open_ = lengths > 0
     while True:
         active = open_ & (lengths <= left[:, None])  # a unit that does not fit now never will
@@ -146,6 +170,31 @@ def _greedy(lengths: np.ndarray, budget: np.ndarray) -> np.ndarray:
         chosen |= take
         left -= np.where(take, lengths, 0).sum(axis=1)
         open_ &= ~take
+    return chosen
+
+
+def _token_targets(special: np.ndarray, budget: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(B, T) bool: the `budget` maskable tokens of each row with the smallest random keys (a uniform
+    sample without replacement). Only the budget-th smallest key is needed, so a partition, not a sort."""
+    B, T = special.shape
+    keys = rng.random((B, T), dtype=np.float32)  # half the bytes of float64 to draw and partition
+    keys[special] = 2.0
+    k = int(budget.max(initial=0))
+    if k == 0:
+        return np.zeros((B, T), dtype=bool)
+    part = np.partition(keys, k - 1, axis=1)[:, :k]  # each row's k smallest keys, the k-th in its place
+    if (budget == k).all():
+        cutoff = part[:, k - 1]
+    else:  # shorter rows have smaller budgets: order the k smallest to read their cutoff
+        part.sort(axis=1)
+        cutoff = part[np.arange(B), np.maximum(budget - 1, 0)]
+    chosen = (keys <= cutoff[:, None]) & (budget > 0)[:, None]
+    # float32 keys tie now and then (2^24 values); a tie at the cutoff would take one token too many.
+    over = np.flatnonzero(chosen.sum(axis=1) > budget)
+    for r in over.tolist():
+        keep = np.argsort(keys[r], kind="stable")[: budget[r]]
+        chosen[r] = False
+        chosen[r, keep] = True
     return chosen
 
 
@@ -161,35 +210,32 @@ def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.ra
     special = np.asarray(special, dtype=bool)
     B, T = special.shape
     budget = _budget(special, mask_prob, max_predictions)
-    if strategy == "token":  # all units are one token: take the `budget` smallest random keys of each row
-        keys = rng.random((B, T))
-        keys[special] = 2.0
-        cutoff = np.sort(keys, axis=1)[np.arange(B), np.maximum(budget - 1, 0)]
-        rows, cols = np.nonzero((keys <= cutoff[:, None]) & (budget > 0)[:, None])
+    if strategy == "token":
+        rows, cols = np.nonzero(_token_targets(special, budget, rng))
         ones = np.ones(len(rows), dtype=np.int64)
         return Units(rows, cols, ones, ones)
     wstart, wend, run_first = _words(special, word_starts)
 
-    if strategy in ("wwm", "knowledge"):
-        first, nw = np.arange(len(wstart)), np.ones(len(wstart), dtype=np.int64)
+    if strategy in ("wwm", "knowledge"):  # one word per unit
+        first, nw = None, None
+        start, unit_len = wstart, wend - wstart
     else:
         pmf = np.asarray(ngram_probs if strategy == "ngram" else span_pmf(span_p, span_max), dtype=float)
         if pmf.ndim != 1 or len(pmf) == 0 or (pmf < 0).any() or pmf.sum() <= 0:
             raise PlmError(f"bad unit-length probabilities {pmf.tolist()}", "give non-negative weights for n = 1, 2, ...")
         first, nw = _tiles(run_first, np.cumsum(pmf / pmf.sum()), rng)
-    start = wstart[first]  # flat position of each unit's first token (units never overlap)
+        start = wstart[first]  # flat position of each unit's first token (units never overlap)
+        unit_len = wend[first + nw - 1] - start
     length = np.zeros(B * T, dtype=np.int64)
-    length[start] = wend[first + nw - 1] - start
+    length[start] = unit_len
 
     # Each row's units in random order: sort random keys per row, non-units (inf) last.
     keys = np.full(B * T, np.inf)
     keys[start] = rng.random(len(start))
     order = np.argsort(keys.reshape(B, T), axis=1)
-    flat_order = order + (np.arange(B) * T)[:, None]  # (B, T) flat position of the k-th unit of each row
-    ls = length[flat_order]
 
     if strategy != "span":
-        pos = flat_order[_greedy(ls, budget)]
+        pos = _greedy(order, length, budget)
         words = np.ones(len(pos), dtype=np.int64)
         if strategy == "ngram":
             words_at = np.zeros(B * T, dtype=np.int64)
@@ -198,6 +244,8 @@ def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.ra
         return Units(pos // T, pos % T, length[pos], words)
 
     # SpanBERT: spans in random order until the budget; the one that reaches it is cut to whole words.
+    flat_order = order + (np.arange(B) * T)[:, None]  # (B, T) flat position of the k-th unit of each row
+    ls = length[flat_order]
     room = budget[:, None] - (np.cumsum(ls, axis=1) - ls)
     keep = (ls > 0) & (room > 0)
     pos, room = flat_order[keep], room[keep]
@@ -230,6 +278,13 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
     """
     input_ids = np.asarray(input_ids)
     B, T = input_ids.shape
+    if strategy == "token":  # one-token units: the targets straight from the keys, no unit bookkeeping
+        if not 0 < mask_prob < 1:
+            raise PlmError(f"mask_prob must be in (0, 1), got {mask_prob}", "use e.g. 0.15")
+        special = np.asarray(special, dtype=bool)
+        target = _token_targets(special, _budget(special, mask_prob, max_predictions), rng)
+        pos = np.flatnonzero(target)
+        return _replace(input_ids, pos, rng.random(len(pos)), rng, mask_id, vocab_size, replace_probs, random_ids), target
     units = select_units(special, word_starts, rng, mask_prob=mask_prob, max_predictions=max_predictions,
                          strategy=strategy, ngram_probs=ngram_probs, span_p=span_p, span_max=span_max)
     total = int(units.length.sum())
@@ -239,9 +294,15 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
 
     target = np.zeros(B * T, dtype=bool)
     target[pos] = True
+    u = rng.random(len(units.length))[unit_of] if strategy in PER_UNIT else rng.random(total)
+    return _replace(input_ids, pos, u, rng, mask_id, vocab_size, replace_probs, random_ids), target.reshape(B, T)
+
+
+def _replace(input_ids, pos, u, rng, mask_id, vocab_size, replace_probs, random_ids) -> np.ndarray:
+    """A copy of input_ids with the targets at flat `pos` replaced: [MASK] where u < p_mask, a random
+    token where p_mask <= u < p_mask + p_rand, else unchanged."""
     masked = input_ids.copy()
     flat = masked.reshape(-1)
-    u = rng.random(len(units.length))[unit_of] if strategy in PER_UNIT else rng.random(total)
     p_mask, p_rand = float(replace_probs[0]), float(replace_probs[1])
     flat[pos[u < p_mask]] = mask_id
     rand = pos[(u >= p_mask) & (u < p_mask + p_rand)]
@@ -251,7 +312,7 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
         else:
             random_ids = np.asarray(random_ids)
             flat[rand] = random_ids[rng.integers(0, len(random_ids), size=rand.size)]
-    return masked, target.reshape(B, T)
+    return masked
 
 
 # ----------------------------------------------------------------------------- Chinese whole words

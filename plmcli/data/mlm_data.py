@@ -8,7 +8,8 @@ batch of instances at once (`masking.mask_batch`).
 
 Work is cut into shards of whole documents (about SHARD_TOKENS tokens each) and one job per (dupe, shard),
 each with its own random stream seeded by (seed, split, dupe, shard): the output is the same for any
-`num_proc`. Jobs run through `datasets.map` straight into Arrow files on disk, so memory stays flat.
+`num_proc`. Runs of consecutive jobs stream straight into the Arrow files of a `datasets` save_to_disk
+directory (one file per run, written by one worker), so memory stays flat and nothing is written twice.
 
 Deviations from Google's script (each small, all on purpose):
 - instances are not shuffled across the corpus (pretrain shuffles at load time);
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +40,17 @@ from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_
 from plmcli.errors import PlmError
 
 FORMAT = "plm-mlm"
-VERSION = 1
+VERSION = 2  # 2: pair instances drawn chunk-vectorised (a new random stream)
 PAIRS = ("nsp", "sop", "none")
 MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span", "knowledge")
 SHARD_TOKENS = 1 << 18
 """Tokens per unit of work (whole documents). Fixed, so the output does not depend on num_proc."""
 BATCH = 1024
 """Instances masked together."""
+FILE_JOBS = 8
+"""Jobs per output Arrow file (at least): a unit of parallel work, about 2M input tokens."""
+MAX_FILES = 256
+"""Output files per split (at most, about): big corpora put more jobs in each file."""
 _SPLITS = ("train", "validation")
 
 
@@ -175,76 +181,93 @@ def _text_vocab(corpus_dir: Path, kind: str) -> list[str]:
 
 
 def _pair_instances(flat: _Flat, lo: int, hi: int, rng: np.random.Generator, cfg: dict):
-    """NSP/SOP instances of documents lo..hi-1 as (a_start, a_len, b_start, b_len, label) arrays."""
+    """NSP/SOP instances of documents lo..hi-1 as (a_start, a_len, b_start, b_len, label) arrays.
+
+    Everything is per sentence or per chunk in numpy; the one sequential part — where the next chunk starts,
+    which depends on whether this one put sentences back — is a scalar loop over pre-drawn numbers.
+    """
     max_tokens = cfg["max_seq_len"] - 3
     sop = cfg["pairs"] == "sop"
     doc = np.asarray(flat.doc[lo: hi + 1])
-    st = np.asarray(flat.sent[doc[0]: doc[-1] + 1])
-    out = []
-    for d in range(lo, hi):
-        s0, s1 = doc[d - lo] - doc[0], doc[d - lo + 1] - doc[0]
-        starts = st[s0: s1 + 1]  # sentence starts of this document, then its end
-        n = int(s1 - s0)
-        target = max_tokens
-        if rng.random() < cfg["short_seq_prob"]:  # once per document, as in Google's code
-            target = int(rng.integers(2, max_tokens + 1))
-        i = 0
-        while i < n:
-            # The chunk: sentences from i until their length reaches target (or the document ends).
-            e = min(int(np.searchsorted(starts, starts[i] + target)), n)
-            m = e - i
-            a_end = i + (int(rng.integers(1, m)) if m >= 2 else 1)
-            a_s, a_l = int(starts[i]), int(starts[a_end] - starts[i])
-            nxt = e
-            if sop:
-                if m == 1:  # one sentence: split it at a random word boundary
-                    cut = _split_point(flat, a_s, a_l, rng)
-                    if cut is None:
-                        i = nxt
-                        continue
-                    b_s, b_l, a_l = a_s + cut, a_l - cut, cut
-                else:
-                    b_s, b_l = int(starts[a_end]), int(starts[e] - starts[a_end])
-                label = int(rng.random() < 0.5)
-                if label:  # swapped order is the negative
-                    a_s, a_l, b_s, b_l = b_s, b_l, a_s, a_l
-            elif m == 1 or rng.random() < 0.5:
-                label = 1  # B is a random segment of another document
-                b_s, b_l = _random_segment(flat, d, target - a_l, rng)
-                nxt = a_end  # the unused sentences go back
-            else:
-                label = 0
-                b_s, b_l = int(starts[a_end]), int(starts[e] - starts[a_end])
-            out.append((a_s, a_l, b_s, b_l, label))
-            i = nxt
-    if not out:
-        return (np.zeros(0, dtype=np.int64),) * 5
-    a_s, a_l, b_s, b_l, label = (np.array(c, dtype=np.int64) for c in zip(*out))
+    st = np.asarray(flat.sent[doc[0]: doc[-1] + 1])  # sentence starts of the shard, then its end
+    S = len(st) - 1
+    per_doc = np.diff(doc)
+    doc_end = np.repeat(doc[1:] - doc[0], per_doc)  # per sentence: its document's end (local sentence index)
+    target = np.full(hi - lo, max_tokens, dtype=np.int64)
+    short = rng.random(hi - lo) < cfg["short_seq_prob"]  # once per document, as in Google's code
+    target[short] = rng.integers(2, max_tokens + 1, int(short.sum()))
+    target = np.repeat(target, per_doc)
+    # A chunk starting at sentence i runs until its length reaches the target (or the document ends).
+    chunk_end = np.minimum(np.searchsorted(st, st[:-1] + target), doc_end)
+    u_split, u_random = rng.random(S), rng.random(S)  # per sentence: each starts at most one chunk
+    m_all = chunk_end - np.arange(S)
+    if sop:
+        starts = _chain(chunk_end)  # no sentences go back: chunk starts follow from the ends alone
+        random_b = np.zeros(len(starts), dtype=bool)
+    else:
+        # NSP: a one-sentence chunk, or half the others, takes a random B and puts the unused sentences back.
+        split_at = np.arange(S) + np.where(m_all >= 2, 1 + (u_split * (m_all - 1)).astype(np.int64), 1)
+        random_b = (m_all == 1) | (u_random < 0.5)
+        starts = _chain(np.where(random_b, split_at, chunk_end))
+        random_b = random_b[starts]
+    m, e = m_all[starts], chunk_end[starts]
+    a_end = starts + np.where(m >= 2, 1 + (u_split[starts] * (m - 1)).astype(np.int64), 1)
+    a_s, a_l = st[starts], st[a_end] - st[starts]
+    b_s, b_l = st[a_end], st[e] - st[a_end]
+    label = np.zeros(len(starts), dtype=np.int64)
+    if sop:
+        one = m == 1  # one sentence: split it at a random word boundary
+        cut = _split_points(flat, a_s[one], a_l[one], rng)
+        b_s[one], b_l[one], a_l[one] = a_s[one] + cut, a_l[one] - cut, cut
+        keep = ~one.copy()
+        keep[one] = cut > 0  # a one-token sentence cannot be split
+        label = (rng.random(len(starts)) < 0.5).astype(np.int64)  # swapped order is the negative
+        a_s, a_l, b_s, b_l = (np.where(label == 1, y, x) for x, y in ((a_s, b_s), (a_l, b_l), (b_s, a_s), (b_l, a_l)))
+        a_s, a_l, b_s, b_l, label = (x[keep] for x in (a_s, a_l, b_s, b_l, label))
+    else:
+        label[random_b] = 1  # B is a random segment of another document
+        d = np.searchsorted(doc[1:] - doc[0], starts[random_b], side="right") + lo
+        b_s[random_b], b_l[random_b] = _random_segments(flat, d, target[starts[random_b]] - a_l[random_b], rng)
     _truncate_pairs(a_s, a_l, b_s, b_l, max_tokens, rng)
     return a_s, a_l, b_s, b_l, label
 
 
-def _split_point(flat: _Flat, start: int, length: int, rng) -> int | None:
-    if length < 2:
-        return None
-    cuts = np.flatnonzero(flat.ws[start + 1: start + length]) + 1
-    if not len(cuts):
-        cuts = np.arange(1, length)
-    return int(cuts[rng.integers(len(cuts))])
+def _chain(nxt: np.ndarray) -> np.ndarray:
+    """Chunk starts 0, nxt[0], nxt[nxt[0]], ... below len(nxt): the walk is sequential, so plain Python ints."""
+    step, out, i, n = nxt.tolist(), [], 0, len(nxt)
+    while i < n:
+        out.append(i)
+        i = step[i]
+    return np.array(out, dtype=np.int64)
 
 
-def _random_segment(flat: _Flat, d: int, want: int, rng) -> tuple[int, int]:
-    """Sentences of another random document from a random sentence on, until `want` tokens (at least one)."""
+def _split_points(flat: _Flat, start: np.ndarray, length: np.ndarray, rng) -> np.ndarray:
+    """A random word boundary strictly inside each range (any token boundary when the range is one word); 0 when length < 2."""
+    cut = np.zeros(len(start), dtype=np.int64)
+    u = rng.random(len(start))
+    for r in np.flatnonzero(length >= 2).tolist():  # one-sentence chunks are rare: a loop over them is cheap
+        s, n = int(start[r]), int(length[r])
+        cuts = np.flatnonzero(flat.ws[s + 1: s + n]) + 1
+        if not len(cuts):
+            cuts = np.arange(1, n)
+        cut[r] = cuts[int(u[r] * len(cuts))]
+    return cut
+
+
+def _random_segments(flat: _Flat, d: np.ndarray, want: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk of document d: sentences of another random document from a random sentence on, until
+    `want` tokens (at least one sentence, at most to that document's end)."""
     if flat.n_docs > 1:
-        r = int(rng.integers(flat.n_docs - 1))
+        r = rng.integers(flat.n_docs - 1, size=len(d))
         r += r >= d
     else:
-        r = d
-    s0, s1 = int(flat.doc[r]), int(flat.doc[r + 1])
-    s = s0 + int(rng.integers(s1 - s0))
-    st = np.asarray(flat.sent[s: min(s1, s + max(want, 1)) + 1])  # `want` sentences surely reach `want` tokens
-    k = min(max(int(np.searchsorted(st, st[0] + want)), 1), len(st) - 1)
-    return int(st[0]), int(st[k] - st[0])
+        r = d.copy()
+    s0, s1 = np.asarray(flat.doc[r]), np.asarray(flat.doc[r + 1])
+    s = s0 + (rng.random(len(d)) * (s1 - s0)).astype(np.int64)
+    sent = flat.sent
+    start = np.asarray(sent[s])
+    k = np.clip(np.searchsorted(sent, start + want) - s, 1, s1 - s)
+    return start, np.asarray(sent[s + k]) - start
 
 
 def _truncate_pairs(a_s, a_l, b_s, b_l, max_tokens: int, rng) -> None:
@@ -263,7 +286,8 @@ def _truncate_pairs(a_s, a_l, b_s, b_l, max_tokens: int, rng) -> None:
 
 
 def _packed_instances(flat: _Flat, lo: int, hi: int, cfg: dict):
-    """RoBERTa FULL-SENTENCES: whole sentences packed across documents, a separator between documents.
+    """RoBERTa FULL-SENTENCES: whole sentences packed across documents, a separator between documents;
+    with cfg cross_documents false, DOC-SENTENCES: blocks never cross a document boundary (shorter blocks).
 
     Positions are "extended": token t of document d sits at t + d, leaving a slot for the separator
     before each document, so every block is one contiguous range. Sentences longer than a block are cut.
@@ -278,11 +302,16 @@ def _packed_instances(flat: _Flat, lo: int, hi: int, cfg: dict):
     within = np.arange(len(idx)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     item_s = s_ext[idx] + within * cap
     item_e = np.minimum(item_s + cap, e_ext[idx])
+    # DOC-SENTENCES: a block also ends where its document does (the item after is another document's first).
+    stop = np.searchsorted(d_of[idx], d_of[idx], side="right").tolist() if not cfg.get("cross_documents", True) else None
+    starts_l, ends_l = item_s.tolist(), item_e.tolist()
     blocks = []
     i, n = 0, len(item_s)
     while i < n:
-        j = int(np.searchsorted(item_e, item_s[i] + cap, side="right"))
-        blocks.append((item_s[i], item_e[j - 1]))
+        j = int(np.searchsorted(item_e, starts_l[i] + cap, side="right"))
+        if stop is not None:
+            j = min(j, stop[i])
+        blocks.append((starts_l[i], ends_l[j - 1]))
         i = j
     a_s = np.array([b[0] for b in blocks], dtype=np.int64)
     a_l = np.array([b[1] - b[0] for b in blocks], dtype=np.int64)
@@ -293,38 +322,54 @@ def _packed_instances(flat: _Flat, lo: int, hi: int, cfg: dict):
 # ----------------------------------------------------------------------------- assembling and masking
 
 
-def _assemble(flat: _Flat, a_s, a_l, b_s, b_l, paired: bool, lo: int, hi: int, ids: dict):
-    """Padded (N, T) ids, special, word starts, token types and lengths of [CLS] A [SEP] (B [SEP])."""
+def _assemble(flat: _Flat, a_s, a_l, b_s, b_l, paired: bool, lo: int, hi: int, ids: dict, words: bool = True):
+    """Padded (N, T) ids, special, word starts (None unless `words`), the flat token types of the real
+    tokens, and the lengths of [CLS] A [SEP] (B [SEP]).
+
+    Every content slot reads flat.tokens[c + offset] with one offset per segment, so the whole batch is
+    one gather; the few special slots are then written by column.
+    """
     lengths = 2 + a_l + (b_l + 1 if paired else 0)
-    T = int(lengths.max())
-    c = np.arange(T)[None, :]
-    al, bl = a_l[:, None], b_l[:, None]
-    in_a = (c >= 1) & (c <= al)
-    in_b = (c >= al + 2) & (c < al + 2 + bl) if paired else np.zeros_like(in_a)
-    content = in_a | in_b
-    src = np.where(in_a, a_s[:, None] + c - 1, b_s[:, None] + c - al - 2)[content]
-    is_sep = np.zeros(len(src), dtype=bool)
+    N, T = len(a_s), int(lengths.max())
+    # Offsets into the split's token array: int32 while they fit (half the memory traffic of int64).
+    dtype = np.int32 if len(flat.tokens) + T < 2**31 else np.int64
+    c = np.arange(T, dtype=dtype)
+    al, rows = a_l[:, None], np.arange(N)
+    off_a, off_b = (a_s - 1).astype(dtype), (b_s - a_l - 2).astype(dtype)
+    src = c + np.where(c <= al, off_a[:, None], off_b[:, None])  # A's slots, then B's
+    special = c >= lengths[:, None]  # padding
+    special[:, 0] = True
+    special[rows, a_l + 1] = True
+    if paired:
+        special[rows, a_l + b_l + 2] = True
+    is_sep = None
     if not paired:  # extended positions -> token offsets, and the separator slots between documents
         doc = np.asarray(flat.doc[lo: hi + 1])
         doc_tok = np.asarray(flat.sent[doc])
         doc_ext = doc_tok[:-1] + np.arange(lo, hi)
-        k = np.searchsorted(doc_ext, src, side="right") - 1
-        src = src - (k + lo)
-        is_sep = src >= doc_tok[k + 1]
-        src = np.where(is_sep, 0, src)
-    out = np.full((len(a_s), T), ids.get("pad", 0), dtype=np.int32)
+        content = ~special
+        ext = src[content]
+        k = np.searchsorted(doc_ext, ext, side="right") - 1
+        ext -= k + lo
+        is_sep = np.zeros_like(special)
+        is_sep[content] = ext >= doc_tok[k + 1]
+        src[content] = ext
+        special |= is_sep
+    # Special slots read any token (overwritten below); only past the array's end would they fail.
+    np.minimum(src, max(len(flat.tokens) - 1, 0), out=src)
+    out = flat.tokens[src]
+    ws = flat.ws[src] if words else None
+    out[special] = ids.get("pad", 0)
+    if is_sep is not None:
+        out[is_sep] = ids["sep"]
     out[:, 0] = ids["cls"]
-    out[content] = np.where(is_sep, ids["sep"], flat.tokens[src])
-    out[c == al + 1] = ids["sep"]
-    ws = np.zeros(out.shape, dtype=bool)
-    ws[content] = flat.ws[src]
-    special = ~content
-    special[content] = is_sep
+    out[rows, a_l + 1] = ids["sep"]
     if paired:
-        out[c == al + bl + 2] = ids["sep"]
-        types = in_b | (c == al + bl + 2)
+        out[rows, a_l + b_l + 2] = ids["sep"]
+        # Segment ids of the real tokens, row after row: a_l + 2 zeros ([CLS] A [SEP]), b_l + 1 ones (B [SEP]).
+        types = np.repeat(np.tile(np.array([0, 1], dtype=np.int8), N), np.stack([a_l + 2, b_l + 1], 1).ravel())
     else:
-        types = np.zeros(out.shape, dtype=bool)
+        types = np.zeros(int(lengths.sum()), dtype=np.int8)
     return out, special, ws, types, lengths
 
 
@@ -340,40 +385,82 @@ def _table(masked, target, original, types, lengths, labels):
         return pa.ListArray.from_arrays(pa.array(off), pa.array(values))
 
     return pa.table({
-        "input_ids": lists(offsets, masked[valid].astype(np.int32)),
-        "token_type_ids": lists(offsets, types[valid].astype(np.int8)),
+        "input_ids": lists(offsets, masked[valid].astype(np.int32, copy=False)),
+        "token_type_ids": lists(offsets, types),
         "attention_mask": lists(offsets, np.ones(int(offsets[-1]), dtype=np.int8)),
         "masked_lm_positions": lists(pred_off, cols.astype(np.int32)),
-        "masked_lm_labels": lists(pred_off, original[rows, cols].astype(np.int32)),
+        "masked_lm_labels": lists(pred_off, original[rows, cols].astype(np.int32, copy=False)),
         "next_sentence_label": pa.array(labels.astype(np.int8)),
     })
 
 
-def _run_job(batch: dict, cfg: dict):
-    """One (split, dupe, shard) job: its instances, masked, as an Arrow table."""
-    import pyarrow as pa
-
-    split, dupe, shard = batch["split"][0], batch["dupe"][0], batch["shard"][0]
-    lo, hi = batch["lo"][0], batch["hi"][0]
+def _job_table(job: tuple, cfg: dict):
+    """One (split, dupe, shard, lo, hi) job: its instances, masked, as an Arrow table."""
+    split, dupe, shard, lo, hi = job
     flat = _Flat(cfg["prefix"][split])
     rng = np.random.default_rng([cfg["seed"] & (2**64 - 1), _SPLITS.index(split), dupe, shard])
     paired = cfg["pairs"] != "none"
     inst = _pair_instances(flat, lo, hi, rng, cfg) if paired else _packed_instances(flat, lo, hi, cfg)
     ids, strategy = cfg["special_ids"], {"chinese-wwm": "wwm"}.get(cfg["masking"], cfg["masking"])
     random_ids = np.asarray(cfg["random_ids"])
-    tables = []
     for k in range(0, len(inst[0]), BATCH):
         a_s, a_l, b_s, b_l, labels = (x[k: k + BATCH] for x in inst)
-        tokens, special, ws, types, lengths = _assemble(flat, a_s, a_l, b_s, b_l, paired, lo, hi, ids)
+        tokens, special, ws, types, lengths = _assemble(flat, a_s, a_l, b_s, b_l, paired, lo, hi, ids, strategy != "token")
         masked, target = mask_batch(
             tokens, special, None if strategy == "token" else ws, rng, mask_prob=cfg["mask_prob"],
             max_predictions=cfg["max_predictions"], strategy=strategy, mask_id=ids["mask"],
             vocab_size=cfg["vocab_size"], random_ids=random_ids, span_p=cfg.get("span_p", 0.2),
             span_max=cfg.get("span_max", 10), ngram_probs=tuple(cfg.get("ngram_probs", (0.4, 0.3, 0.2, 0.1))))
-        tables.append(_table(masked, target, tokens, types, lengths, labels))
-    if not tables:
-        return _features().arrow_schema.empty_table()
-    return pa.concat_tables(tables)
+        yield _table(masked, target, tokens, types, lengths, labels)
+
+
+def _write_file(task: tuple) -> dict:
+    """Run a group of jobs in order into one Arrow stream file (datasets' on-disk format); returns its counts."""
+    import pyarrow as pa
+
+    path, jobs, cfg = task
+    counts = {"instances": 0, "tokens": 0, "predictions": 0, "positives": 0}
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, _features().arrow_schema) as writer:
+        for job in jobs:
+            for tbl in _job_table(job, cfg):
+                writer.write_table(tbl)
+                counts["instances"] += tbl.num_rows
+                counts["tokens"] += len(tbl["input_ids"].combine_chunks().values)
+                counts["predictions"] += len(tbl["masked_lm_positions"].combine_chunks().values)
+                counts["positives"] += int(np.count_nonzero(tbl["next_sentence_label"].to_numpy() == 1))
+    return counts
+
+
+def _file_groups(n_jobs: int) -> list[range]:
+    """Consecutive jobs per output file: at least FILE_JOBS, and at most about MAX_FILES files per split.
+    A function of the job count alone, so the files (and the row order) do not depend on num_proc."""
+    per = max(FILE_JOBS, -(-n_jobs // MAX_FILES))
+    return [range(i, min(i + per, n_jobs)) for i in range(0, n_jobs, per)]
+
+
+def _write_split(split_dir: Path, jobs: list, cfg: dict, pool, work: Path) -> dict:
+    """The split as a `datasets` save_to_disk directory: our stream files, plus the state and info files
+    that datasets itself writes for an empty dataset of the same features, pointed at those files."""
+    from datasets import Dataset
+    from datasets.utils.tqdm import tqdm
+
+    groups = _file_groups(len(jobs)) or [range(0)]
+    names = [f"data-{i:05d}-of-{len(groups):05d}.arrow" for i in range(len(groups))]
+    split_dir.mkdir(parents=True)
+    tasks = [(split_dir / name, [jobs[j] for j in g], cfg) for name, g in zip(names, groups)]
+    results = pool.imap(_write_file, tasks) if pool is not None else map(_write_file, tasks)
+    counts = {"instances": 0, "tokens": 0, "predictions": 0, "positives": 0}
+    for c in tqdm(results, total=len(tasks), desc=f"make-mlm-data ({split_dir.name})", unit=" files"):
+        counts = {k: counts[k] + c[k] for k in counts}
+    empty = work / "empty"
+    if not (empty / "state.json").is_file():
+        Dataset.from_dict({k: [] for k in _features()}, features=_features()).save_to_disk(str(empty))
+    state = json.loads((empty / "state.json").read_text(encoding="utf-8"))
+    state["_data_files"] = [{"filename": name} for name in names]
+    state["_fingerprint"] = f"{cfg['key'][:24]}-{split_dir.name}"
+    (split_dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True), encoding="utf-8")
+    shutil.copyfile(empty / "dataset_info.json", split_dir / "dataset_info.json")
+    return counts
 
 
 def _shards(flat: _Flat) -> list[tuple[int, int]]:
@@ -430,7 +517,7 @@ def _check_corpus(stats: dict, pairs: str) -> None:
 def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
-                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1)) -> dict:
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True) -> dict:
     """Masked-LM instances from a `plm tokenize` directory into `out_dir`; returns the output's meta.
 
     ngram_probs shapes masking "ngram"; span_p / span_max shape masking "span"; `lexicon` (a file, one phrase or entity per line) gives the
@@ -448,6 +535,11 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
                        "re-run `plm tokenize` with --special-tokens 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'")
     settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                     mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
+    if pairs == "none":
+        settings["cross_documents"] = bool(cross_documents)
+    elif not cross_documents:
+        raise PlmError(f"--no-cross-documents applies to --pairs none (RoBERTa's DOC-SENTENCES), not --pairs {pairs}",
+                       "add --pairs none, or drop --no-cross-documents (NSP/SOP pairs stay within a document anyway)")
     # Settings a masking does not use stay out, so they neither show in meta.json nor change the cache key.
     if masking == "span":
         settings |= dict(span_p=span_p, span_max=span_max)
@@ -463,21 +555,15 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
                             lambda tmp: _build(tmp, corpus_dir, cmeta, settings, num_proc, key), "plm make-mlm-data", force)
 
 
-def _count(ds, pairs: str) -> dict:
-    import pyarrow.compute as pc
+def _fork_context():
+    import multiprocessing as mp
 
-    positive = {"nsp": "random_next", "sop": "swapped"}.get(pairs)
-    c = {"instances": len(ds), "tokens": 0, "predictions": 0, **({positive: 0} if positive else {})}
-    for tbl in ds.with_format("arrow").iter(batch_size=10_000):
-        c["tokens"] += int(pc.sum(pc.list_value_length(tbl["input_ids"])).as_py() or 0)
-        c["predictions"] += int(pc.sum(pc.list_value_length(tbl["masked_lm_positions"])).as_py() or 0)
-        if positive:
-            c[positive] += int(pc.sum(pc.equal(tbl["next_sentence_label"], 1)).as_py() or 0)
-    return c
+    # fork where there is one: workers inherit the imports and the memory-mapped corpus instead of loading them again.
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
 
 
 def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: int, key: str) -> dict:
-    from datasets import Dataset, DatasetDict, load_from_disk
+    from datasets import load_from_disk
 
     work = tmp / ".work"
     work.mkdir()
@@ -507,30 +593,23 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
     special = set(tok_meta["special_token_ids"].values())
     vocab_size = int(tok_meta["vocab_size"])
     cfg = {**settings, "prefix": prefix, "special_ids": tok_meta["special_token_ids"], "vocab_size": vocab_size,
-           "random_ids": [i for i in range(vocab_size) if i not in special]}
-    features = _features()
-    splits = {}
-    for split in _SPLITS:
-        shards = _shards(_Flat(prefix[split]))
-        dupes = settings["dupe_factor"] if split == "train" else 1
-        jobs = [(split, d, s, lo, hi) for d in range(dupes) for s, (lo, hi) in enumerate(shards)]
-        if not jobs:
-            splits[split] = Dataset.from_dict({k: [] for k in features}, features=features)
-            continue
-        table = Dataset.from_dict({k: [j[i] for j in jobs] for i, k in enumerate(("split", "dupe", "shard", "lo", "hi"))})
-        splits[split] = table.map(
-            _run_job, batched=True, batch_size=1, fn_kwargs={"cfg": cfg}, remove_columns=table.column_names,
-            features=features, num_proc=min(num_proc, len(jobs)) if num_proc > 1 else None,
-            cache_file_name=str(work / f"{split}.out.arrow"), new_fingerprint=f"mlm-{key[:24]}-{split}",
-            desc=f"make-mlm-data ({split})")
-
-    out = DatasetDict(splits)
-    out.save_to_disk(str(tmp / "dataset"), num_shards={k: 1 for k, ds in out.items() if len(ds) == 0})
-    counts = {split: {"documents": stats[split]["documents"], **_count(ds, settings["pairs"])} for split, ds in out.items()}
+           "random_ids": [i for i in range(vocab_size) if i not in special], "key": key}
+    positive = {"nsp": "random_next", "sop": "swapped"}.get(settings["pairs"])
+    counts = {}
+    ctx = _fork_context()
+    with (ctx.Pool(num_proc) if num_proc > 1 else nullcontext()) as pool:
+        for split in _SPLITS:
+            shards = _shards(_Flat(prefix[split]))
+            dupes = settings["dupe_factor"] if split == "train" else 1
+            jobs = [(split, d, s, lo, hi) for d in range(dupes) for s, (lo, hi) in enumerate(shards)]
+            c = _write_split(tmp / "dataset" / split, jobs, cfg, pool, work)
+            positives = c.pop("positives")
+            counts[split] = {"documents": stats[split]["documents"], **c, **({positive: positives} if positive else {})}
+    (tmp / "dataset" / "dataset_dict.json").write_text(json.dumps({"splits": list(_SPLITS)}), encoding="utf-8")
     shutil.copyfile(corpus_dir / "tokenizer.json", tmp / "tokenizer.json")
     meta = {"format": FORMAT, "version": VERSION, **settings, "source": cmeta.get("key"),
             "corpus": str(corpus_dir.resolve()), "counts": counts, "tokenizer": tok_meta, "key": key}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    del source, splits, out
+    del source
     shutil.rmtree(work, ignore_errors=True)
     return meta

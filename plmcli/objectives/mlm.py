@@ -52,6 +52,10 @@ class MLMConfig:
     (chinese-sample-phrases.txt, chinese-sample-entities.txt). Each match is masked as one unit."""
     pairs: str = "nsp"
     """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
+    cross_documents: bool = True
+    """pairs none: pack sentences across documents (RoBERTa's FULL-SENTENCES). false: an instance never
+    crosses a document boundary (DOC-SENTENCES): shorter instances, batched by length, and each one
+    about one topic — for corpora of short documents (reviews, tweets, one sentence per line)."""
     dynamic: bool = False
     """Mask each batch afresh from the tokenized corpus (RoBERTa) instead of reading make-mlm-data instances."""
     dupe_factor: int = 5
@@ -85,6 +89,12 @@ class MaskedLM(Objective):
         if cfg.dynamic and cfg.pairs != "none":
             raise PlmError(f"dynamic masking packs full sentences and has no sentence pairs (objective.pairs is {cfg.pairs})",
                            "set objective.pairs=none (RoBERTa), or objective.dynamic=false for NSP/SOP pairs")
+        if not cfg.cross_documents and cfg.pairs != "none":
+            raise PlmError(f"objective.cross_documents false (DOC-SENTENCES) applies to pairs none, not {cfg.pairs}",
+                           "set objective.pairs=none, or objective.cross_documents=true")
+        if not cfg.cross_documents and cfg.dynamic:
+            raise PlmError("objective.cross_documents false is built by make-mlm-data; dynamic masking packs the token stream",
+                           "set objective.dynamic=false (static data, dupe_factor maskings), or objective.cross_documents=true")
         if cfg.dynamic and cfg.masking == "chinese-wwm":
             raise PlmError("chinese-wwm needs jieba word boundaries, which only make-mlm-data computes",
                            "set objective.dynamic=false, or objective.masking=wwm")
@@ -156,6 +166,8 @@ class MaskedLM(Objective):
 
         settings = dict(max_seq_len=self.seq_len, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
                         mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking)
+        if not c.cross_documents:  # only when set, so the cache keys of existing settings stay as they were
+            settings["cross_documents"] = False
         # Only the settings a masking uses join in, so changing another one keeps the cached data.
         if c.masking == "span":
             settings |= dict(span_p=c.span_p, span_max=c.span_max)
@@ -190,8 +202,14 @@ class MaskedLM(Objective):
         if len(ds) < 1:
             raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
         pad = self.special_ids.get("pad", 0)
+        import pyarrow.compute as pc
+
+        # Instances of different lengths (short_seq_prob, DOC-SENTENCES) train in batches of similar
+        # length, so padding costs little; an evaluation pass reads in order.
+        lengths = pc.list_value_length(ds.data.column("input_ids")).to_numpy(zero_copy_only=False)
+        grouped = shuffle and len(lengths) and lengths.min() < lengths.max()
         return BatchStream(len(ds), batch_size, lambda epochs, idx: collate_static(ds[list(idx)], pad),
-                           seed, rank, world, shuffle)
+                           seed, rank, world, shuffle, lengths=lengths if grouped else None)
 
     def _dynamic_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
         cls, sep, mask_id = self._id("cls"), self._id("sep"), self._id("mask")

@@ -185,3 +185,34 @@ def test_chinese_word_starts_follow_jieba():
     # "##" pieces continue a word; other non-Chinese tokens are words of their own.
     mixed = ["我们", "喜", "欢", "bert", "##s", "和", "数", "据", "!"]
     assert chinese_word_starts(mixed).tolist() == [True, True, False, True, False, True, True, False, True]
+
+
+def test_greedy_matches_the_sequential_pass_past_the_head_columns():
+    from plmcli.data.masking import _greedy
+
+    rng = np.random.default_rng(5)
+    # Long units and small budgets: many skips, so rows still have room after the first 2·budget+8 columns.
+    lengths = np.where(rng.random((64, 120)) < 0.8, rng.integers(1, 9, (64, 120)), 0)
+    budget = rng.integers(0, 12, 64)
+    want = np.zeros(lengths.shape, dtype=bool)
+    for r in range(64):
+        left = budget[r]
+        for c in range(120):
+            if 0 < lengths[r, c] <= left:
+                want[r, c], left = True, left - lengths[r, c]
+    got = np.zeros(lengths.size, dtype=bool)
+    got[_greedy(np.tile(np.arange(120), (64, 1)), lengths.ravel(), budget.copy())] = True
+    assert (got.reshape(lengths.shape) == want).all() and want[:, 2 * budget.max() + 8:].any()
+
+
+def test_token_targets_break_key_ties_within_the_budget():
+    from plmcli.data.masking import _token_targets
+
+    class Tied:  # every key equal: a cutoff compare alone would take the whole row
+        def random(self, shape, dtype=float):
+            return np.zeros(shape, dtype=dtype)
+
+    special = np.zeros((3, 10), dtype=bool)
+    special[:, 0] = True
+    chosen = _token_targets(special, np.array([2, 0, 5]), Tied())
+    assert chosen.sum(1).tolist() == [2, 0, 5] and not chosen[:, 0].any()

@@ -206,6 +206,10 @@ def test_check_model_and_bad_config():
         MaskedLM(MLMConfig(dynamic=True), None, {}, 16)
     with pytest.raises(PlmError, match="masking"):
         MaskedLM(MLMConfig(masking="words"), None, {}, 16)
+    with pytest.raises(PlmError, match="DOC-SENTENCES"):
+        MaskedLM(MLMConfig(cross_documents=False), None, {}, 16)  # pairs nsp
+    with pytest.raises(PlmError, match="dynamic=false"):
+        MaskedLM(MLMConfig(cross_documents=False, pairs="none", dynamic=True), None, {}, 16)
     with pytest.raises(PlmError, match="objective.ngram_probs .* summing to 1"):
         MaskedLM(MLMConfig(masking="ngram", ngram_probs=[0.5, 0.2]), None, {}, 16)
     from plmcli.models.electra import Electra, ElectraConfig  # an encoder, but its forward is not BERT's
@@ -248,6 +252,21 @@ def test_static_prepare_builds_into_a_settings_keyed_cache(tmp_path, monkeypatch
     assert obj.prepare(tok, tmp_path / "cache") == out and len(calls) == 1  # cached
     other = MaskedLM(MLMConfig(max_predictions=80), None, meta["tokenizer"]["special_token_ids"], 16)
     assert other.prepare(tok, tmp_path / "cache") != out  # a phase with other settings gets its own data
+    doc = MaskedLM(MLMConfig(pairs="none", cross_documents=False), None, meta["tokenizer"]["special_token_ids"], 16)
+    assert doc.prepare(tok, tmp_path / "cache") != out and calls[-1][2]["cross_documents"] is False
+
+
+def test_static_stream_groups_instances_of_different_lengths(tmp_path):
+    rows = [dict(input_ids=[2] + [7] * n + [3], masked_lm_positions=[1], masked_lm_labels=[7], next_sentence_label=-1)
+            for n in (2, 14, 3, 13, 4, 12, 5, 11)]
+    d = _write_mlm_dir(tmp_path, rows)
+    obj = MaskedLM(MLMConfig(pairs="none"), None, SPECIAL, 16)
+    stream = obj.stream(d, "train", 2, 0, 0, 1, True)
+    widths = [stream[k]["input_ids"].shape[1] for k in range(4)]
+    # Grouped: neighbouring lengths share a batch, padded to 16, 14, 7 and 5 (random pairs would pad far more).
+    assert sorted(widths) == [5, 7, 14, 16]
+    ordered = obj.stream(d, "train", 2, 0, 0, 1, False)  # evaluation: in order
+    assert ordered[0]["input_ids"].shape[1] == 16
 
 
 TINY_BERT = """\
