@@ -242,11 +242,12 @@ class TransformerXL(nn.Module):
         return self.softmax.nll(h.flatten(0, 1), labels.flatten()).view(labels.shape), state
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 per weight of the layers and the softmax, plus the attention scores
-        against seq_len + mem_len keys (content and position terms)."""
-        n = sum(p.numel() for p in self.layers.parameters()) + sum(p.numel() for p in self.softmax.parameters())
+        """Training FLOPs per token: 6 per weight of the layers, the (adaptive) softmax's share (its tail
+        clusters only for the tokens that fall in them), plus the attention scores against
+        seq_len + mem_len keys (content and position terms)."""
+        n = sum(p.numel() for p in self.layers.parameters())
         keys = seq_len + self.cfg.mem_len
-        return 6 * n + 6 * 3 * self.cfg.n_layer * self.cfg.n_head * self.d_head * keys
+        return 6 * n + self.softmax.flops_per_token() + 6 * 3 * self.cfg.n_layer * self.cfg.n_head * self.d_head * keys
 
     # ------------------------------------------------------------------ eval-ppl
 

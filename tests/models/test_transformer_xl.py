@@ -161,6 +161,16 @@ def test_adaptive_softmax_is_normalised_and_scores_targets():
     torch.testing.assert_close(e[0, 2], (emb.layers[2].weight[5] @ emb.projs[2].T) * 8**0.5)
 
 
+def test_adaptive_softmax_flops_count_tails_at_their_zipf_share():
+    sm = AdaptiveSoftmax(30, 16, 8, cutoffs=[10, 20], div_val=2)
+    h = lambda n: math.log(n) + 0.5772156649 + 1 / (2 * n)  # noqa: E731
+    head = 8 * 16 + 16 * (10 + 2)  # projection 8→16, then 10 words + 2 cluster logits, for every token
+    # Cluster 1 (d 8 = d_proj: no projection) and cluster 2 (projection 8→4), each at its Zipf share of tokens.
+    tails = [8 * 10 * (h(20) - h(10)) / h(30), (8 * 4 + 4 * 10) * (h(30) - h(20)) / h(30)]
+    assert sm.flops_per_token() == pytest.approx(6 * (head + sum(tails)))
+    assert AdaptiveSoftmax(30, 8, 8).flops_per_token() == 6 * 8 * 30  # no clusters: the full softmax
+
+
 def test_adaptive_model_trains_on_its_own_nll():
     torch.manual_seed(0)
     m = TransformerXL(tiny(cutoffs=[10, 25], div_val=2, d_embed=16)).train()
