@@ -50,7 +50,7 @@ def pair_instances(flat, lo: int, hi: int, rng: np.random.Generator, cfg: dict):
         one = m == 1  # one sentence: split it at a random word boundary
         cut = _split_points(flat, a_s[one], a_l[one], rng)
         b_s[one], b_l[one], a_l[one] = a_s[one] + cut, a_l[one] - cut, cut
-        keep = ~one.copy()
+        keep = ~one
         keep[one] = cut > 0  # a one-token sentence cannot be split
         label = (rng.random(len(starts)) < 0.5).astype(np.int64)  # swapped order is the negative
         a_s, a_l, b_s, b_l = (np.where(label == 1, y, x) for x, y in ((a_s, b_s), (a_l, b_l), (b_s, a_s), (b_l, a_l)))
