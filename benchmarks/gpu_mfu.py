@@ -44,7 +44,8 @@ MODELS = {
 BERT_DATA = {
     # Full windows, masked afresh each batch: no padding, so no attention mask and SDPA's flash kernel.
     "dynamic": ["objective.dynamic=true", "objective.pairs=none"],
-    # The recipe's make-mlm-data NSP instances: padded batches take SDPA's memory-efficient kernel.
+    # The recipe's make-mlm-data NSP instances: padded batches run unpadded (plmcli.models.layers.bidirectional:
+    # jagged SDPA, flash's variable-length kernel or the memory-efficient one), no FLOPs spent on padding.
     "static": [],
 }
 
@@ -61,7 +62,8 @@ def add_arguments(p) -> None:
     p.add_argument("--time-budget", type=float, default=150.0, help="seconds of training each run may take at most")
     p.add_argument("--compile", action="store_true", help="torch.compile the models (train.compile=true)")
     p.add_argument("--bert-data", choices=list(BERT_DATA), default="dynamic",
-                   help="dynamic: full masked windows, unpadded; static: the recipe's padded NSP instances")
+                   help="dynamic: full masked windows, no padding; static: the recipe's NSP instances of varying length, "
+                        "run unpadded")
     p.add_argument("--num-workers", type=int, default=4, help="DataLoader workers (train.num_workers)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra recipe override for every run, e.g. --set model.dropout=0 (repeatable)")
@@ -112,7 +114,7 @@ def preflight() -> dict:
 
 
 def attention_kernels(flash_only: bool):
-    """SDPA limited to flash (unpadded batches), or flash + memory-efficient (padded ones need a mask)."""
+    """SDPA limited to flash, or flash + memory-efficient (a fallback for jagged batches of varying length)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     kernels = [SDPBackend.FLASH_ATTENTION] + ([] if flash_only else [SDPBackend.EFFICIENT_ATTENTION])
@@ -325,7 +327,8 @@ def render(args, info: dict, gpu: dict, results: list[dict]) -> str:
     peak = gpu["peak"]
     peak_text = (f"{peak / 1e12:,.0f} TFLOP/s dense bf16 (plmcli.train.loop.PEAK_BF16)" if peak
                  else "unknown (not in plmcli.train.loop.PEAK_BF16), so no MFU")
-    kernels = " (and the memory-efficient one for padded static BERT batches)" if args.bert_data == "static" else ""
+    kernels = (" (and the memory-efficient one: static BERT batches of varying length run unpadded, as jagged "
+               "tensors)") if args.bert_data == "static" else ""
     text = f"""
 GPU: {gpu['gpu']}, CUDA {gpu['cuda']}; peak for MFU: {peak_text}. Goal: MFU ≥ {100 * GOAL_MFU:.0f}% for both.
 
@@ -334,7 +337,7 @@ restricted to the flash kernel{kernels}, {'torch.compile' if args.compile else '
 {args.num_workers} DataLoader workers with pinned memory, one micro-batch per optimizer step, on the sample corpus shipped in `plmcli/corpus/` with tokenizers trained there. The
 models are built at the recipes' vocabularies (30,522 / 50,257): the tokenizers trained on the sample have
 fewer tokens, and the unused rows cost the output layer the same FLOPs. BERT data: {args.bert_data}
-({'full 128-token windows masked afresh, no NSP pairs, no padding' if args.bert_data == 'dynamic' else "the recipe's NSP instances, padded to each batch's longest; only real tokens are counted"}).
+({'full 128-token windows masked afresh, no NSP pairs, no padding' if args.bert_data == 'dynamic' else "the recipe's NSP instances of varying length, run unpadded; only real tokens are counted"}).
 
 - **tokens/s** over the {args.steps} steps after a {args.warmup}-step warmup, from the loop's cumulative
   tokens and clock in metrics.jsonl (logged every {args.log_every} steps).

@@ -5,7 +5,7 @@ SST-2 sentences, 32 to a batch, timed over whole training steps (batch building,
 clip, AdamW, zero_grad):
 
 - plm on plain shuffled batches (dynamic right padding to the batch's longest row; no attention mask
-  when a batch has no padding, see plmcli.models.bert.padding_mask);
+  when a batch has no padding, see plmcli.models.layers.padding_mask);
 - the same batches padded to a fixed 128 (what a `padding="max_length"` pipeline feeds the model);
 - transformers: BertForSequenceClassification fed by DataCollatorWithPadding (dynamic padding);
 - plm with length-grouped batches, what `plm finetune` does by default: the same sentences sorted by

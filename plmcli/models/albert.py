@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from plmcli.errors import PlmError
-from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, padding_mask
+from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, require_vocab
+from plmcli.models.layers import FeedForward, MultiHeadAttention, bidirectional, init_weights, require_vocab
 
 SHARES = ("all", "attention", "ffn", "none")
 
@@ -105,12 +105,15 @@ class Albert(MaskedLMEncoder):
         if self.wtt is not None:
             x = x + (self.wtt(token_type_ids) if token_type_ids is not None else self.wtt.weight[0])
         x = self.emb_proj(self.drop(self.ln_emb(x)))  # (B, T, H)
-        mask = padding_mask(attention_mask)
+        x = bidirectional(self._layers, x, attention_mask)
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, H)
+        return x, pooled
+
+    def _layers(self, x, mask):
         for i in range(self.cfg.n_layer):
             x = self.attention[i % len(self.attention)](x, False, mask)
             x = self.ffn[i % len(self.ffn)](x)
-        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, H)
-        return x, pooled
+        return x
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, 6N + 12·L·T·H as for BERT. Sharing saves parameters, not compute:

@@ -20,7 +20,7 @@ from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import ACTIVATIONS, Block, init_weights, require_vocab
+from plmcli.models.layers import ACTIVATIONS, Block, bidirectional, init_weights, require_vocab
 
 
 @dataclass
@@ -92,17 +92,6 @@ class MLMHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.ln(self.act(self.dense(h))))
-
-
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) 1 = token / 0 = padding -> a boolean key mask (B, 1, 1, T), or None when nothing is padded.
-
-    Without a mask SDPA can take its fastest kernels. A padded query row still attends to the real
-    tokens, so nothing is NaN.
-    """
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    return attention_mask.bool()[:, None, None, :]
 
 
 class MaskedLMEncoder(nn.Module):
@@ -190,13 +179,16 @@ class Bert(MaskedLMEncoder):
             # No segment ids = all segment 0: add its row instead of looking up B·T zeros.
             x = x + (self.wtt(token_type_ids) if token_type_ids is not None else self.wtt.weight[0])
         x = self.drop(self.ln_emb(x))
-        mask = padding_mask(attention_mask)
-        for block in self.blocks:
-            x = block(x, causal=False, attn_mask=mask)
+        x = bidirectional(self._blocks, x, attention_mask)
         if self.ln_f is not None:
             x = self.ln_f(x)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, C)
         return x, pooled
+
+    def _blocks(self, x, mask):
+        for block in self.blocks:
+            x = block(x, causal=False, attn_mask=mask)
+        return x
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward ≈ 3× forward), 6N + 12·L·T·C as for GPT.

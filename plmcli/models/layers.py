@@ -60,6 +60,30 @@ def unpadded_attention(device: torch.device) -> bool:
     return device.type == "cuda" and _recorded is None
 
 
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1 = token / 0 = padding -> a boolean key mask (B, 1, 1, T), or None when nothing is padded.
+
+    Without a mask SDPA can take its fastest kernels. A padded query row still attends to the real
+    tokens, so nothing is NaN.
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+def bidirectional(layers, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Run an encoder's stack, `layers(x, attn_mask)`, over padded (B, T, C) states.
+
+    A batch with padding runs unpadded where `unpadded_attention` says that pays (jagged states, no mask;
+    padding positions come back as zeros), otherwise padded with a key mask. The stack must be made of
+    Blocks / MultiHeadAttention and position-wise layers, which take both forms.
+    """
+    mask = padding_mask(attention_mask)
+    if mask is None or not unpadded_attention(x.device):
+        return layers(x, mask)
+    return repad(layers(unpad(x, attention_mask), None), attention_mask)
+
+
 def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T, C) states and their (B, T) attention_mask (1 = token) -> a jagged nested tensor (B, j, C) of
     each row's tokens in order. Block and MultiHeadAttention take it as they take padded input (without

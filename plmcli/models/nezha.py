@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.models.bert import MaskedLMEncoder, MLMHead, padding_mask
-from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, recorded, require_vocab
+from plmcli.models.bert import MaskedLMEncoder, MLMHead
+from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, padding_mask, recorded, require_vocab
 
 
 @dataclass

@@ -62,7 +62,7 @@ def test_hook_states_are_what_the_model_computes(name):
 
 
 def test_each_bert_layer_is_one_block_applied_to_the_previous():
-    from plmcli.models.bert import padding_mask
+    from plmcli.models.layers import padding_mask
 
     model = build("bert")
     x = torch.randint(5, 60, (2, 6))

@@ -56,23 +56,64 @@ def test_blocks_on_jagged_input_equal_the_padded_path_with_its_mask(norm_positio
         torch.testing.assert_close(gj, gp, rtol=0, atol=1e-5)
 
 
-def test_a_bert_encoder_run_unpadded_equals_its_padded_encode():
-    # What Bert.encode would do behind unpadded_attention(): the embeddings, the blocks on the real tokens
-    # only, the states put back at their positions; the pooled [CLS] state follows from the same states.
+def _encoders():
+    from plmcli.models.albert import Albert, AlbertConfig
+
+    small = dict(vocab_size=50, max_positions=16, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
+                 attn_dropout=0.0)
+    return [Bert(BertConfig(**small)), Bert(BertConfig(**small, norm_position="pre")),
+            Albert(AlbertConfig(**small, embedding_size=8))]
+
+
+@pytest.mark.parametrize("index", range(3), ids=["bert", "bert-pre-ln", "albert"])
+def test_an_encoder_run_unpadded_equals_its_padded_forward_and_gradients(index, monkeypatch):
+    # unpadded_attention is CUDA-only; forcing it here runs the same unpad / jagged blocks / repad path on a CPU.
+    from plmcli.models import layers
+
     torch.manual_seed(0)
-    m = Bert(BertConfig(vocab_size=50, max_positions=16, n_layer=2, n_head=2, d_model=16, d_ff=32)).eval()
+    m = _encoders()[index].train()  # no dropout in these configs: train mode is deterministic
     mask = _mask()
     ids = torch.randint(5, 50, mask.shape) * mask
-    seen = []
-    m.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
-    h_padded, pooled_padded = m.encode(ids, attention_mask=mask)
-    h = unpad(seen[0], mask)  # the embedding output the padded blocks started from
-    for b in m.blocks:
-        h = b(h)
-    h = repad(h, mask)
     keep = mask.bool()
-    torch.testing.assert_close(h[keep], h_padded[keep], rtol=0, atol=1e-5)
-    torch.testing.assert_close(torch.tanh(m.pooler(h[:, 0])), pooled_padded, rtol=0, atol=1e-5)
+    pos = torch.nonzero(keep.flatten()).flatten()[::2]  # some real tokens as MLM targets
+
+    def run():
+        out = m(ids, attention_mask=mask, mlm_positions=pos)
+        loss = out.mlm_logits.square().mean() + out.nsp_logits.square().mean()
+        return out, torch.autograd.grad(loss, list(m.parameters()), allow_unused=True)
+
+    padded, grads_padded = run()
+    monkeypatch.setattr(layers, "unpadded_attention", lambda device: True)
+    unpadded, grads_unpadded = run()
+    torch.testing.assert_close(unpadded.hidden[keep], padded.hidden[keep], rtol=0, atol=1e-5)
+    assert not unpadded.hidden[~keep].any()  # padding comes back as zeros
+    torch.testing.assert_close(unpadded.mlm_logits, padded.mlm_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(unpadded.nsp_logits, padded.nsp_logits, rtol=0, atol=1e-5)
+    for gp, gu in zip(grads_padded, grads_unpadded):
+        if gp is not None:
+            torch.testing.assert_close(gu, gp, rtol=0, atol=1e-5)
+
+
+def test_unpadded_training_with_dropout_trains(monkeypatch):
+    from plmcli.models import layers
+
+    monkeypatch.setattr(layers, "unpadded_attention", lambda device: True)
+    torch.manual_seed(0)
+    m = Bert(BertConfig(vocab_size=50, max_positions=16, n_layer=2, n_head=2, d_model=16, d_ff=32,
+                        dropout=0.1, attn_dropout=0.1)).train()
+    mask = _mask()
+    ids = torch.randint(5, 50, mask.shape) * mask
+    pos = torch.nonzero(mask.flatten()).flatten()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(m(ids, attention_mask=mask, mlm_positions=pos).mlm_logits,
+                                                 ids.flatten()[pos])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
 
 
 def test_jagged_blocks_run_under_bf16_autocast():
