@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.data.batching import BatchStream, EpochOrder
+from plmcli.data.batching import BatchStream, LengthGroupedOrder
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
 
@@ -116,7 +116,7 @@ class Translation(Objective):
                 np.maximum(pc.list_value_length(t["src_ids"]).to_numpy(zero_copy_only=False),
                            pc.list_value_length(t["tgt_ids"]).to_numpy(zero_copy_only=False))
                 for t in ds.iter(batch_size=100_000)])
-            stream.order = BucketedOrder(lengths, seed, batch_size, self.cfg.bucket_batches)
+            stream.order = LengthGroupedOrder(lengths, seed, batch_size, self.cfg.bucket_batches)
         return stream
 
     def tokens_in(self, batch):
@@ -134,33 +134,6 @@ class Translation(Objective):
         loss = F.cross_entropy(logp, labels, ignore_index=-100, label_smoothing=eps) if eps else nll
         count = (labels != -100).sum()
         return StepOutput(loss, {"loss": loss.detach() * count, "nll": nll.detach() * count}, count)
-
-
-class BucketedOrder(EpochOrder):
-    """Each epoch: a seeded permutation, cut into groups of `bucket_batches` micro-batches; each group
-    sorted by length, cut into micro-batches, and those shuffled (a short last batch stays last so later
-    batches keep their alignment). Still a pure function of (seed, epoch), so positions stay random access."""
-
-    def __init__(self, lengths: np.ndarray, seed: int, batch_size: int, bucket_batches: int):
-        super().__init__(len(lengths), seed, shuffle=True)
-        self.lengths, self.batch_size, self.group = np.asarray(lengths), batch_size, batch_size * bucket_batches
-
-    def __call__(self, pos: int) -> tuple[int, int]:
-        epoch, i = divmod(pos, self.n)
-        if epoch != self._epoch:
-            self._perm, self._epoch = self._order(epoch), epoch
-        return epoch, int(self._perm[i])
-
-    def _order(self, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, epoch))
-        perm, out, B = rng.permutation(self.n), [], self.batch_size
-        for g in range(0, self.n, self.group):
-            chunk = perm[g : g + self.group]
-            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
-            full = len(chunk) // B
-            batches = [chunk[b * B : (b + 1) * B] for b in rng.permutation(full)]
-            out.extend(batches + ([chunk[full * B :]] if len(chunk) % B else []))
-        return np.concatenate(out)
 
 
 def collate(srcs: list, tgts: list, pad: int, start: int, eos: int, max_len: int) -> dict:
@@ -233,7 +206,7 @@ class Denoising(Translation):
 
         stream = BatchStream(chunks.n, batch_size, fetch, seed, rank, world, shuffle)
         if shuffle and self.cfg.length_bucketing:
-            stream.order = BucketedOrder(chunks.lengths(), seed, batch_size, self.cfg.bucket_batches)
+            stream.order = LengthGroupedOrder(chunks.lengths(), seed, batch_size, self.cfg.bucket_batches)
         return stream
 
 

@@ -110,7 +110,8 @@ def test_learns_to_reverse(tmp_path, one_thread):
     from plmcli.generate import generate
 
     data = reverse_pairs(tmp_path / "rev.txt")
-    summary = pretrain(str(tiny_s2s_recipe(tmp_path / "r.yaml", "transformer")), data=[str(data)], out=str(tmp_path / "run"))
+    summary = pretrain(str(tiny_s2s_recipe(tmp_path / "r.yaml", "transformer", max_steps=350)), data=[str(data)],
+                       out=str(tmp_path / "run"))
     assert summary["val_nll"] < 0.2
     held = reverse_pairs(tmp_path / "held.txt", n=10, seed=99).read_text().splitlines()
     outs = generate(str(tmp_path / "run"), [h.split("\t")[0] for h in held], strategy="beam", num_beams=3)

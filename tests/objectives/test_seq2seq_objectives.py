@@ -8,7 +8,6 @@ import torch
 from helpers import S2S_SPECIALS, reverse_pairs, tiny_corpus, tiny_s2s_recipe
 from plmcli.errors import PlmError
 from plmcli.objectives.seq2seq import (
-    BucketedOrder,
     DenoisingConfig,
     Denoising,
     Translation,
@@ -58,17 +57,6 @@ def test_label_smoothing_loss_by_hand():
     assert out.metrics["nll"].item() / 2 == pytest.approx(sum(nll) / 2, rel=1e-5)
     assert out.metrics["loss"].item() / 2 == pytest.approx(sum(smooth) / 2, rel=1e-5)
     assert obj.ppl_metric == "nll"
-
-
-def test_bucketed_order_is_a_permutation_with_similar_lengths_per_batch():
-    lengths = np.random.default_rng(0).integers(1, 100, 1000)
-    order = BucketedOrder(lengths, seed=3, batch_size=8, bucket_batches=10)
-    epoch0 = [order(p)[1] for p in range(1000)]
-    assert sorted(epoch0) == list(range(1000))
-    spread = np.mean([np.ptp(lengths[epoch0[i:i + 8]]) for i in range(0, 1000, 8)])
-    assert spread < 15  # random batches of 8 spread ~75
-    assert [order(p)[1] for p in range(1000, 2000)] != epoch0  # a new order each epoch
-    assert BucketedOrder(lengths, 3, 8, 10)(1234) == order(1234)  # a pure function of (seed, position)
 
 
 def test_span_infilling_masks_the_right_share_with_one_mask_per_span():
