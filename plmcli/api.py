@@ -287,7 +287,8 @@ def _load_weights(model, run_dir: Path) -> None:
 def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3, lr: float = 2e-5,
              batch_size: int = 32, seed: int = 42, out: str | None = None, max_seq_len: int | None = None,
              max_steps: int | None = None, init: str = "pretrained", console=None, eval_only: bool = False,
-             **options) -> dict:
+             warmup_ratio: float = 0.1, weight_decay: float = 0.01, dropout: float | None = None,
+             classifier_dropout: float | None = None, **options) -> dict:
     """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.finetune).
 
     `options`: the task settings of plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
@@ -304,7 +305,8 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     _quiet_datasets_off_terminal()
     return run_finetune(task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
                         seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console,
-                        options=TaskOptions(**options), eval_only=eval_only)
+                        warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
+                        classifier_dropout=classifier_dropout, options=TaskOptions(**options), eval_only=eval_only)
 
 
 # ---------------------------------------------------------------- export

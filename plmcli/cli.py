@@ -301,6 +301,11 @@ def finetune(
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs."),
     init: str = typer.Option("pretrained", help="pretrained | random (same architecture, fresh weights: the baseline)."),
+    warmup_ratio: float = typer.Option(0.1, help="Share of the steps spent warming the learning rate up."),
+    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (not on biases and norms)."),
+    dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
+                                            "(default: the run's own)."),
+    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (default: the backbone's)."),
     train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, SQuAD JSON, CoNLL, SWAG CSV)."),
     dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best weights."),
     test: Optional[str] = typer.Option(None, "--test", help="Test file: predictions are written for it."),
@@ -334,7 +339,8 @@ def finetune(
                    doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, n_best=n_best, crf=crf,
                    aux_lm_weight=aux_lm_weight)
     res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
-                       console=_stderr(), eval_only=eval_only, **options)
+                       console=_stderr(), eval_only=eval_only, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
+                       dropout=dropout, classifier_dropout=classifier_dropout, **options)
     if _process()[0]:  # one result for N processes
         return
     if as_json:

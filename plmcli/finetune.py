@@ -29,13 +29,15 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
              lr: float = 2e-5, batch_size: int = 32, seed: int = 42, out: str | None = None,
              max_seq_len: int | None = None, max_steps: int | None = None, init: str = "pretrained",
              warmup_ratio: float = 0.1, weight_decay: float = 0.01, classifier_dropout: float | None = None,
-             options=None, eval_only: bool = False, console=None) -> dict:
+             dropout: float | None = None, options=None, eval_only: bool = False, console=None) -> dict:
     """Finetune run `from_run` (default runs/latest) on `task`; returns OUT/metrics.json.
 
     max_seq_len: tokens per example after the special tokens (default min(128, the model's positions)).
     max_steps: stop after this many optimizer steps instead of `epochs` full epochs (smoke tests).
     init: "pretrained" (the run's weights) or "random" (the same architecture freshly initialised,
-    the baseline that shows what pretraining buys). options: a TaskOptions (files, columns, QA windows,
+    the baseline that shows what pretraining buys). dropout: the backbone's dropout and attention dropout
+    while finetuning (default: the run's own; a run pretrained without dropout may want 0.1 here);
+    classifier_dropout: before the task head (default: the backbone's dropout). options: a TaskOptions (files, columns, QA windows,
     CRF, auxiliary LM weight). eval_only: `from_run` is a finetuned run of this task; its dev split is
     scored and its test split predicted, nothing is trained.
     """
@@ -50,7 +52,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     from plmcli.train.distributed import process_state
     from plmcli.train.loop import train
 
-    _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout)
+    _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout, dropout)
     t = get_task(task, options)
     run = resolve_run(from_run).resolve()
     cfg = json.loads((run / RUN_CONFIG).read_text())
@@ -73,6 +75,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         model, obj = _finetuned(run, cfg, tok)
         L = obj.seq_len
     else:
+        cfg = _with_dropout(cfg, dropout, run_label)
         encoder = load_encoder(run, cfg, pretrained=init == "pretrained", seed=seed)
         positions = encoder.max_positions
         L = max_seq_len if max_seq_len is not None else min(128, positions)
@@ -115,7 +118,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     )
     finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
                      "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
-                     "classifier_dropout": classifier_dropout, "task_state": t.state(),
+                     "classifier_dropout": classifier_dropout, "dropout": dropout, "task_state": t.state(),
                      "options": asdict(t.options)}
     if state.is_main_process:
         ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
@@ -142,6 +145,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
                      "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
                      "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
+                     "dropout": dropout,
                      "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
     }
     if state.is_main_process:
@@ -276,7 +280,20 @@ def _check_backbone(family: str, run_label: str, task) -> None:
                        "pretrain one with `plm pretrain --recipe bert-mini` (or elmo-mini for ELMo features)")
 
 
-def _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout) -> None:
+def _with_dropout(cfg: dict, dropout: float | None, run_label: str) -> dict:
+    """The run config with its backbone's dropout and attention dropout (where it has one) set to `dropout`;
+    the finetuned run's config.json then records what it was trained with."""
+    if dropout is None:
+        return cfg
+    keys = [k for k in ("dropout", "attn_dropout") if k in cfg["model"]]
+    if not keys:
+        raise PlmError(f"--dropout: the {cfg['family']} model of {run_label} has no dropout setting",
+                       "leave --dropout out")
+    return {**cfg, "model": {**cfg["model"], **dict.fromkeys(keys, dropout)}}
+
+
+def _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout,
+                    dropout=None) -> None:
     if init not in INITS:
         raise PlmError(f"--init '{init}' is not one of {', '.join(INITS)}", "use --init pretrained (default) or random")
     for name, value, ok, fix in (
@@ -284,9 +301,11 @@ def _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weigh
         ("--lr", lr, lr > 0, "e.g. --lr 2e-5"),
         ("--batch-size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "e.g. --batch-size 32"),
         ("--max-steps", max_steps, max_steps is None or max_steps >= 1, "e.g. --max-steps 100, or leave it out"),
-        ("warmup_ratio", warmup_ratio, 0 <= warmup_ratio < 1, "e.g. 0.1"),
-        ("weight_decay", weight_decay, weight_decay >= 0, "e.g. 0.01"),
-        ("classifier_dropout", classifier_dropout, classifier_dropout is None or 0 <= classifier_dropout < 1, "e.g. 0.1"),
+        ("--warmup-ratio", warmup_ratio, 0 <= warmup_ratio < 1, "e.g. --warmup-ratio 0.1"),
+        ("--weight-decay", weight_decay, weight_decay >= 0, "e.g. --weight-decay 0.01"),
+        ("--classifier-dropout", classifier_dropout, classifier_dropout is None or 0 <= classifier_dropout < 1,
+         "e.g. --classifier-dropout 0.1"),
+        ("--dropout", dropout, dropout is None or 0 <= dropout < 1, "e.g. --dropout 0.1"),
     ):
         if not ok:
             raise PlmError(f"{name} {value} is out of range", fix)

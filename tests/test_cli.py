@@ -175,10 +175,13 @@ def test_make_mlm_data_pretrain_finetune(tmp_path):
     assert summary["steps"] == 3 and summary["val_ppl"] > 1
     sample = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
     res = run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "bert", "--out", tmp_path / "ft",
-              "--max-steps", 4, "--json")
+              "--max-steps", 4, "--dropout", 0.05, "--warmup-ratio", 0.25, "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
     assert out["task"] == "sst2" and 0 <= out["dev"]["accuracy"] <= 1 and (tmp_path / "ft" / "SST-2.tsv").is_file()
+    assert out["settings"]["dropout"] == 0.05 and out["settings"]["warmup_steps"] == 1
+    assert_clean_error(run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "bert",
+                           "--dropout", 1.5), "--dropout 1.5 is out of range")
     # A static dataset longer than the model's positions is refused, naming the fix.
     assert run("make-mlm-data", tmp_path / "tok", "--out", tmp_path / "mlm128", "--max-seq-len", 128).exit_code == 0
     assert_clean_error(run("pretrain", "--recipe", recipe, "--data", tmp_path / "mlm128", "--set", "train.seq_len=32"))

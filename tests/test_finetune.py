@@ -293,6 +293,30 @@ def test_from_a_tiny_bert(tmp_path, tokenizer):
     torch.testing.assert_close(model.encoder.wte.weight[unused], pre.wte.weight[unused])
 
 
+def test_dropout_warmup_and_weight_decay_settings(tmp_path, tokenizer):
+    from plmcli.models.bert import Bert, BertConfig
+
+    tok, meta = tokenizer
+    cfg = BertConfig(vocab_size=tok.get_vocab_size(), max_positions=48, n_layer=1, n_head=2, d_model=16,
+                     dropout=0.0, attn_dropout=0.0)
+    run = make_run(tmp_path / "bert", "bert", Bert(cfg), tok, meta)  # pretrained without dropout
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=10, batch_size=16, out=str(tmp_path / "o"),
+                   dropout=0.2, classifier_dropout=0.3, warmup_ratio=0.5, weight_decay=0.1)
+    s = res["settings"]
+    assert s["dropout"] == 0.2 and s["classifier_dropout"] == 0.3 and s["warmup_steps"] == 5 and s["weight_decay"] == 0.1
+    model, _, run_cfg = load_finetuned(str(tmp_path / "o"))
+    assert run_cfg["model"]["dropout"] == run_cfg["model"]["attn_dropout"] == 0.2  # the run records what it trained with
+    assert model.encoder.blocks[0].attn.attn_dropout == 0.2 and model.encoder.drop.p == 0.2
+    assert model.dropout.p == 0.3
+    # the pretrained run itself is untouched
+    assert json.loads((run / "config.json").read_text())["model"]["dropout"] == 0.0
+    for kwargs, message in (({"dropout": 1.0}, "--dropout 1.0 is out of range"),
+                            ({"warmup_ratio": 1.5}, "--warmup-ratio 1.5 is out of range"),
+                            ({"weight_decay": -1}, "--weight-decay -1 is out of range")):
+        with pytest.raises(PlmError, match=message):
+            finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), **kwargs)
+
+
 def test_training_batches_are_grouped_by_length_and_evaluation_is_in_order(tokenizer, tmp_path):
     from plmcli.data.batching import EpochOrder
     from plmcli.data.tasks.registry import get_task
