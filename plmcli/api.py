@@ -185,7 +185,8 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         if streaming:  # only a tokenizer and the validation tail are prepared; training text is read as it goes
             from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
 
-            corpus_dir = prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name))
+            corpus_dir = prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name),
+                                               objective_cfg=r.objective)
         else:
             corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
     meta = json.loads((corpus_dir / "meta.json").read_text())

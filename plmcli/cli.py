@@ -253,7 +253,7 @@ def pretrain(
     resume: bool = typer.Option(False, "--resume", help="Continue the run at --out (default runs/latest) from its last checkpoint."),
     stop_after: Optional[int] = typer.Option(None, help="Stop (with a checkpoint) after N steps without changing the schedule."),
     streaming: bool = typer.Option(False, "--streaming", help="Read, tokenize and pack the --data text files as training goes "
-                                   "(corpora too big to tokenize first; objective clm). The tokenizer is tokenizer.path, or trained on up to 256 MB "
+                                   "(corpora too big to tokenize first; objective clm, or mlm/rtd with dynamic token masking). The tokenizer is tokenizer.path, or trained on up to 256 MB "
                                    "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
                                    "--resume continues at the same byte of every file (same processes, train.num_workers, batch)."),
     compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "

@@ -20,6 +20,7 @@ the ones an uninterrupted run would have seen.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -55,14 +56,14 @@ reads = _Reads(maxlen=4096)
 
 
 def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, objective_cls=None,
-                          cache_root=None) -> Path:
+                          cache_root=None, objective_cfg=None) -> Path:
     """A directory for streaming `inputs`: tokenizer.json, the validation tail tokenized, meta.json with
     the file list. Cached under a key over the inputs (paths, sizes, mtimes) and settings."""
     from plmcli.data.corpus import FORMAT, STDIN, VERSION, _expand_inputs, _input_stats, _read_meta, default_cache_dir
     from plmcli.data.outdir import build_atomically
 
-    if objective_cls is not None:
-        check_streamable(objective_cls)
+    if objective_cls is not None:  # before a tokenizer is trained on a corpus this big
+        check_streamable(objective_cls, objective_cfg)
 
     inputs = [inputs] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
     if len(inputs) == 1 and Path(inputs[0]).is_dir() and _read_meta(Path(inputs[0])) is not None:
@@ -252,11 +253,13 @@ class TextStream(torch.utils.data.IterableDataset):
 
     sequential = True  # the loop: no random access, a position of its own
 
-    def __init__(self, corpus_dir, tokenizer_json: str, sep: int | None, seq_len: int, batch_size: int,
+    def __init__(self, corpus_dir, tokenizer_json: str, sep: int | None, window: int, batch_size: int,
                  rank: int, world: int, num_workers: int, make_batch):
+        """Rows of `window` tokens; `make_batch(x, key)` turns a (B, window) tensor into a training batch, `key`
+        (ints: the lanes' positions after it) seeds anything random in it, so a resumed run repeats it."""
         meta = json.loads((Path(corpus_dir) / "meta.json").read_text())
         s = meta[KIND]
-        self.key, self.tok_json, self.sep, self.T, self.B = meta["key"], tokenizer_json, sep, seq_len, batch_size
+        self.key, self.tok_json, self.sep, self.W, self.B = meta["key"], tokenizer_json, sep, window, batch_size
         self.rank, self.world, self.readers, self.make_batch = rank, world, max(1, num_workers), make_batch
         self.num_workers = num_workers
         lanes = lane_pieces(s["files"], s["sizes"], s["train_end"], world * self.readers * batch_size)
@@ -276,8 +279,10 @@ class TextStream(torch.utils.data.IterableDataset):
     def _batches(self, reader: int):
         lanes = self._lanes(reader)
         while True:
-            x = torch.tensor([lane.window(self.T + 1) for lane in lanes], dtype=torch.long)  # (B, T+1)
-            yield {**self.make_batch(x), "_position": {"reader": reader, "lanes": [lane.position() for lane in lanes]}}
+            x = torch.tensor([lane.window(self.W) for lane in lanes], dtype=torch.long)  # (B, W)
+            where = [lane.position() for lane in lanes]
+            key = [int(v) for p in where for v in p]
+            yield {**self.make_batch(x, key), "_position": {"reader": reader, "lanes": where}}
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -331,20 +336,22 @@ class TextStream(torch.utils.data.IterableDataset):
 # ----------------------------------------------------------------------------- the objective
 
 
-def check_streamable(objective_cls) -> None:
-    """Streaming packs plain token windows, which is what a causal LM trains on."""
-    from plmcli.objectives.clm import CausalLM
-
-    if not issubclass(objective_cls, CausalLM):
-        raise PlmError(f"--streaming trains causal LMs (objective clm) for now, not {objective_cls.__name__}",
+def check_streamable(objective_cls, cfg=None) -> None:
+    """Streaming reads plain token windows; an objective trains on them through `window_batch` (clm, dynamic
+    token-masked mlm). With its config, the objective's settings are checked too (`streaming_problem`)."""
+    if not hasattr(objective_cls, "window_batch"):
+        raise PlmError(f"--streaming trains on plain token windows (objectives clm and mlm), not {objective_cls.__name__}",
                        "drop --streaming: `plm tokenize` the corpus first (memory stays flat) and pass it with --data")
+    problem = objective_cls.streaming_problem(cfg) if cfg is not None else None
+    if problem:
+        raise PlmError(*problem)
 
 
 class StreamingObjective:
     """An objective that trains on a TextStream; evaluation and everything else are the wrapped one's."""
 
     def __init__(self, inner, num_workers: int = 0):
-        check_streamable(type(inner))
+        check_streamable(type(inner), inner.cfg)
         self.inner, self.num_workers = inner, num_workers
 
     def __getattr__(self, name):
@@ -356,10 +363,5 @@ class StreamingObjective:
         if split != "train":
             return self.inner.stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
         tok_json = (Path(corpus_dir) / "tokenizer.json").read_text(encoding="utf-8")
-        return TextStream(corpus_dir, tok_json, self.inner.separator(), self.inner.seq_len, batch_size, rank, world,
-                          self.num_workers, causal_batch)
-
-
-def causal_batch(x: torch.Tensor) -> dict:
-    """Windows of T+1 tokens -> inputs and next-token targets, as the clm objective's own stream makes them."""
-    return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+        return TextStream(corpus_dir, tok_json, self.inner.separator(), self.inner.window_size(), batch_size, rank,
+                          world, self.num_workers, functools.partial(self.inner.window_batch, seed=seed))

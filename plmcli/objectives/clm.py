@@ -28,6 +28,19 @@ class CausalLM(Objective):
         if getattr(model, "stateful", False):
             raise PlmError(f"{type(model).__name__} is a recurrent LM that carries state", "use objective.name: bptt")
 
+    # ------------------------------------------------------------ plm pretrain --streaming (data/streaming.py)
+
+    def window_size(self) -> int:
+        return self.seq_len + 1
+
+    def window_batch(self, x: torch.Tensor, key, seed: int = 0) -> dict:
+        """Windows of T+1 tokens -> inputs and next-token targets, as `stream` makes them."""
+        return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+    @staticmethod
+    def streaming_problem(cfg):
+        return None
+
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream
 

@@ -212,9 +212,9 @@ class MaskedLM(Objective):
                            seed, rank, world, shuffle, lengths=lengths if grouped else None)
 
     def _dynamic_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        cls, sep, mask_id = self._id("cls"), self._id("sep"), self._id("mask")
+        cls, sep = self._id("cls"), self._id("sep")
+        self._id("mask")  # a tokenizer without one fails here, not at the first batch
         from plmcli.data.corpus import token_stream
-        from plmcli.data.masking import mask_batch
 
         tokens = token_stream(data_dir, split, sep)
         c, T = self.cfg, self.seq_len
@@ -228,9 +228,7 @@ class MaskedLM(Objective):
         if W < 1 or n < 1:
             raise PlmError(f"the {split} split has {len(tokens)} tokens, too few for one sequence of {T}",
                            "add text, lower train.seq_len, or lower data.val_fraction")
-        never = np.array(sorted({v for r, v in self.special_ids.items() if r != "unk"}), dtype=np.int64)
         vocab = self.vocab_size or int(tokens.max()) + 1
-        random_ids = np.setdiff1d(np.arange(vocab), list(self.special_ids.values()))
 
         def fetch(epochs, indices):
             B = len(indices)
@@ -244,21 +242,59 @@ class MaskedLM(Objective):
                 if ws is not None:
                     ws[r, 1:-1] = starts[a : a + W]
                     ws[r, 1] = True  # a word cut by the window edge starts a word here
-            special = np.isin(ids, never)
-            masked, target = np.empty_like(ids), np.empty((B, T), dtype=bool)
-            for r, (e, i) in enumerate(zip(epochs, indices)):  # one generator per sample: independent of batching
-                rng = np.random.default_rng((seed, e, i, _MASK_TAG))
-                m, t = mask_batch(ids[r : r + 1], special[r : r + 1], None if ws is None else ws[r : r + 1], rng,
-                                  mask_prob=c.mask_prob, max_predictions=c.max_predictions, strategy=c.masking,
-                                  mask_id=mask_id, vocab_size=vocab, replace_probs=tuple(c.replace_probs),
-                                  random_ids=random_ids, span_p=c.span_p, span_max=c.span_max,
-                                  ngram_probs=tuple(c.ngram_probs))
-                masked[r], target[r] = m[0], t[0]
-            positions = np.flatnonzero(target)  # row-major: b·T + t
-            return {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
-                    "mlm_labels": torch.from_numpy(ids.reshape(-1)[positions]), "num_tokens": B * T}
+            # one generator per sample: the masks do not depend on how samples are batched
+            rngs = [np.random.default_rng((seed, e, i, _MASK_TAG)) for e, i in zip(epochs, indices)]
+            return self._masked(ids, ws, rngs, vocab)
 
         return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+
+    def _masked(self, ids: np.ndarray, ws: np.ndarray | None, rngs, vocab: int) -> dict:
+        """(B, T) [CLS] window [SEP] rows -> the batch `step` reads: row r masked with rngs[r] (a list of
+        generators, or one for the whole batch)."""
+        from plmcli.data.masking import mask_batch
+
+        c, (B, T) = self.cfg, ids.shape
+        if getattr(self, "_random_ids", (None,))[0] != vocab:  # the ids a 10% "random token" draws from
+            self._random_ids = (vocab, np.setdiff1d(np.arange(vocab), list(self.special_ids.values())))
+        random_ids = self._random_ids[1]
+        never = np.array(sorted({v for r, v in self.special_ids.items() if r != "unk"}), dtype=np.int64)
+        special = np.isin(ids, never)
+        rows = [slice(r, r + 1) for r in range(B)] if isinstance(rngs, list) else [slice(0, B)]
+        masked, target = np.empty_like(ids), np.empty((B, T), dtype=bool)
+        for r, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
+            masked[r], target[r] = mask_batch(
+                ids[r], special[r], None if ws is None else ws[r], rng, mask_prob=c.mask_prob,
+                max_predictions=c.max_predictions, strategy=c.masking, mask_id=self._id("mask"), vocab_size=vocab,
+                replace_probs=tuple(c.replace_probs), random_ids=random_ids, span_p=c.span_p, span_max=c.span_max,
+                ngram_probs=tuple(c.ngram_probs))
+        positions = np.flatnonzero(target)  # row-major: b·T + t
+        return {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
+                "mlm_labels": torch.from_numpy(ids.reshape(-1)[positions]), "num_tokens": B * T}
+
+    # ------------------------------------------------------------ plm pretrain --streaming (data/streaming.py)
+
+    @staticmethod
+    def streaming_problem(c: MLMConfig):
+        """(message, fix) when `c` cannot train on streamed token windows, which have no word boundaries:
+        dynamic token masking (RoBERTa) can."""
+        if not c.dynamic:
+            return ("--streaming masks each batch as it reads (dynamic masking), and objective.dynamic is false",
+                    "--set objective.dynamic=true --set objective.pairs=none (RoBERTa), or drop --streaming")
+        if c.masking != "token":
+            return (f"--streaming reads token windows without word boundaries, so objective.masking {c.masking} "
+                    "cannot find whole words", "--set objective.masking=token, or drop --streaming")
+        return None
+
+    def window_size(self) -> int:
+        return self.seq_len - 2  # [CLS] window [SEP]
+
+    def window_batch(self, x: torch.Tensor, key, seed: int = 0) -> dict:
+        """(B, T-2) token windows -> [CLS] window [SEP], masked afresh; `key` (the stream's position) with
+        `seed` picks the masks, so a resumed run masks its batches as the uninterrupted one did."""
+        ids = np.empty((x.shape[0], self.seq_len), dtype=np.int64)
+        ids[:, 0], ids[:, 1:-1], ids[:, -1] = self._id("cls"), x.numpy(), self._id("sep")
+        rng = np.random.default_rng([seed, _MASK_TAG, *key])
+        return self._masked(ids, None, rng, self.vocab_size or int(ids.max()) + 1)
 
     # ------------------------------------------------------------ loss
 

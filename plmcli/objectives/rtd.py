@@ -75,6 +75,12 @@ class ReplacedTokenDetection(MaskedLM):
     def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
         return SampleSeeds(super().stream(data_dir, split, batch_size, seed, rank, world, shuffle), seed, split)
 
+    def window_batch(self, x: torch.Tensor, key, seed: int = 0) -> dict:
+        """plm pretrain --streaming: the masked batch, and its generator-sample seed from the same position."""
+        batch = super().window_batch(x, key, seed)
+        state = np.random.SeedSequence([seed, _SAMPLE_TAG, *key]).generate_state(1, np.uint64)[0]
+        return batch | {"sample_seed": int(state >> np.uint64(1))}
+
     # ------------------------------------------------------------ loss
 
     def corrupt(self, gen_logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

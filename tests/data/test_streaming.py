@@ -16,7 +16,7 @@ from plmcli import api
 from plmcli.config_sections import DataConfig, TokenizerConfig
 from plmcli.data import streaming
 from plmcli.data.corpus import token_stream, tokenize_corpus
-from plmcli.data.streaming import TextStream, causal_batch, lane_pieces, prepare_stream_corpus
+from plmcli.data.streaming import TextStream, lane_pieces, prepare_stream_corpus
 from plmcli.errors import PlmError
 from plmcli.objectives.clm import CausalLM
 
@@ -42,6 +42,10 @@ def fed(monkeypatch):
 
     monkeypatch.setattr(CausalLM, "step", recording)
     return seen
+
+
+def _windows(x, key):
+    return {"input_ids": x}
 
 
 def _losses(run: Path) -> list[float]:
@@ -113,7 +117,7 @@ def test_lanes_read_every_training_line_once(tmp_path):
 
     got, ranges = [], []
     for rank in range(2):
-        stream = TextStream(d, (d / "tokenizer.json").read_text(), eos, 8, 3, rank, 2, 2, causal_batch)
+        stream = TextStream(d, (d / "tokenizer.json").read_text(), eos, 9, 3, rank, 2, 2, _windows)
         for reader in range(2):
             for lane in stream._lanes(reader):
                 ranges.append([(p.path, p.start, p.end) for p in lane.pieces])
@@ -130,7 +134,7 @@ def test_window_positions_resume_exactly(tmp_path):
     d = prepare_stream_corpus(files, CHAR, DataConfig(val_fraction=0.1), cache_root=tmp_path / "cache")
     tok = json.loads((d / "meta.json").read_text())
     eos = tok["tokenizer"]["special_token_ids"]["eos"]
-    stream = TextStream(d, (d / "tokenizer.json").read_text(), eos, 7, 2, 0, 1, 0, causal_batch)
+    stream = TextStream(d, (d / "tokenizer.json").read_text(), eos, 8, 2, 0, 1, 0, _windows)
     original = stream._lanes(0)
     saved, later = [], []
     for step in range(60):  # through several epochs of these small lanes
@@ -191,8 +195,13 @@ def test_streaming_refusals(setup, tmp_path):
     gz.write_bytes(__import__("gzip").compress(corpus.read_bytes()))
     with pytest.raises(PlmError, match="cannot be entered midway"):
         api.pretrain(str(recipe), [str(gz)], str(tmp_path / "a"), streaming=True)
-    with pytest.raises(PlmError, match="causal LMs"):
+    with pytest.raises(PlmError, match=r"\(dynamic masking\), and objective.dynamic is false"):  # bert-mini: static NSP
         api.pretrain("bert-mini", [str(corpus)], str(tmp_path / "b"), streaming=True)
+    with pytest.raises(PlmError, match="without word boundaries, so objective.masking wwm"):
+        api.pretrain("bert-mini", [str(corpus)], str(tmp_path / "b"), streaming=True,
+                     overrides=["objective.dynamic=true", "objective.pairs=none", "objective.masking=wwm"])
+    with pytest.raises(PlmError, match="plain token windows .* not TruncatedBPTT"):  # no window_batch seam
+        api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "b"), streaming=True)
     tokenize_corpus([str(corpus)], tmp_path / "tok", CHAR)
     with pytest.raises(PlmError, match="already tokenized"):
         api.pretrain(str(recipe), [str(tmp_path / "tok")], str(tmp_path / "c"), streaming=True)
@@ -208,6 +217,56 @@ def test_streaming_refusals(setup, tmp_path):
     api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "plain"), stop_after=1)
     with pytest.raises(PlmError, match="trained from a tokenized corpus"):  # its data would silently start over
         api.pretrain(out=str(tmp_path / "plain"), resume=True, streaming=True)
+
+
+BERT_STREAM = """\
+extends: bert-mini
+model: {n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, max_positions: 64, dropout: 0.0, attn_dropout: 0.0}
+tokenizer: {vocab_size: 300, min_frequency: 1}
+data: {val_fraction: 0.2}
+objective: {dynamic: true, pairs: none, masking: token}
+train: {seq_len: 32, global_batch_size: 4, max_steps: 6, eval_every: 6, eval_batches: 2, save_every: 3, log_every: 1}
+"""
+
+
+def test_streaming_masked_lm_masks_each_batch_and_resumes_exactly(tmp_path, monkeypatch):
+    """RoBERTa-style pretraining from text streamed as it trains: [CLS] window [SEP] rows masked afresh
+    (15%, 80/10/10), the masks a function of the stream position, so a resumed run trains on the same batches."""
+    from plmcli.objectives.mlm import MaskedLM
+
+    batches = []
+    step = MaskedLM.step
+
+    def recording(self, model, batch, state=None):
+        if model.training:
+            batches.append({k: v.clone() for k, v in batch.items() if torch.is_tensor(v)})
+        return step(self, model, batch, state)
+
+    monkeypatch.setattr(MaskedLM, "step", recording)
+    recipe = tmp_path / "bert-stream.yaml"
+    recipe.write_text(BERT_STREAM)
+    corpus = tiny_corpus(tmp_path / "corpus.txt", n_docs=60)
+    s = api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "full"), streaming=True)
+    assert s["steps"] == 6 and s["val_ppl"] > 1
+    meta = json.loads((Path(json.loads((tmp_path / "full" / "config.json").read_text())["corpus"]) / "meta.json").read_text())
+    ids = meta["tokenizer"]["special_token_ids"]
+    full = list(batches)
+    for b in full:
+        x = b["input_ids"]
+        assert x.shape == (4, 32) and (x[:, 0] == ids["cls"]).all() and (x[:, -1] == ids["sep"]).all()
+        assert not torch.isin(b["mlm_positions"] % 32, torch.tensor([0, 31])).any()  # [CLS]/[SEP] never targets
+        assert 0 < len(b["mlm_positions"]) <= 4 * 20
+    masked_share = sum(len(b["mlm_positions"]) for b in full) / (6 * 4 * 30)
+    assert 0.10 < masked_share < 0.20
+    shown = torch.cat([b["input_ids"].flatten()[b["mlm_positions"]] for b in full])
+    assert 0.6 < (shown == ids["mask"]).float().mean() < 0.95  # ~80% [MASK]
+    batches.clear()
+    api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "half"), streaming=True, stop_after=3)
+    api.pretrain(out=str(tmp_path / "half"), resume=True)
+    assert len(batches) == 6
+    for a, b in zip(full, batches):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(tmp_path / "full") == _losses(tmp_path / "half")
 
 
 def test_two_processes_read_disjoint_lanes_and_resume(setup, tmp_path):
@@ -242,5 +301,5 @@ def test_cli_streaming_and_its_clean_error(setup, tmp_path):
     assert json.loads(res.stdout[res.stdout.index("{"):])["tokens"] == 2 * 4 * 16
     res = CliRunner().invoke(app, ["pretrain", "--recipe", "bert-mini", "--data", str(corpus), "--out", str(tmp_path / "b"),
                                    "--streaming"])
-    assert res.exit_code == 2 and res.stderr.strip().startswith("error: --streaming trains causal LMs")
+    assert res.exit_code == 2 and res.stderr.strip().startswith("error: --streaming masks each batch as it reads")
     assert "\n" not in res.stderr.strip()
