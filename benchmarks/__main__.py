@@ -25,6 +25,7 @@ BENCHMARKS = {
     "tokenize-speed": "benchmarks.tokenize_speed",
     "ppl-speed": "benchmarks.ppl_speed",
     "startup": "benchmarks.startup",
+    "bert-plateau": "benchmarks.bert_plateau",
 }
 
 
