@@ -147,3 +147,26 @@ def test_guide_loop_weighting_and_boundary_contexts_match_brute_force():
     assert nll == pytest.approx(plm_brute, abs=1e-4)
     assert math.isfinite(nll)
 
+
+
+def test_bert_plateau_neighbour_mass_windows_and_shuffled_context():
+    from benchmarks.bert_plateau import neighbour_mass, shuffle_context, windows
+
+    T = 6
+    uniform = torch.full((2, 3, T, T), 1 / T)
+    assert neighbour_mass([uniform]) == pytest.approx(1 / T)
+    shifted = torch.zeros(1, 1, T, T)
+    shifted[0, 0, torch.arange(T - 1), torch.arange(1, T)] = 1.0  # every token looks at the next one
+    assert neighbour_mass([shifted]) == pytest.approx(0.5)  # the mean of next (1) and previous (0)
+
+    rows = windows({"input_ids": [[5, 6, 7], [8, 9, 10, 11, 12]]}, seq_len=5, cls=2, sep=3)
+    assert rows.tolist() == [[2, 5, 6, 7, 3], [2, 8, 9, 10, 3]]  # one stream cut into 3-token windows
+
+    x = torch.arange(20, 40).view(2, 10)
+    pos = torch.tensor([3, 12, 15])
+    xs, pos2, _ = shuffle_context((x, pos, None), np.random.default_rng(0))
+    assert torch.equal(pos2, pos)
+    flat, flat_s = x.flatten(), xs.flatten()
+    assert torch.equal(flat_s[pos], flat[pos]) and torch.equal(xs[:, [0, -1]], x[:, [0, -1]])  # targets, ends kept
+    for r in range(2):
+        assert sorted(xs[r].tolist()) == sorted(x[r].tolist()) and not torch.equal(xs[r], x[r])
