@@ -26,6 +26,7 @@ BENCHMARKS = {
     "ppl-speed": "benchmarks.ppl_speed",
     "startup": "benchmarks.startup",
     "bert-plateau": "benchmarks.bert_plateau",
+    "gpu-varlen": "benchmarks.gpu_varlen",
 }
 
 

@@ -170,3 +170,27 @@ def test_bert_plateau_neighbour_mass_windows_and_shuffled_context():
     assert torch.equal(flat_s[pos], flat[pos]) and torch.equal(xs[:, [0, -1]], x[:, [0, -1]])  # targets, ends kept
     for r in range(2):
         assert sorted(xs[r].tolist()) == sorted(x[r].tolist()) and not torch.equal(xs[r], x[r])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")  # the CPU's jagged SDPA kernel
+def test_gpu_varlen_pieces_run_on_a_cpu_and_the_two_paths_agree():
+    from benchmarks.gpu_varlen import agreement, attention_path, build, make_batches, sentence_lengths, train_step
+    from plmcli.models import layers
+    from plmcli.models.bert import BertConfig
+
+    lengths = sentence_lengths()
+    assert len(lengths) == 2000 and min(lengths) >= 3  # [CLS] + at least one piece + [SEP]
+    batches = make_batches(lengths, batch=6, n=2, vocab=50, seed=0)
+    ids, mask, y = batches[0]
+    assert ids.shape == mask.shape and mask.shape[1] == mask.sum(1).max() and (ids[mask == 0] == 0).all()
+    cfg = BertConfig(vocab_size=50, max_positions=128, n_layer=2, n_head=2, d_model=16, d_ff=32)
+    device = torch.device("cpu")
+    model, head, opt = build(cfg, device, seed=0)
+    check = agreement(model, head, batches[0], device)
+    assert check["hidden_max_abs_diff"] < 0.05 * check["hidden_max_abs"] and check["grad_max_rel_diff"] < 0.1
+    with attention_path(True):
+        assert layers.unpadded_attention(device)
+        before = [p.detach().clone() for p in model.parameters()]
+        train_step(model, head, opt, batches[1], device)
+    assert not layers.unpadded_attention(device)  # restored
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
