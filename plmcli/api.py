@@ -83,7 +83,7 @@ def accelerate_configs() -> dict:
 def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_size: int | None = None,
              min_frequency: int | None = None, lowercase: bool | None = None, special_tokens: dict | None = None,
              recipe: str | None = None, doc_per_line: bool = False, val_fraction: float = 0.05, num_proc: int = 1,
-             force: bool = False) -> dict:
+             force: bool = False, split_sentences: bool = False) -> dict:
     """Train (or load) a tokenizer and encode the corpus into an Arrow dataset at `out`."""
     from plmcli.config import load_recipe
     from plmcli.config_sections import TokenizerConfig
@@ -101,7 +101,7 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     if not 0 <= val_fraction < 1:
         raise PlmError(f"--val-fraction {val_fraction} must be in [0, 1)", "e.g. --val-fraction 0.05")
     return tokenize_corpus(inputs, out, cfg, doc_per_line=doc_per_line, val_fraction=val_fraction,
-                           num_proc=num_proc, force=force)
+                           num_proc=num_proc, force=force, split_sentences=split_sentences)
 
 
 # ---------------------------------------------------------------- make-mlm-data
@@ -169,6 +169,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
         r = load_recipe(recipe, overrides)
         run_dir = Path(out) if out else ckpt.runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        _check_new_run_dir(run_dir)  # before any tokenizing; again when it is made
     names = [ph["name"] for ph in r.phases] or [None]
     stages = [r.phase(i) for i in range(len(r.phases))] or [r]
     for st in stages:
@@ -200,12 +201,17 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     torch.manual_seed(r.train.seed)
     model = build_model(r.family, r.model)
     objectives[0].check_model(model)
+    # Every phase's training data (make-mlm-data instances, cached) before the run directory exists, so a
+    # corpus that cannot make them leaves no run behind (nor runs/latest pointing at one).
+    data_dirs = []
+    for obj in objectives:
+        with state.main_process_first():
+            data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
 
+    previous_latest = _latest_target()
     if state.is_main_process:
         if not resume:
-            if run_dir.exists() and any(run_dir.iterdir()):
-                raise PlmError(f"run directory {run_dir} already exists and is not empty",
-                               "choose another --out, delete it, or add --resume to continue it")
+            _check_new_run_dir(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_text(run_dir / "recipe.yaml", r.to_yaml())
             shutil.copyfile(corpus_dir / "tokenizer.json", run_dir / "tokenizer.json")
@@ -217,9 +223,31 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         ckpt.point_latest(run_dir)
     state.wait_for_everyone()
 
+    try:
+        summary = _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume,
+                                time_budget, stop_after, console)
+    except PlmError:
+        if state.is_main_process and not resume and not _trained(run_dir):
+            _discard_run(run_dir, previous_latest)  # bad data found by the loop: nothing half-made stays behind
+        raise
+    last_phase = summary.pop("_last_phase_dir")
+    summary["run_dir"] = str(run_dir)
+    if state.is_main_process:
+        if names[0] is not None:  # the run's weights are its last phase's
+            shutil.copyfile(last_phase / "model.safetensors", run_dir / ".model.safetensors.tmp")
+            Path(run_dir / ".model.safetensors.tmp").replace(run_dir / "model.safetensors")
+        ckpt.write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume, time_budget,
+                  stop_after, console) -> dict:
+    """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); the last phase's summary."""
+    from plmcli.train import checkpoint as ckpt
+
     summary: dict = {}
     started = time.monotonic()
-    for name, st, obj in zip(names, stages, objectives):
+    for name, st, obj, data_dir in zip(names, stages, objectives, data_dirs):
         sub = run_dir if name is None else run_dir / "phases" / name
         if name is not None and (sub / "summary.json").is_file():  # finished before an interruption
             _load_weights(model, sub)
@@ -228,8 +256,6 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         resume_from = ckpt.list_checkpoints(sub)[-1:] if resume else []
         if time_budget is not None:
             st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
-        with state.main_process_first():
-            data_dir = obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc)
         if fits:  # no gradient (n-gram counts): the main process fits the model and writes RUN/model.*
             from accelerate.utils import broadcast_object_list
 
@@ -242,19 +268,49 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
             break  # stopped early: the next --resume continues this phase
         if name is not None and state.is_main_process:
             ckpt.write_json(sub / "summary.json", summary)
-    summary["run_dir"] = str(run_dir)
-    if state.is_main_process:
-        if names[0] is not None:
-            shutil.copyfile(sub / "model.safetensors", run_dir / ".model.safetensors.tmp")
-            Path(run_dir / ".model.safetensors.tmp").replace(run_dir / "model.safetensors")
-        ckpt.write_json(run_dir / "summary.json", summary)
-    return summary
+    return {**summary, "_last_phase_dir": sub}
+
+
+def _latest_target() -> str | None:
+    import os
+
+    from plmcli.train import checkpoint as ckpt
+
+    latest = ckpt.runs_root() / "latest"
+    return os.readlink(latest) if latest.is_symlink() else None
+
+
+def _trained(run_dir: Path) -> bool:
+    """Whether a run directory holds anything of training: a logged step, a checkpoint or weights."""
+    metrics = list(run_dir.glob("metrics.jsonl")) + list(run_dir.glob("phases/*/metrics.jsonl"))
+    return any(m.stat().st_size for m in metrics) or any(run_dir.glob("**/checkpoints/step-*")) \
+        or any(run_dir.glob("**/model.safetensors"))
+
+
+def _discard_run(run_dir: Path, previous_latest: str | None) -> None:
+    """Remove a run directory this call made, and point runs/latest back where it pointed before."""
+    import os
+
+    from plmcli.train import checkpoint as ckpt
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    latest = ckpt.runs_root() / "latest"
+    if latest.is_symlink() and not latest.exists():  # it points at the removed run
+        latest.unlink()
+        if previous_latest is not None:
+            os.symlink(previous_latest, latest, target_is_directory=True)
 
 
 def loop_train(*args, **kwargs):
     from plmcli.train.loop import train
 
     return train(*args, **kwargs)
+
+
+def _check_new_run_dir(run_dir: Path) -> None:
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise PlmError(f"run directory {run_dir} already exists and is not empty",
+                       "choose another --out, delete it, or add --resume to continue it")
 
 
 def _objective(recipe, tok, special_ids):

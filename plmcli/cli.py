@@ -165,6 +165,8 @@ def tokenize(
     special_tokens: Optional[str] = typer.Option(None, help="Roles to tokens, e.g. 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'."),
     recipe: Optional[str] = typer.Option(None, help="Take the tokenizer settings (kind, size, special tokens) from this recipe."),
     doc_per_line: bool = typer.Option(False, help="Each line is a document (default: blank lines separate documents)."),
+    split_sentences: bool = typer.Option(False, help="Cut lines into sentences at 。！？ and . ! ? (text that is not one "
+                                         "sentence per line: NSP/SOP pairs are built from sentences)."),
     val_fraction: float = typer.Option(0.05, help="Share of documents (from the end) kept for validation."),
     num_proc: int = typer.Option(1, help="Worker processes for encoding."),
     force: bool = typer.Option(False, help="Rebuild even when the cache matches."),
@@ -183,7 +185,7 @@ def tokenize(
         except ValueError:
             raise PlmError(f"--special-tokens '{special_tokens}' is not role=token,…", "e.g. --special-tokens 'eos=<|endoftext|>'") from None
     meta = api.tokenize(inputs, out, tokenizer, vocab_size, min_frequency, lowercase, specials, recipe,
-                        doc_per_line, val_fraction, num_proc, force)
+                        doc_per_line, val_fraction, num_proc, force, split_sentences=split_sentences)
     if as_json:
         return _print_json(meta)
     c = meta["counts"]

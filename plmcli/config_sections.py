@@ -30,6 +30,9 @@ class DataConfig:
     """The shipped sample (a file in plmcli/corpus/) used when neither --data nor path is given; empty = the objective's."""
     doc_per_line: bool = False
     """Each line is a document (else documents are separated by blank lines and lines are sentences)."""
+    split_sentences: bool = False
+    """Cut lines into sentences at sentence-final punctuation (plmcli/data/sentences.py), for text that is not
+    one sentence per line: NSP/SOP pairs and make-mlm-data's segments are built from those sentences."""
     val_fraction: float = 0.05
     """Share of documents (taken from the end of the corpus) held out for validation."""
     num_proc: int = 1

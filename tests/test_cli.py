@@ -110,6 +110,22 @@ def test_bad_recipe_inputs(files, tmp_path):
     assert_clean_error(run("pretrain", "--recipe", recipe, "--data", corpus, "--time-budget", "soon"), "duration")
 
 
+def test_bad_data_leaves_no_run_behind(files, tmp_path):
+    recipe, corpus = files
+    runs = Path(os.environ["PLM_RUNS"])
+    assert run("pretrain", "--recipe", recipe, "--data", corpus, "--out", runs / "good").exit_code == 0
+    one = tmp_path / "one.txt"
+    one.write_text("just one document\nwith two lines\n")
+    # found while preparing the data (make-mlm-data), and found by the loop (no window fits): either way no
+    # run directory is left, and runs/latest still names the last good run
+    assert_clean_error(run("pretrain", "--recipe", "bert-mini", "--data", one, "--out", runs / "bad"), "at least 2 documents")
+    short = tmp_path / "short.txt"
+    short.write_text("a b\n\nc d\n")
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--data", short, "--out", runs / "bad2"), "too few")
+    assert not (runs / "bad").exists() and not (runs / "bad2").exists()
+    assert (runs / "latest").resolve() == (runs / "good").resolve()
+
+
 def test_eval_ppl_on_an_encoder_run(tmp_path, monkeypatch):
     from plmcli.models import registry
 

@@ -35,6 +35,7 @@ from plmcli.data.tokenizers import (
 )
 from plmcli.data.outdir import build_atomically
 from plmcli.data.ranges import PROBE_BYTES, binary_error, decode_line, encoding_error, iter_lines, range_documents
+from plmcli.data.sentences import split_sentences as split_text_sentences
 from plmcli.errors import PlmError
 
 if TYPE_CHECKING:
@@ -174,19 +175,24 @@ def _input_stats(files: list[str]) -> list[dict]:
     return stats
 
 
-def _key(stats: list[dict], tok_cfg: TokenizerConfig, doc_per_line: bool, val_fraction: float) -> str:
+def _key(stats: list[dict], tok_cfg: TokenizerConfig, doc_per_line: bool, val_fraction: float,
+         split_sentences: bool = False) -> str:
     if any(s["path"] == STDIN for s in stats):
         return hashlib.sha256(uuid.uuid4().bytes).hexdigest()  # stdin is never cached
     tok = dataclasses.asdict(tok_cfg)
     if tok_cfg.path and Path(tok_cfg.path).is_file():  # the file's content matters, not its name
         tok["path"] = hashlib.sha256(Path(tok_cfg.path).read_bytes()).hexdigest()
-    blob = json.dumps([stats, tok, doc_per_line, float(val_fraction), FORMAT, VERSION], sort_keys=True)
+    settings = [stats, tok, doc_per_line, float(val_fraction), FORMAT, VERSION]
+    if split_sentences:  # only when set, so corpora tokenized before the option keep their keys
+        settings.append("split_sentences")
+    blob = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def corpus_key(inputs: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool = False, val_fraction: float = 0.05) -> str:
+def corpus_key(inputs: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool = False, val_fraction: float = 0.05,
+               split_sentences: bool = False) -> str:
     """Cache key of a tokenize run: inputs (paths, sizes, mtimes), tokenizer settings, split settings."""
-    return _key(_input_stats(_expand_inputs(inputs)), tok_cfg, doc_per_line, val_fraction)
+    return _key(_input_stats(_expand_inputs(inputs)), tok_cfg, doc_per_line, val_fraction, split_sentences)
 
 
 def _spool_stdin(files: list[str], tmp: Path) -> list[str]:
@@ -214,7 +220,7 @@ def _encoder(spec: tuple):
     """In each worker: unit -> batches of encoded documents (see shards.write_shards)."""
     from tokenizers import Tokenizer
 
-    tok_json, doc_per_line = spec
+    tok_json, doc_per_line, split = spec
     tok = Tokenizer.from_str(tok_json)
 
     def batches(unit):
@@ -237,7 +243,7 @@ def _encoder(spec: tuple):
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = None
             for batch in batches(unit):
-                job = pool.submit(_encode, {"text": batch}, tok)
+                job = pool.submit(_encode, {"text": batch}, tok, split)
                 if pending is not None:
                     yield pending.result()
                 pending = job
@@ -258,14 +264,17 @@ def _totals(rb) -> dict:
             "tokens": total(pc.list_value_length(rb["input_ids"])), "bytes": total(rb["num_bytes"])}
 
 
-def _encode(batch: dict, tok) -> dict:
-    """Documents -> the corpus' Arrow columns, built from flat arrays and offsets: no Python work per token."""
+def _encode(batch: dict, tok, split_sentences: bool = False) -> dict:
+    """Documents -> the corpus' Arrow columns, built from flat arrays and offsets: no Python work per token.
+    A document's sentences are its lines, or with `split_sentences` the sentences within its lines."""
     import pyarrow as pa
 
     docs = batch["text"]
     lines, per_doc = [], []
     for doc in docs:
         doc_lines = _split_lines(doc)
+        if split_sentences:
+            doc_lines = [piece for line in doc_lines for piece in split_text_sentences(line)]
         lines.extend(doc_lines)
         per_doc.append(len(doc_lines))
     # encode_batch, not encode_batch_fast: the fast path leaves word_ids empty, and whole-word masking needs them.
@@ -339,7 +348,8 @@ def tokenizer_entry(tok_cfg: TokenizerConfig, lines) -> tuple:
                  "vocab_size": tok.get_vocab_size(), "special_tokens": specials, "special_token_ids": ids}
 
 
-def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int, key: str, n_train) -> dict:
+def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int, key: str, n_train,
+                  split_sentences: bool = False) -> dict:
     """Encode the documents of `units` into tmp/dataset (train = the first n_train(n) of n documents,
     validation the rest); returns the counts per split. Raises PlmError if `n_train` does."""
     from datasets import Features, Sequence, Value
@@ -351,7 +361,7 @@ def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int
     features = Features({"input_ids": Sequence(Value("int32")), "sentence_starts": Sequence(Value("int32")),
                          "word_starts": Sequence(Value("bool")), "num_bytes": Value("int64")})
     try:
-        shards = list(write_shards(units, _encoder, (tok.to_str(), doc_per_line), features, _totals,
+        shards = list(write_shards(units, _encoder, (tok.to_str(), doc_per_line, split_sentences), features, _totals,
                                    tmp / ".shards", num_proc, [u[3] for u in units]))
         cut = n_train(sum(sh["rows"] for sh in shards))
         sums = file_splits(tmp / "dataset", shards, cut, features, _totals, key[:16])
@@ -361,7 +371,7 @@ def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int
 
 
 def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool,
-           val_fraction: float, num_proc: int, key: str) -> dict:
+           val_fraction: float, num_proc: int, key: str, split_sentences: bool = False) -> dict:
     """Two streamed passes over the text: train the tokenizer, then encode `num_proc` pieces at a time.
 
     Memory stays flat in corpus size: the tokenizer trainer keeps counts of distinct words, each worker
@@ -375,17 +385,18 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
         raise PlmError("the input contains no text (every line is blank)", "check the input files")
     tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in _text_lines(name)))
     counts = encode_splits(tmp, _plan_units(files), tok, doc_per_line, num_proc, key,
-                           lambda n: n - _num_validation(n, val_fraction))
+                           lambda n: n - _num_validation(n, val_fraction), split_sentences)
     tok.save(str(tmp / "tokenizer.json"))
     (tmp / ".stdin.txt").unlink(missing_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "tokenizer": entry, "inputs": inputs, "doc_per_line": doc_per_line,
-            "val_fraction": val_fraction, "counts": counts, "key": key}
+            "split_sentences": split_sentences, "val_fraction": val_fraction, "counts": counts, "key": key}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
 
 
 def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerConfig, doc_per_line: bool = False,
-                    val_fraction: float = 0.05, num_proc: int = 1, force: bool = False) -> dict:
+                    val_fraction: float = 0.05, num_proc: int = 1, force: bool = False,
+                    split_sentences: bool = False) -> dict:
     """Train (or load) a tokenizer and encode `inputs` into `out_dir`; returns the corpus meta.
 
     Reuses `out_dir` when it already holds this exact corpus (same key) unless `force`.
@@ -396,10 +407,11 @@ def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerCo
         raise PlmError(f"num_proc must be at least 1, got {num_proc}", "use e.g. --num-proc 4")
     out_dir = Path(out_dir)
     files = _expand_inputs(inputs)
-    key = _key(_input_stats(files), tok_cfg, doc_per_line, val_fraction)
+    key = _key(_input_stats(files), tok_cfg, doc_per_line, val_fraction, split_sentences)
 
     return build_atomically(out_dir, key, _read_meta,
-                            lambda tmp: _build(tmp, files, tok_cfg, doc_per_line, val_fraction, num_proc, key), "plm tokenize", force)
+                            lambda tmp: _build(tmp, files, tok_cfg, doc_per_line, val_fraction, num_proc, key,
+                                               split_sentences), "plm tokenize", force)
 
 
 # ----------------------------------------------------------------------------- using a corpus
@@ -419,11 +431,12 @@ def prepare_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cache
     if len(inputs) == 1 and inputs[0] != STDIN and Path(inputs[0]).is_dir():
         if _read_meta(Path(inputs[0])) or _is_derived_data(Path(inputs[0])):
             return Path(inputs[0])
-    key = corpus_key(inputs, tok_cfg, data_cfg.doc_per_line, data_cfg.val_fraction)
+    key = corpus_key(inputs, tok_cfg, data_cfg.doc_per_line, data_cfg.val_fraction, data_cfg.split_sentences)
     out = Path(cache_root) if cache_root is not None else default_cache_dir()
     out = out / "corpora" / key[:16]
     tokenize_corpus(inputs, out, tok_cfg, doc_per_line=data_cfg.doc_per_line,
-                    val_fraction=data_cfg.val_fraction, num_proc=data_cfg.num_proc)
+                    val_fraction=data_cfg.val_fraction, num_proc=data_cfg.num_proc,
+                    split_sentences=data_cfg.split_sentences)
     return out
 
 

@@ -313,10 +313,11 @@ def _check_corpus(stats: dict, pairs: str) -> None:
     if pairs == "nsp" and stats["documents"] < 2:
         raise PlmError("--pairs nsp needs at least 2 documents (random next segments come from other documents), "
                        "but the corpus has 1", "use --pairs sop or --pairs none, or tokenize more documents "
-                       "(documents are separated by blank lines)")
+                       "(documents are separated by blank lines; --doc-per-line: one per line)")
     if pairs != "none" and stats["max_sentences"] < 2:
         raise PlmError(f"--pairs {pairs} needs documents with at least 2 sentences (lines), but every document "
-                       "of the corpus has one", "use --pairs none, or tokenize without --doc-per-line")
+                       "of the corpus has one", "use --pairs none, or tokenize with --split-sentences (pretrain: "
+                       "--set data.split_sentences=true), or without --doc-per-line")
 
 
 def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,

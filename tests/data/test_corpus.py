@@ -319,8 +319,9 @@ def test_prepare_corpus(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- vectorised encoding
 
 
-def _reference_encode(batch: dict, tok) -> dict:
+def _reference_encode(batch: dict, tok, split_sentences: bool = False) -> dict:
     """`corpus._encode` as it was, token by token in Python: the output the vectorised one must equal."""
+    assert not split_sentences  # the reference reads lines as sentences, as the files it is compared on
     lines, per_doc = [], []
     for doc in batch["text"]:
         doc_lines = corpus._split_lines(doc)
