@@ -215,7 +215,9 @@ class OwnDataTask(Task):
         found = next((c for c in _GUESSES[role] if c in cols), None)
         if found is None:
             raise PlmError(f"{table.path}: no {role} column found (looked for {', '.join(_GUESSES[role])}); "
-                           f"its columns: {_shown(cols)}", f"name it with {_FLAGS[role]}")
+                           f"its columns: {_shown(cols)}",
+                           f"name it with {_FLAGS[role]}; a file without a header row takes 0-based column numbers, "
+                           f"e.g. --text-col 0 --label-col 1")
         return found
 
     def _given(self, role: str) -> str | None:
