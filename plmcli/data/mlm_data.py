@@ -133,16 +133,19 @@ def _flatten(ds, prefix: Path) -> dict:
     return {"documents": n_docs, "sentences": n_sent, "tokens": n_tok, "max_sentences": max_sents}
 
 
+def chinese_row_starts(ids, sentence_starts, word_starts, vocab: list[str]) -> np.ndarray:
+    """One document's word starts with jieba's Chinese words joined (each sentence segmented on its own)."""
+    ws = np.asarray(word_starts, dtype=bool).copy()
+    bounds = list(sentence_starts) + [len(ids)]
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e > s:
+            ws[s:e] &= chinese_word_starts([vocab[i] for i in ids[s:e]])
+    return ws
+
+
 def _chinese_batch(batch: dict, vocab: list[str]) -> dict:
-    out = []
-    for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
-        ws = np.asarray(ws, dtype=bool)
-        bounds = list(starts) + [len(ids)]
-        for s, e in zip(bounds[:-1], bounds[1:]):
-            if e > s:
-                ws[s:e] &= chinese_word_starts([vocab[i] for i in ids[s:e]])
-        out.append(ws.tolist())
-    return {"word_starts": out}
+    return {"word_starts": [chinese_row_starts(ids, starts, ws, vocab).tolist()
+                            for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"])]}
 
 
 def _knowledge_batch(batch: dict, lexicon: Lexicon, vocab: list[str] | None) -> dict:
@@ -162,12 +165,14 @@ def knowledge_lexicon(corpus_dir: Path, lexicon) -> tuple[Lexicon, list[str] | N
     lex = Lexicon.load(lexicon, load_tokenizer(Path(corpus_dir) / "tokenizer.json"),
                        meta.get("special_token_ids", {}).get("unk"))
     kind = meta.get("kind", "")
-    return lex, None if kind == "bytelevel-bpe" else _text_vocab(Path(corpus_dir), kind)
+    return lex, None if kind == "bytelevel-bpe" else text_vocab(Path(corpus_dir))
 
 
-def _text_vocab(corpus_dir: Path, kind: str) -> list[str]:
+def text_vocab(corpus_dir: Path) -> list[str]:
+    """Token id -> its text (for jieba), from the corpus's tokenizer; byte-level BPE is refused."""
     from plmcli.data.tokenizers import load_tokenizer
 
+    kind = _require_meta(Path(corpus_dir))["tokenizer"].get("kind", "")
     if kind == "bytelevel-bpe":
         raise PlmError("--masking chinese-wwm needs a tokenizer whose tokens are text; byte-level BPE tokens are bytes",
                        "re-run `plm tokenize` with --tokenizer wordpiece (or char), as Chinese BERT does")
@@ -376,7 +381,7 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
     source = load_from_disk(str(corpus_dir / "dataset"))
     tok_meta = cmeta["tokenizer"]
     masking = settings["masking"]
-    vocab = _text_vocab(corpus_dir, tok_meta.get("kind", "")) if masking == "chinese-wwm" else None
+    vocab = text_vocab(corpus_dir) if masking == "chinese-wwm" else None
     lexicon = knowledge_lexicon(corpus_dir, settings["lexicon"]) if masking == "knowledge" else None
 
     stats, prefix = {}, {}

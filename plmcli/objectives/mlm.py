@@ -29,6 +29,7 @@ from plmcli.objectives.base import Objective, StepOutput
 MLM_FORMAT = "plm-mlm"
 MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span", "knowledge")
 PAIRS = ("nsp", "sop", "none")
+STRATEGY = {"chinese-wwm": "wwm"}  # masking -> mask_batch strategy: Chinese words are whole words
 _WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the masks draw independent streams
 
 
@@ -95,9 +96,6 @@ class MaskedLM(Objective):
         if not cfg.cross_documents and cfg.dynamic:
             raise PlmError("objective.cross_documents false is built by make-mlm-data; dynamic masking packs the token stream",
                            "set objective.dynamic=false (static data, dupe_factor maskings), or objective.cross_documents=true")
-        if cfg.dynamic and cfg.masking == "chinese-wwm":
-            raise PlmError("chinese-wwm needs jieba word boundaries, which only make-mlm-data computes",
-                           "set objective.dynamic=false, or objective.masking=wwm")
         from plmcli.data.masking import check_ngram_probs, check_span, read_lexicon
 
         check_span(cfg.span_p, cfg.span_max, ("objective.span_p", "objective.span_max"))
@@ -221,6 +219,8 @@ class MaskedLM(Objective):
         W = T - 2  # [CLS] window [SEP]
         if c.masking == "knowledge":
             starts = knowledge_start_stream(data_dir, split, sep, c.lexicon)
+        elif c.masking == "chinese-wwm":
+            starts = chinese_word_start_stream(data_dir, split, sep)
         else:
             starts = word_start_stream(data_dir, split, sep) if c.masking != "token" else None
         shift = shuffle  # a fresh window alignment each epoch, as CausalLM
@@ -264,7 +264,8 @@ class MaskedLM(Objective):
         for r, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
             masked[r], target[r] = mask_batch(
                 ids[r], special[r], None if ws is None else ws[r], rng, mask_prob=c.mask_prob,
-                max_predictions=c.max_predictions, strategy=c.masking, mask_id=self._id("mask"), vocab_size=vocab,
+                max_predictions=c.max_predictions, strategy=STRATEGY.get(c.masking, c.masking),
+                mask_id=self._id("mask"), vocab_size=vocab,
                 replace_probs=tuple(c.replace_probs), random_ids=random_ids, span_p=c.span_p, span_max=c.span_max,
                 ngram_probs=tuple(c.ngram_probs))
         positions = np.flatnonzero(target)  # row-major: b·T + t
@@ -405,25 +406,49 @@ def word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
 def knowledge_start_stream(corpus_dir: Path, split: str, sep_id: int, lexicon: str) -> np.ndarray:
     """Like `word_start_stream`, with ERNIE's units instead of words: every match of `lexicon` starts one
     unit and continues to its end (`masking.Lexicon.word_starts`). Cached per lexicon content."""
+    from plmcli.data.masking import lexicon_key
+    from plmcli.data.mlm_data import knowledge_lexicon
+
+    def units(corpus_dir):
+        lex, vocab = knowledge_lexicon(corpus_dir, lexicon)
+        return lambda ids, starts, ws: lex.word_starts(np.asarray(ids), ws, starts,
+                                                       [vocab[i] for i in ids] if vocab is not None else None)
+
+    return _unit_stream(corpus_dir, split, sep_id, f"units-{lexicon_key(lexicon)[:16]}", units)
+
+
+def chinese_word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
+    """Like `word_start_stream`, with Chinese words (jieba, as make-mlm-data's chinese-wwm) as the words:
+    Chinese-BERT-wwm's units for dynamic masking (RoBERTa-wwm)."""
+    from plmcli.data.mlm_data import chinese_row_starts, text_vocab
+
+    def units(corpus_dir):
+        vocab = text_vocab(corpus_dir)
+        return lambda ids, starts, ws: chinese_row_starts(ids, starts, ws, vocab)
+
+    return _unit_stream(corpus_dir, split, sep_id, "jieba-words", units)
+
+
+def _unit_stream(corpus_dir: Path, split: str, sep_id: int, name: str, make_row_fn) -> np.ndarray:
+    """Masking units' starts, flat in step with `token_stream`: `make_row_fn(corpus_dir)` gives a function of
+    one document's (ids, sentence_starts, word_starts) -> its unit starts. Computed once, cached next to
+    the tokens (one byte per token, written to a temp file and renamed)."""
     import os
     import tempfile
 
     from datasets import load_from_disk
 
-    from plmcli.data.masking import lexicon_key
-    from plmcli.data.mlm_data import knowledge_lexicon
-
     corpus_dir = Path(corpus_dir)
-    path = corpus_dir / f"{split}.{sep_id}.units-{lexicon_key(lexicon)[:16]}.bin"
+    path = corpus_dir / f"{split}.{sep_id}.{name}.bin"
     if not path.is_file():
-        lex, vocab = knowledge_lexicon(corpus_dir, lexicon)
+        row_starts = make_row_fn(corpus_dir)
         ds = load_from_disk(str(corpus_dir / "dataset" / split))
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=corpus_dir)
         try:
             with os.fdopen(fd, "wb") as f:
                 for batch in ds.iter(batch_size=200):
                     for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
-                        units = lex.word_starts(np.asarray(ids), ws, starts, [vocab[i] for i in ids] if vocab is not None else None)
+                        units = row_starts(ids, starts, ws)
                         f.write(np.append(units, True).astype(np.bool_).tobytes())  # the separator: a unit of its own
             os.replace(tmp, path)
         except BaseException:

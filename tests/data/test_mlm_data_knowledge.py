@@ -158,6 +158,45 @@ def test_dynamic_knowledge_masking_reads_units_in_step_with_the_tokens(zh):
     assert whole > 0
 
 
+def test_dynamic_chinese_wwm_masks_jieba_words_whole(zh):
+    """RoBERTa-wwm-style: dynamic masking whose whole words are jieba's Chinese words, as make-mlm-data's
+    chinese-wwm (the cached unit stream equals its per-document word starts)."""
+    import torch
+
+    from plmcli.data.corpus import token_stream
+    from plmcli.data.mlm_data import chinese_row_starts, text_vocab
+    from plmcli.objectives.mlm import MaskedLM, MLMConfig, chinese_word_start_stream
+
+    meta = json.loads((zh / "tok" / "meta.json").read_text())
+    ids = meta["tokenizer"]["special_token_ids"]
+    units = chinese_word_start_stream(zh / "tok", "train", ids["sep"])
+    assert len(units) == len(token_stream(zh / "tok", "train", ids["sep"]))
+    doc = load_from_disk(str(zh / "tok" / "dataset"))["train"][0]
+    n = len(doc["input_ids"])
+    first = chinese_row_starts(doc["input_ids"], doc["sentence_starts"], doc["word_starts"], text_vocab(zh / "tok"))
+    assert (units[:n] == first).all() and units[n] and not first.all()  # jieba joined characters into words
+
+    obj = MaskedLM(MLMConfig(dynamic=True, pairs="none", masking="chinese-wwm", max_predictions=0), None, ids, 64)
+    tok = load_tokenizer(zh / "tok" / "tokenizer.json")
+    punct = {tok.token_to_id(t) for t in ("，", "。", "[CLS]", "[SEP]")}
+    word_ids = {tuple(tok.encode(w, add_special_tokens=False).ids) for w in WORDS}
+    s = obj.stream(zh / "tok", "train", 8, 0, 0, 1, shuffle=False)
+    whole = split = 0
+    for k in range(s.batches_per_epoch()):
+        b = s[k]
+        x = b["input_ids"].flatten().index_put((b["mlm_positions"],), b["mlm_labels"]).view_as(b["input_ids"])
+        t = torch.zeros(x.numel(), dtype=torch.bool).index_fill(0, b["mlm_positions"], True).view_as(x)
+        for r in range(len(x)):
+            row = {"input_ids": x[r].tolist(), "masked_lm_positions": torch.nonzero(t[r]).flatten().tolist()}
+            row["masked_lm_labels"] = [row["input_ids"][p] for p in row["masked_lm_positions"]]
+            ids_r, target, runs = chunks(row, punct)
+            for a, e in runs[1:-1]:  # a window may cut the first and last chunk
+                if tuple(ids_r[a:e].tolist()) in word_ids:
+                    whole += bool(target[a:e].all())
+                    split += bool(target[a:e].any() and not target[a:e].all())
+    assert whole > 20 and split == 0
+
+
 def test_static_span_settings_reach_the_masking(zh, tmp_path, monkeypatch):
     from plmcli.data import mlm_data
 
