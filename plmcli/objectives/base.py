@@ -21,7 +21,13 @@ class StepOutput:
 
 
 class Objective:
-    """Owns masking, collation and loss. Subclasses set `Config` and implement the methods below."""
+    """Owns masking, collation and loss. Subclasses set `Config` and implement the methods below.
+
+    An objective that can train on text streamed as it trains (`plm pretrain --streaming`, data/streaming.py)
+    also has `window_size()` (tokens per row read from the stream), `window_batch(x, key, seed)` (a (B, W)
+    tensor of token windows -> a training batch; `key`, the stream position, seeds anything random) and
+    `streaming_problem(cfg)` (a staticmethod: None, or (message, fix) when its settings cannot stream).
+    """
 
     Config: type
     default_data = "shakespeare-sample.txt"
