@@ -45,6 +45,20 @@ def chunks(row, punct):
     return ids, target, [(s + 1, e) for s, e in zip(bounds[:-1], bounds[1:]) if e - s > 1]
 
 
+def stream_chunks(stream, punct):
+    """chunks() of every row of every batch of a dynamic MLM stream."""
+    import torch
+
+    for k in range(stream.batches_per_epoch()):
+        b = stream[k]
+        x = b["input_ids"].flatten().index_put((b["mlm_positions"],), b["mlm_labels"]).view_as(b["input_ids"])
+        t = torch.zeros(x.numel(), dtype=torch.bool).index_fill(0, b["mlm_positions"], True).view_as(x)
+        for r in range(len(x)):
+            row = {"input_ids": x[r].tolist(), "masked_lm_positions": torch.nonzero(t[r]).flatten().tolist()}
+            row["masked_lm_labels"] = [row["input_ids"][p] for p in row["masked_lm_positions"]]
+            yield chunks(row, punct)
+
+
 def test_lexicon_phrases_and_jieba_words_are_masked_whole(zh, tmp_path):
     out = tmp_path / "ernie"
     meta = make_mlm_data(zh / "tok", out, max_seq_len=64, dupe_factor=3, max_predictions=0, masking="knowledge",
@@ -118,8 +132,6 @@ def test_cli_options(zh, tmp_path):
 
 
 def test_dynamic_knowledge_masking_reads_units_in_step_with_the_tokens(zh):
-    import torch
-
     from plmcli.data.corpus import token_stream
     from plmcli.data.mlm_data import knowledge_lexicon
     from plmcli.objectives.mlm import MaskedLM, MLMConfig, knowledge_start_stream
@@ -141,28 +153,18 @@ def test_dynamic_knowledge_masking_reads_units_in_step_with_the_tokens(zh):
     tok = load_tokenizer(zh / "tok" / "tokenizer.json")
     punct = {tok.token_to_id(t) for t in ("，", "。", "[CLS]", "[SEP]")}
     phrase_ids = {tuple(tok.encode(p, add_special_tokens=False).ids) for p in PHRASES}
-    s = obj.stream(zh / "tok", "train", 8, 0, 0, 1, shuffle=False)
     whole = 0
-    for k in range(s.batches_per_epoch()):
-        b = s[k]
-        x = b["input_ids"].flatten().index_put((b["mlm_positions"],), b["mlm_labels"]).view_as(b["input_ids"])
-        t = torch.zeros(x.numel(), dtype=torch.bool).index_fill(0, b["mlm_positions"], True).view_as(x)
-        for r in range(len(x)):
-            row = {"input_ids": x[r].tolist(), "masked_lm_positions": torch.nonzero(t[r]).flatten().tolist()}
-            row["masked_lm_labels"] = [row["input_ids"][p] for p in row["masked_lm_positions"]]
-            ids_r, target, runs = chunks(row, punct)
-            for a, e in runs[1:-1]:  # a window may cut the first and last chunk
-                if tuple(ids_r[a:e].tolist()) in phrase_ids:
-                    assert target[a:e].all() or not target[a:e].any()
-                    whole += bool(target[a])
+    for ids_r, target, runs in stream_chunks(obj.stream(zh / "tok", "train", 8, 0, 0, 1, shuffle=False), punct):
+        for a, e in runs[1:-1]:  # a window may cut the first and last chunk
+            if tuple(ids_r[a:e].tolist()) in phrase_ids:
+                assert target[a:e].all() or not target[a:e].any()
+                whole += bool(target[a])
     assert whole > 0
 
 
 def test_dynamic_chinese_wwm_masks_jieba_words_whole(zh):
     """RoBERTa-wwm-style: dynamic masking whose whole words are jieba's Chinese words, as make-mlm-data's
     chinese-wwm (the cached unit stream equals its per-document word starts)."""
-    import torch
-
     from plmcli.data.corpus import token_stream
     from plmcli.data.mlm_data import chinese_row_starts, text_vocab
     from plmcli.objectives.mlm import MaskedLM, MLMConfig, chinese_word_start_stream
@@ -180,20 +182,12 @@ def test_dynamic_chinese_wwm_masks_jieba_words_whole(zh):
     tok = load_tokenizer(zh / "tok" / "tokenizer.json")
     punct = {tok.token_to_id(t) for t in ("，", "。", "[CLS]", "[SEP]")}
     word_ids = {tuple(tok.encode(w, add_special_tokens=False).ids) for w in WORDS}
-    s = obj.stream(zh / "tok", "train", 8, 0, 0, 1, shuffle=False)
     whole = split = 0
-    for k in range(s.batches_per_epoch()):
-        b = s[k]
-        x = b["input_ids"].flatten().index_put((b["mlm_positions"],), b["mlm_labels"]).view_as(b["input_ids"])
-        t = torch.zeros(x.numel(), dtype=torch.bool).index_fill(0, b["mlm_positions"], True).view_as(x)
-        for r in range(len(x)):
-            row = {"input_ids": x[r].tolist(), "masked_lm_positions": torch.nonzero(t[r]).flatten().tolist()}
-            row["masked_lm_labels"] = [row["input_ids"][p] for p in row["masked_lm_positions"]]
-            ids_r, target, runs = chunks(row, punct)
-            for a, e in runs[1:-1]:  # a window may cut the first and last chunk
-                if tuple(ids_r[a:e].tolist()) in word_ids:
-                    whole += bool(target[a:e].all())
-                    split += bool(target[a:e].any() and not target[a:e].all())
+    for ids_r, target, runs in stream_chunks(obj.stream(zh / "tok", "train", 8, 0, 0, 1, shuffle=False), punct):
+        for a, e in runs[1:-1]:  # a window may cut the first and last chunk
+            if tuple(ids_r[a:e].tolist()) in word_ids:
+                whole += bool(target[a:e].all())
+                split += bool(target[a:e].any() and not target[a:e].all())
     assert whole > 20 and split == 0
 
 
