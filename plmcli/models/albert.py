@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from plmcli.errors import PlmError
-from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead
+from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, absolute_embeddings
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import FeedForward, MultiHeadAttention, bidirectional, init_weights, require_vocab
 
@@ -91,19 +91,9 @@ class Albert(MaskedLMEncoder):
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.wte.weight
 
-    @property
-    def max_positions(self) -> int:
-        return self.cfg.max_positions - self.cfg.position_offset
-
     def encode(self, input_ids, token_type_ids=None, attention_mask=None):
         """(B, T) ids -> ((B, T, H) hidden states, (B, H) pooled [CLS] or None). attention_mask: 1 = token, 0 = padding."""
-        B, T = input_ids.shape
-        if T > self.max_positions:
-            raise ValueError(f"sequence of {T} tokens exceeds max_positions={self.max_positions}")
-        pos = torch.arange(self.cfg.position_offset, self.cfg.position_offset + T, device=input_ids.device)
-        x = self.wte(input_ids) + self.wpe(pos)  # (B, T, E)
-        if self.wtt is not None:
-            x = x + (self.wtt(token_type_ids) if token_type_ids is not None else self.wtt.weight[0])
+        x = absolute_embeddings(self, input_ids, token_type_ids)  # (B, T, E)
         x = self.emb_proj(self.drop(self.ln_emb(x)))  # (B, T, H)
         x = bidirectional(self._layers, x, attention_mask)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, H)

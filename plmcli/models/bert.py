@@ -94,6 +94,20 @@ class MLMHead(nn.Module):
         return self.decoder(self.ln(self.act(self.dense(h))))
 
 
+def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> torch.Tensor:
+    """BERT's input before its LayerNorm: token + learned absolute position (+ segment) embeddings, from
+    `model`'s `wte`, `wpe` and `wtt` (None: no segments), positions from cfg.position_offset (RoBERTa)."""
+    T = input_ids.shape[1]
+    if T > model.max_positions:
+        raise ValueError(f"sequence of {T} tokens exceeds max_positions={model.max_positions}")
+    offset = getattr(model.cfg, "position_offset", 0)
+    x = model.wte(input_ids) + model.wpe(torch.arange(offset, offset + T, device=input_ids.device))  # (B, T, C)
+    if model.wtt is not None:
+        # No segment ids = all segment 0: add its row instead of looking up B·T zeros.
+        x = x + (model.wtt(token_type_ids) if token_type_ids is not None else model.wtt.weight[0])
+    return x
+
+
 class MaskedLMEncoder(nn.Module):
     """What objective `mlm` and `plm finetune` call on every BERT-style family (BERT, ALBERT, NEZHA).
 
@@ -110,6 +124,12 @@ class MaskedLMEncoder(nn.Module):
 
     def encode(self, input_ids, token_type_ids=None, attention_mask=None):
         raise NotImplementedError
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the model can read (the table minus RoBERTa's offset)."""
+        return self.cfg.max_positions - getattr(self.cfg, "position_offset", 0)
+
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> BertOutput:
         """Encode, then the heads.
@@ -160,25 +180,12 @@ class Bert(MaskedLMEncoder):
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.wte.weight
 
-    @property
-    def max_positions(self) -> int:
-        """The longest sequence the model can read (the table minus RoBERTa's offset)."""
-        return self.cfg.max_positions - self.cfg.position_offset
-
     def encode(self, input_ids, token_type_ids=None, attention_mask=None):
         """(B, T) ids -> ((B, T, C) hidden states, (B, C) pooled [CLS] or None).
 
         attention_mask (B, T): 1 = token, 0 = padding (padding is never attended to).
         """
-        B, T = input_ids.shape
-        if T > self.max_positions:
-            raise ValueError(f"sequence of {T} tokens exceeds max_positions={self.max_positions}")
-        pos = torch.arange(self.cfg.position_offset, self.cfg.position_offset + T, device=input_ids.device)
-        x = self.wte(input_ids) + self.wpe(pos)  # (B, T, C)
-        if self.wtt is not None:
-            # No segment ids = all segment 0: add its row instead of looking up B·T zeros.
-            x = x + (self.wtt(token_type_ids) if token_type_ids is not None else self.wtt.weight[0])
-        x = self.drop(self.ln_emb(x))
+        x = self.drop(self.ln_emb(absolute_embeddings(self, input_ids, token_type_ids)))
         x = bidirectional(self._blocks, x, attention_mask)
         if self.ln_f is not None:
             x = self.ln_f(x)

@@ -27,7 +27,8 @@ from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import ACTIVATIONS, Block, init_weights, require_vocab
+from plmcli.models.bert import absolute_embeddings
+from plmcli.models.layers import ACTIVATIONS, Block, bidirectional, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")
 
@@ -104,9 +105,12 @@ class Transformer(nn.Module):
             for _ in range(cfg.n_layer)
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # (B, T, E) -> (B, T, C)
+        return bidirectional(self._blocks, x, attention_mask)
+
+    def _blocks(self, x, mask):
         for block in self.blocks:
             x = block(x, causal=False, attn_mask=mask)
         return x
@@ -172,25 +176,13 @@ class Electra(nn.Module):
     def max_positions(self) -> int:
         return self.cfg.max_positions
 
-    def _embed(self, input_ids, token_type_ids, attention_mask):
-        """Shared embeddings (B, T, E) and the SDPA key mask (None without padding)."""
-        B, T = input_ids.shape
-        if T > self.max_positions:
-            raise ValueError(f"sequence of {T} tokens exceeds max_positions={self.max_positions}")
-        x = self.wte(input_ids) + self.wpe(torch.arange(T, device=input_ids.device))  # (B, T, E)
-        if self.wtt is not None:
-            x = x + (self.wtt(token_type_ids) if token_type_ids is not None else self.wtt.weight[0])
-        x = self.drop(self.ln_emb(x))
-        # As Bert: a boolean key mask (B, 1, 1, T) only when there is padding, so SDPA keeps its fast kernels.
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = attention_mask.bool()[:, None, None, :]
-        return x, mask
+    def _embed(self, input_ids, token_type_ids):
+        """The shared embeddings (B, T, E), as BERT's."""
+        return self.drop(self.ln_emb(absolute_embeddings(self, input_ids, token_type_ids)))
 
     def encode(self, input_ids, token_type_ids=None, attention_mask=None):
         """(B, T) ids -> ((B, T, C) discriminator states, None): there is no pooler; use [CLS]'s state."""
-        x, mask = self._embed(input_ids, token_type_ids, attention_mask)
-        return self.discriminator(x, mask), None
+        return self.discriminator(self._embed(input_ids, token_type_ids), attention_mask), None
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None,
                 part: str = "generator") -> ElectraOutput:
@@ -198,11 +190,11 @@ class Electra(nn.Module):
         position), so `model(ids)` is a masked LM. part="discriminator": one replaced-token logit per token."""
         if part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
-        x, mask = self._embed(input_ids, token_type_ids, attention_mask)
+        x = self._embed(input_ids, token_type_ids)
         if part == "discriminator":
-            h = self.discriminator(x, mask)
+            h = self.discriminator(x, attention_mask)
             return ElectraOutput(h, None, self.rtd(h))
-        h = self.generator(x, mask)
+        h = self.generator(x, attention_mask)
         at = h if mlm_positions is None else h.flatten(0, 1).index_select(0, mlm_positions)
         return ElectraOutput(h, self.mlm(at), None)
 

@@ -94,6 +94,33 @@ def test_an_encoder_run_unpadded_equals_its_padded_forward_and_gradients(index, 
             torch.testing.assert_close(gu, gp, rtol=0, atol=1e-5)
 
 
+def test_electra_runs_unpadded_as_padded(monkeypatch):
+    from plmcli.models import layers
+    from plmcli.models.electra import Electra, ElectraConfig
+
+    torch.manual_seed(0)
+    m = Electra(ElectraConfig(vocab_size=50, max_positions=16, n_layer=2, n_head=2, d_model=16, d_ff=32,
+                              embedding_size=8, dropout=0.0, attn_dropout=0.0)).train()
+    mask = _mask()
+    ids = torch.randint(5, 50, mask.shape) * mask
+    keep = mask.bool()
+
+    def run():
+        gen = m(ids, attention_mask=mask).hidden
+        disc = m(ids, attention_mask=mask, part="discriminator").rtd_logits
+        return gen, disc, torch.autograd.grad((gen[keep] ** 2).sum() + (disc[keep] ** 2).sum(), list(m.parameters()),
+                                              allow_unused=True)
+
+    gen_p, disc_p, grads_p = run()
+    monkeypatch.setattr(layers, "unpadded_attention", lambda device: True)
+    gen_u, disc_u, grads_u = run()
+    torch.testing.assert_close(gen_u[keep], gen_p[keep], rtol=0, atol=1e-5)
+    torch.testing.assert_close(disc_u[keep], disc_p[keep], rtol=0, atol=1e-5)
+    for gp, gu in zip(grads_p, grads_u):
+        if gp is not None:
+            torch.testing.assert_close(gu, gp, rtol=0, atol=1e-5)
+
+
 def test_unpadded_training_with_dropout_trains(monkeypatch):
     from plmcli.models import layers
 
