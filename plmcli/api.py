@@ -208,7 +208,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         with state.main_process_first():
             data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
 
-    previous_latest = _latest_target()
+    previous_latest, made_dir = _latest_target(), not run_dir.exists()
     if state.is_main_process:
         if not resume:
             _check_new_run_dir(run_dir)
@@ -228,7 +228,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
                                 time_budget, stop_after, console)
     except PlmError:
         if state.is_main_process and not resume and not _trained(run_dir):
-            _discard_run(run_dir, previous_latest)  # bad data found by the loop: nothing half-made stays behind
+            _discard_run(run_dir, previous_latest, made_dir)  # bad data found by the loop: nothing half-made stays
         raise
     last_phase = summary.pop("_last_phase_dir")
     summary["run_dir"] = str(run_dir)
@@ -287,13 +287,18 @@ def _trained(run_dir: Path) -> bool:
         or any(run_dir.glob("**/model.safetensors"))
 
 
-def _discard_run(run_dir: Path, previous_latest: str | None) -> None:
-    """Remove a run directory this call made, and point runs/latest back where it pointed before."""
+def _discard_run(run_dir: Path, previous_latest: str | None, made_dir: bool) -> None:
+    """Remove what this call wrote into run_dir (the directory too if it made it), and point runs/latest
+    back where it pointed before."""
     import os
 
     from plmcli.train import checkpoint as ckpt
 
-    shutil.rmtree(run_dir, ignore_errors=True)
+    for child in [run_dir] if made_dir else list(run_dir.iterdir()):  # an empty --out the user made stays
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
     latest = ckpt.runs_root() / "latest"
     if latest.is_symlink() and not latest.exists():  # it points at the removed run
         latest.unlink()

@@ -124,6 +124,9 @@ def test_bad_data_leaves_no_run_behind(files, tmp_path):
     assert_clean_error(run("pretrain", "--recipe", recipe, "--data", short, "--out", runs / "bad2"), "too few")
     assert not (runs / "bad").exists() and not (runs / "bad2").exists()
     assert (runs / "latest").resolve() == (runs / "good").resolve()
+    (runs / "mine").mkdir()  # an empty --out the user made: left in place, as empty as it was
+    assert_clean_error(run("pretrain", "--recipe", recipe, "--data", short, "--out", runs / "mine"), "too few")
+    assert (runs / "mine").is_dir() and not any((runs / "mine").iterdir())
 
 
 def test_eval_ppl_on_an_encoder_run(tmp_path, monkeypatch):
