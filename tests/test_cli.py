@@ -77,6 +77,17 @@ def test_tokenize_pretrain_eval_roundtrip(files, tmp_path):
     assert_clean_error(run("eval-ppl", long_text, "--mem-len", "64"), "apply to models with memory")
 
 
+def test_tokenize_split_sentences(tmp_path):
+    reviews = tmp_path / "reviews.txt"
+    reviews.write_text("Great film. Loved it!\n好看。还想再看！真的\nNo end here\n", encoding="utf-8")
+    res = run("tokenize", reviews, "--out", tmp_path / "tok", "--tokenizer", "char", "--doc-per-line",
+              "--split-sentences", "--val-fraction", "0", "--json")
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.output)
+    assert meta["split_sentences"] is True
+    assert meta["counts"]["train"]["documents"] == 3 and meta["counts"]["train"]["sentences"] == 2 + 3 + 1
+
+
 @pytest.mark.parametrize("kind", ["missing", "empty", "binary", "latin1", "blank-gz"])
 def test_bad_corpus(kind, tmp_path):
     p = tmp_path / "in.txt"
