@@ -224,13 +224,12 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     state.wait_for_everyone()
 
     try:
-        summary = _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume,
+        summary, last_phase = _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume,
                                 time_budget, stop_after, console)
     except PlmError:
         if state.is_main_process and not resume and not _trained(run_dir):
             _discard_run(run_dir, previous_latest, made_dir)  # bad data found by the loop: nothing half-made stays
         raise
-    last_phase = summary.pop("_last_phase_dir")
     summary["run_dir"] = str(run_dir)
     if state.is_main_process:
         if names[0] is not None:  # the run's weights are its last phase's
@@ -241,8 +240,8 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
 
 
 def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume, time_budget,
-                  stop_after, console) -> dict:
-    """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); the last phase's summary."""
+                  stop_after, console) -> tuple[dict, Path]:
+    """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); (the last phase's summary, its dir)."""
     from plmcli.train import checkpoint as ckpt
 
     summary: dict = {}
@@ -268,7 +267,7 @@ def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state
             break  # stopped early: the next --resume continues this phase
         if name is not None and state.is_main_process:
             ckpt.write_json(sub / "summary.json", summary)
-    return {**summary, "_last_phase_dir": sub}
+    return summary, sub
 
 
 def _latest_target() -> str | None:

@@ -12,6 +12,7 @@ boundaries; the objective adds that loss (mean over its predictions) to the MLM 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -254,9 +255,7 @@ class MaskedLM(Objective):
         from plmcli.data.masking import mask_batch
 
         c, (B, T) = self.cfg, ids.shape
-        if getattr(self, "_random_ids", (None,))[0] != vocab:  # the ids a 10% "random token" draws from
-            self._random_ids = (vocab, np.setdiff1d(np.arange(vocab), list(self.special_ids.values())))
-        random_ids = self._random_ids[1]
+        random_ids = _random_ids(vocab, tuple(sorted(self.special_ids.values())))
         never = np.array(sorted({v for r, v in self.special_ids.items() if r != "unk"}), dtype=np.int64)
         special = np.isin(ids, never)
         rows = [slice(r, r + 1) for r in range(B)] if isinstance(rngs, list) else [slice(0, B)]
@@ -332,6 +331,12 @@ class MaskedLM(Objective):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+@functools.lru_cache(maxsize=8)
+def _random_ids(vocab: int, special: tuple[int, ...]) -> np.ndarray:
+    """The ids a 10% "random token" replacement draws from: the vocabulary without the special tokens."""
+    return np.setdiff1d(np.arange(vocab), special)
 
 
 class _NoBatches:
