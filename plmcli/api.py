@@ -136,27 +136,27 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     A recipe with `phases` trains them in order (RUN/phases/<name>/ each), every phase continuing the
     previous one's weights with a fresh optimizer and schedule. `streaming`: read, tokenize and pack the
     text files as training goes (plmcli/data/streaming.py) instead of tokenizing them first.
+    `resume` continues RUN from its last checkpoint; a run stopped before its first one starts again
+    from step 0 (its recipe, tokenizer and config are there). One process at a time trains into a run.
     """
-    import torch
+    from contextlib import ExitStack
 
     from plmcli.config import load_recipe
-    from plmcli.data.corpus import default_cache_dir
-    from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.models.registry import build_model, model_class
-    from plmcli.objectives.registry import objective_class
     from plmcli.train import checkpoint as ckpt
-    from plmcli.train.distributed import process_state
-    from plmcli.train.loop import batch_sizes
 
     _quiet_datasets_off_terminal()
+    if max_steps is not None and max_steps < 1:
+        raise PlmError(f"--max-steps {max_steps} must be ≥ 1", "e.g. --max-steps 100, or leave it out for the recipe's train.max_steps")
+    restart = False
     if resume:
         run_dir = Path(out) if out else ckpt.runs_root() / "latest"
         if not (run_dir / "recipe.yaml").is_file():
             raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN_DIR of the run to continue")
         run_dir = run_dir.resolve()
-        if not list(run_dir.glob("checkpoints/step-*")) + list(run_dir.glob("phases/*/checkpoints/step-*")) \
-                + list(run_dir.glob("phases/*/summary.json")):
-            ckpt.latest_checkpoint(run_dir)  # raises the clear "no checkpoint" error
+        if not (run_dir / RUN_CONFIG).is_file():  # stopped between its first two files: nothing to restart from
+            raise PlmError(f"no checkpoint to resume in {run_dir}, nor its {RUN_CONFIG} to start it again",
+                           f"delete {run_dir} and start the run again without --resume")
+        restart = not _has_progress(run_dir)
         r = load_recipe(str(run_dir / "recipe.yaml"), overrides)
         prev = json.loads((run_dir / RUN_CONFIG).read_text())
         if streaming and not prev.get("streaming"):
@@ -173,12 +173,39 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     names = [ph["name"] for ph in r.phases] or [None]
     stages = [r.phase(i) for i in range(len(r.phases))] or [r]
     for st in stages:
-        st.train.max_steps = max_steps or st.train.max_steps
+        st.train.max_steps = max_steps if max_steps is not None else st.train.max_steps
         st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
+        if st.train.max_nonfinite_steps < 1:
+            raise PlmError(f"train.max_nonfinite_steps {st.train.max_nonfinite_steps} must be ≥ 1",
+                           "e.g. --set train.max_nonfinite_steps=10 (1 stops at the first non-finite loss)")
+    with ExitStack() as held:  # the run's lock, released however this ends
+        return _pretrain_run(r, names, stages, data, run_dir, resume, restart, streaming, time_budget, stop_after,
+                             console, held)
 
+
+def _pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: bool, streaming: bool, time_budget,
+                  stop_after, console, held) -> dict:
+    """pretrain() once its recipe and run directory are known: prepare the data, lock and fill the run
+    directory, train every phase, write the summary."""
+    import shlex
+
+    import torch
+
+    from plmcli.data.corpus import default_cache_dir
+    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.errors import Interrupted
+    from plmcli.models.registry import build_model, model_class
+    from plmcli.objectives.registry import objective_class
+    from plmcli.train import checkpoint as ckpt
+    from plmcli.train.distributed import process_state
+    from plmcli.train.loop import batch_sizes
+
+    continue_with = f"plm pretrain --resume --out {shlex.quote(str(run_dir))}"
+    state = process_state(r.train.dist_timeout)  # on N processes (accelerate launch, torchrun) they all get here
+    if resume and state.is_main_process:  # before any work: a second trainer of this run refuses at once
+        held.enter_context(ckpt.RunLock(run_dir))
     shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
     inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
-    state = process_state(r.train.dist_timeout)  # on N processes (accelerate launch, torchrun) they all get here
     fits = hasattr(model_class(r.family), "fit")
     for st in stages if not fits else []:  # a batch that does not split over the processes fails before tokenizing
         batch_sizes(st.train.global_batch_size, st.train.micro_batch_size, state.num_processes)
@@ -210,9 +237,13 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
 
     previous_latest, made_dir = _latest_target(), not run_dir.exists()
     if state.is_main_process:
+        if restart:  # stopped before its first checkpoint: what it left goes, and it starts as a fresh run would
+            _clear_progress(run_dir)
+            ckpt.write_text(run_dir / "recipe.yaml", r.to_yaml())
         if not resume:
             _check_new_run_dir(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
+            held.enter_context(ckpt.RunLock(run_dir))
             ckpt.write_text(run_dir / "recipe.yaml", r.to_yaml())
             shutil.copyfile(corpus_dir / "tokenizer.json", run_dir / "tokenizer.json")
             ckpt.write_json(run_dir / RUN_CONFIG, {
@@ -225,22 +256,29 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
 
     try:
         summary, last_phase = _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume,
-                                time_budget, stop_after, console)
+                                            time_budget, stop_after, console, continue_with)
+    except ckpt.RunStopped:  # it trained, and stopped resumable (non-finite loss, a write that failed): the run stays
+        raise
     except PlmError:
         if state.is_main_process and not resume and not _trained(run_dir):
             _discard_run(run_dir, previous_latest, made_dir)  # bad data found by the loop: nothing half-made stays
         raise
+    except KeyboardInterrupt:  # before a phase's loop took charge of Ctrl-C (it raises Interrupted itself)
+        raise Interrupted(f"stopped before the next checkpoint of {run_dir}; `{continue_with}` continues from the "
+                          "last one (or from step 0 if there is none)") from None
     summary["run_dir"] = str(run_dir)
     if state.is_main_process:
         if names[0] is not None:  # the run's weights are its last phase's
-            shutil.copyfile(last_phase / "model.safetensors", run_dir / ".model.safetensors.tmp")
-            Path(run_dir / ".model.safetensors.tmp").replace(run_dir / "model.safetensors")
-        ckpt.write_json(run_dir / "summary.json", summary)
+            tmp = run_dir / ".model.safetensors.tmp"
+            with ckpt.writing("model.safetensors", tmp, continue_with):
+                shutil.copyfile(last_phase / "model.safetensors", tmp)
+                tmp.replace(run_dir / "model.safetensors")
+        ckpt.write_json(run_dir / "summary.json", summary, continue_with)
     return summary
 
 
 def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume, time_budget,
-                  stop_after, console) -> tuple[dict, Path]:
+                  stop_after, console, continue_with=None) -> tuple[dict, Path]:
     """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); (the last phase's summary, its dir)."""
     from plmcli.train import checkpoint as ckpt
 
@@ -250,6 +288,7 @@ def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state
         sub = run_dir if name is None else run_dir / "phases" / name
         if name is not None and (sub / "summary.json").is_file():  # finished before an interruption
             _load_weights(model, sub)
+            summary = json.loads((sub / "summary.json").read_text())  # a finished run resumed reports it again
             continue
         sub.mkdir(parents=True, exist_ok=True)
         resume_from = ckpt.list_checkpoints(sub)[-1:] if resume else []
@@ -262,11 +301,11 @@ def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state
             summary = broadcast_object_list(summary)[0] if state.num_processes > 1 else summary[0]
         else:
             summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
-                                 stop_after=stop_after, console=console)
+                                 stop_after=stop_after, console=console, continue_with=continue_with)
         if summary["stop_reason"] not in ("max_steps", "max_tokens"):
             break  # stopped early: the next --resume continues this phase
         if name is not None and state.is_main_process:
-            ckpt.write_json(sub / "summary.json", summary)
+            ckpt.write_json(sub / "summary.json", summary, continue_with)
     return summary, sub
 
 
@@ -284,6 +323,27 @@ def _trained(run_dir: Path) -> bool:
     metrics = list(run_dir.glob("metrics.jsonl")) + list(run_dir.glob("phases/*/metrics.jsonl"))
     return any(m.stat().st_size for m in metrics) or any(run_dir.glob("**/checkpoints/step-*")) \
         or any(run_dir.glob("**/model.safetensors"))
+
+
+def _has_progress(run_dir: Path) -> bool:
+    """Whether a run has something to resume from: a complete checkpoint or a finished phase (else, or
+    for a fitted run without checkpoints, --resume starts it again from step 0)."""
+    from plmcli.train import checkpoint as ckpt
+
+    subs = [run_dir, *(p for p in run_dir.glob("phases/*") if p.is_dir())]
+    return any(ckpt.list_checkpoints(sub) for sub in subs) or any(run_dir.glob("phases/*/summary.json"))
+
+
+def _clear_progress(run_dir: Path) -> None:
+    """What a run wrote while training (logs, partial checkpoints, weights), keeping the files it was made with."""
+    keep = {"recipe.yaml", "tokenizer.json", RUN_CONFIG, ".lock"}
+    for child in run_dir.iterdir():
+        if child.name in keep:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _discard_run(run_dir: Path, previous_latest: str | None, made_dir: bool) -> None:
@@ -314,7 +374,8 @@ def loop_train(*args, **kwargs):
 def _check_new_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and any(run_dir.iterdir()):
         raise PlmError(f"run directory {run_dir} already exists and is not empty",
-                       "choose another --out, delete it, or add --resume to continue it")
+                       "choose another --out, delete it, or add --resume to continue it (a run stopped before its "
+                       "first checkpoint starts again from step 0)")
 
 
 def _objective(recipe, tok, special_ids):

@@ -43,6 +43,9 @@ class TrainConfig:
     """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 disables."""
+    max_nonfinite_steps: int = 10
+    """Stop after this many optimizer steps in a row with a non-finite loss (or gradient norm, when clipping).
+    Each is skipped (no update, the schedule waits) but counts as a step: its data is consumed."""
     eval_every: int = 200
     """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
     eval_batches: int = 50

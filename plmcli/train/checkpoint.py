@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from plmcli.errors import PlmError
 
 LOOP_STATE = "loop_state.json"
+LOCK = ".lock"
+
+
+class RunStopped(PlmError):
+    """Training stopped on a fault found after it started (non-finite loss, a file that cannot be written):
+    the run directory stays, resumable from its last complete checkpoint."""
+
+
+class WriteFailed(RunStopped):
+    """A run file could not be written (disk full, file size limit): the temp file is gone and the files
+    written before it are intact."""
+
+
+@contextmanager
+def writing(what: str, tmp: Path, continue_with: str | None = None):
+    """Around a temp-file-then-rename write of `what`: a failure removes the temp file or directory, and an
+    OSError becomes a one-line WriteFailed naming what and where."""
+    try:
+        yield
+    except BaseException as e:  # a Ctrl-C mid-write too leaves no temp litter
+        tmp = Path(tmp)
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        if not isinstance(e, OSError):
+            raise
+        reason = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large (the file size limit, ulimit -f)",
+                  errno.EDQUOT: "disk quota exceeded"}.get(e.errno, (e.strerror or str(e)).lower())
+        then = f", then continue with `{continue_with}`" if continue_with else ", then run it again"
+        raise WriteFailed(f"cannot write {what} in {tmp.parent}: {reason}",
+                          f"free some space there (or write elsewhere){then}; the files written before are intact") from e
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -31,24 +65,28 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return found[-1]
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, keep: int) -> Path:
+def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, keep: int,
+                    continue_with: str | None = None) -> Path:
     """accelerate's save_state (weights, optimizer, scheduler, RNG) + the loop's data position.
 
     Every process calls it: each saves its RNG state (and, under FSDP / DeepSpeed, its shard) into one
     temp directory, which the main process alone renames into place once all of them are done. On
-    several machines the run directory must be on a filesystem they share.
+    several machines the run directory must be on a filesystem they share. A write that fails (disk
+    full) leaves no temp directory and the previous checkpoints as they were.
     """
     final = checkpoint_dir(run_dir, step)
     tmp = final.parent / f".{final.name}.tmp"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=False)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_json(tmp / LOOP_STATE, loop_state)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+    with writing(f"the checkpoint of step {step}", tmp, continue_with):
+        accelerator.save_state(str(tmp), safe_serialization=False)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            # Plainly: the directory is the temp path, renamed into place whole.
+            (tmp / LOOP_STATE).write_text(json.dumps(loop_state, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -66,18 +104,47 @@ def load_checkpoint(accelerator, path: Path) -> dict:
     return read_loop_state(path)
 
 
-def write_json(path: Path, obj) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def write_json(path: Path, obj, continue_with: str | None = None) -> None:
+    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n", continue_with)
 
 
-def write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str, continue_with: str | None = None) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with writing(path.name, tmp, continue_with):
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+class RunLock:
+    """An exclusive flock on RUN/.lock while a process trains into RUN: a second trainer refuses, and the
+    kernel drops the lock when its holder dies (kill -9 included), so a lock is never stale."""
+
+    def __init__(self, run_dir: Path):
+        import fcntl
+
+        path = Path(run_dir) / LOCK
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            raise PlmError(f"run {run_dir} is being trained by process {holder}",
+                           "wait for it to finish (or stop it), or choose another --out") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def runs_root() -> Path:

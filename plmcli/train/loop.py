@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -16,7 +18,7 @@ from pathlib import Path
 import torch
 
 from plmcli.data.batching import CountFrom
-from plmcli.errors import PlmError
+from plmcli.errors import Interrupted, PlmError
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
 from plmcli.train.optim import build_optimizer
@@ -48,6 +50,37 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, a
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=accum, sync_with_dataloader=False),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))],
     )
+
+
+class DeferredInterrupt:
+    """While training, a Ctrl-C (SIGINT) only sets `requested`: the loop stops at the next optimizer-step
+    boundary, so a checkpoint never holds part of a step. A second Ctrl-C means "stop now" and raises
+    KeyboardInterrupt at once. Installed only in the main thread (Python runs signal handlers there)."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def install(self) -> "DeferredInterrupt":
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    """DataLoader workers: a terminal's Ctrl-C reaches the whole process group, and a worker that died of
+    it would break the main process's deferred stop; the main process alone decides when to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def batch_sizes(global_batch: int, micro: int, world: int) -> tuple[int, int]:
@@ -125,12 +158,19 @@ def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
 
 
 def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: Path | None = None,
-          stop_after: int | None = None, console=None, select_metric: str | None = None) -> dict:
+          stop_after: int | None = None, console=None, select_metric: str | None = None,
+          continue_with: str | None = None) -> dict:
     """Train `model` with `objective` on `corpus_dir` as the recipe says; returns the summary.
 
     With `select_metric` (a key of the evaluation results, higher is better) model.safetensors holds
     the best evaluated weights instead of the last ones, and the summary reports that evaluation.
     On N processes (accelerate launch, torchrun) every process runs this; the main one writes files.
+
+    Ctrl-C stops at the next optimizer-step boundary with a checkpoint of that step and raises
+    Interrupted; `continue_with` is the command its message (and a write failure's) gives to continue.
+    An optimizer step whose loss (or, with clipping, gradient norm) is not finite is skipped: it
+    counts as a step (its data is consumed, so a resume stays exact) but neither the weights nor the
+    schedule move; train.max_nonfinite_steps of them in a row stop the run (checkpoint.RunStopped).
     """
     t, o = recipe.train, recipe.optim
     run_dir = Path(run_dir)
@@ -193,7 +233,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
         pin_memory=accelerator.device.type == "cuda", persistent_workers=False,
         # Its own generator: creating the iterator would otherwise draw from the global RNG after a
         # resume restored it, shifting every later dropout mask.
-        generator=torch.Generator().manual_seed(t.seed),
+        generator=torch.Generator().manual_seed(t.seed), worker_init_fn=_ignore_sigint,
     )
     batches = iter(loader)
     state = objective.init_state()
@@ -213,19 +253,35 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
         if sequential:  # streaming seam: every process takes part (the positions are gathered)
             loop["data_position"] = train_stream.state_dict()
         return ckpt.save_checkpoint(accelerator, run_dir, loop["step"], {**loop, "world_size": world,
-                                    "global_batch_size": t.global_batch_size}, t.keep_checkpoints)
+                                    "global_batch_size": t.global_batch_size}, t.keep_checkpoints, continue_with)
+
+    def weights():
+        with ckpt.writing("model.safetensors", run_dir / ".model.safetensors.tmp", continue_with):
+            save_weights(accelerator, model, run_dir, tied)
+
+    def saved() -> str:
+        """Where the run can continue from, for the messages of a stop."""
+        found = ckpt.list_checkpoints(run_dir) if main else []
+        if not found:
+            return "no checkpoint was written yet" + (f"; `{continue_with}` starts it again from step 0" if continue_with else "")
+        then = f"; continue with `{continue_with}`" if continue_with else ""
+        return f"the checkpoint of step {found[-1].name.split('-')[1]} is in {found[-1]}{then}"
 
     progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main)
     if notice and main:
         progress.console.print(notice, highlight=False, soft_wrap=True)
     window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
-    last_eval, last_saved, reason = {}, -1, stop_reason()
+    # A finished run resumed reports what it reported then: its last evaluation and logged loss.
+    last_eval, last_saved, reason = loop.get("last_eval", {}), -1, stop_reason()
     best = loop.get("best") or {}
+    bad = {"run": 0, "first": 0, "loss": None}  # the current streak of skipped non-finite steps
+    check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
     model.train()
     start = time.perf_counter() - loop["elapsed"]
+    interrupt = DeferredInterrupt().install()
     try:
         while reason is None:
-            step_tokens = 0
+            step_tokens, step_loss, step_sums, step_count = 0, 0.0, {}, 0.0
             for _ in range(accum):
                 batch = _to(next(batches), accelerator.device)
                 # accumulate(): no gradient all-reduce until the last micro-batch, and the loss scaled
@@ -237,59 +293,102 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                 state = out.state
                 loop["micro_batches"] += 1
                 step_tokens += objective.tokens_in(batch)
+                step_loss = step_loss + out.loss.detach().float()
                 for name, v in out.metrics.items():
-                    window["sums"][name] = window["sums"].get(name, 0) + v.float()
-                window["count"] = window["count"] + out.count
+                    step_sums[name] = step_sums.get(name, 0) + v.float()
+                step_count = step_count + out.count
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
-            optimizer.step()
-            if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
+            step_tokens, elapsed, stop_asked, loss, finite = _agree(accelerator, step_tokens, time.perf_counter() - start,
+                                                                    interrupt.requested, step_loss / accum,
+                                                                    grad_norm if check_grads else None)
+            if finite or accelerator.scaler is not None:
+                optimizer.step()
+                if not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             loop["step"] += 1
-            elapsed = time.perf_counter() - start
-            if world > 1:
-                # One count of tokens and one clock for all processes: they must all stop at the same step
-                # (max_tokens, time_budget), or those still training would wait for the others forever.
-                both = accelerator.gather(torch.tensor([[step_tokens, elapsed]], dtype=torch.float64, device=accelerator.device))
-                step_tokens, elapsed = int(both[:, 0].sum().item()), both[:, 1].max().item()
+            if finite:
+                bad["run"] = 0
+                for name, v in step_sums.items():
+                    window["sums"][name] = window["sums"].get(name, 0) + v
+                window["count"] = window["count"] + step_count
+            else:
+                bad.update(run=bad["run"] + 1, first=bad["first"] if bad["run"] else loop["step"],
+                           loss=bad["loss"] if bad["run"] else loss)
+                loop["nonfinite_steps"] = loop.get("nonfinite_steps", 0) + 1
             loop["tokens"] += step_tokens
             window["tokens"] += step_tokens
             loop["elapsed"] = elapsed
             reason = stop_reason()
+            if bad["run"] and (bad["run"] >= t.max_nonfinite_steps or reason):
+                raise ckpt.RunStopped(*_diverged(recipe, bad, loop["step"], saved()))
 
-            if loop["step"] % t.log_every == 0 or reason:
+            if (loop["step"] % t.log_every == 0 or reason) and window["sums"]:
                 row = _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak)
                 log.write(row)
+                loop["train_loss"] = row.get("loss", loop.get("train_loss"))
                 progress.update(loop["step"], row, last_eval)
             if val_stream is not None and ((t.eval_every and loop["step"] % t.eval_every == 0) or reason):
-                last_eval = evaluate(accelerator, model, objective, val_stream, t.eval_batches)
+                last_eval = loop["last_eval"] = evaluate(accelerator, model, objective, val_stream, t.eval_batches)
                 log.write({"step": loop["step"], "tokens": loop["tokens"], **last_eval})
                 progress.update(loop["step"], None, last_eval)
                 # Every process reaches the same verdict (the metrics are reduced over all of them).
                 if select_metric and (not best or last_eval[select_metric] > best[select_metric]):
                     best = {"step": loop["step"], **last_eval}
                     loop["best"] = best
-                    save_weights(accelerator, model, run_dir, tied)
-            if (t.save_every and loop["step"] % t.save_every == 0) or reason:
+                    weights()
+            # A checkpoint while the loss is not finite would not be a good one to go back to.
+            if ((t.save_every and loop["step"] % t.save_every == 0) or reason or stop_asked) and not bad["run"]:
                 snapshot()
                 last_saved = loop["step"]
-    except KeyboardInterrupt:
-        if loop["step"] > 0 and last_saved != loop["step"]:
-            snapshot()
-        progress.close()
-        raise
+            if stop_asked:  # Ctrl-C: this step is complete and (unless its loss was not finite) saved
+                raise Interrupted(f"stopped after step {loop['step']}; {saved()}")
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step; the last complete checkpoint stays
+        raise Interrupted(f"stopped at once (a second Ctrl-C) after step {loop['step']}; {saved()}") from None
     finally:
+        interrupt.restore()
         progress.close()
         log.close()
 
     summary = {"steps": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 2),
-               "stop_reason": reason, "train_loss": log.last.get("loss"), **last_eval}
+               "stop_reason": reason, "train_loss": loop.get("train_loss"), **last_eval}
+    if loop.get("nonfinite_steps"):
+        summary["nonfinite_steps"] = loop["nonfinite_steps"]
     if select_metric and best:
         summary["best"] = best
     else:
-        save_weights(accelerator, model, run_dir, tied)
+        weights()
     accelerator.wait_for_everyone()
     return summary
+
+
+def _agree(accelerator, tokens: int, elapsed: float, stop_asked: bool, loss, grad_norm):
+    """(tokens, elapsed, stop_asked, mean loss, finite) of this optimizer step, agreed by all processes
+    in the step's one host sync.
+
+    They must all stop at the same step (max_tokens, time_budget, Ctrl-C) and skip the same non-finite
+    steps, or those still training would wait for the others forever: one count of tokens (summed), one
+    clock (the latest), any process's interrupt, and a loss that is finite only if it is on all of them.
+    """
+    norm = torch.zeros((), device=accelerator.device) if grad_norm is None else torch.as_tensor(grad_norm).float()
+    if accelerator.num_processes == 1:
+        loss, norm = torch.stack([torch.as_tensor(loss).float().to(norm.device), norm]).tolist()
+        return tokens, elapsed, stop_asked, loss, math.isfinite(loss) and math.isfinite(norm)
+    row = torch.stack([torch.as_tensor(float(v), dtype=torch.float64, device=accelerator.device) for v in
+                       (tokens, elapsed, stop_asked)] + [torch.as_tensor(loss).double().to(accelerator.device), norm.double().to(accelerator.device)])
+    rows = accelerator.gather(row[None]).tolist()
+    finite = all(math.isfinite(r[3]) and math.isfinite(r[4]) for r in rows)
+    return int(sum(r[0] for r in rows)), max(r[1] for r in rows), any(r[2] for r in rows), sum(r[3] for r in rows) / len(rows), finite
+
+
+def _diverged(recipe, bad: dict, step: int, saved: str) -> tuple[str, str]:
+    """The message and hint of a run stopped by non-finite steps."""
+    t, o = recipe.train, recipe.optim
+    steps = f"step {bad['first']}" if bad["run"] == 1 else f"{bad['run']} optimizer steps in a row (steps {bad['first']}-{step})"
+    return (f"training diverged: the loss or gradient was not finite at {steps}, loss {bad['loss']} at step {bad['first']} "
+            f"(skipped, no update); no model.safetensors was written",
+            f"start again with a lower optim.lr (now {o.lr:g}, e.g. --set optim.lr={o.lr / 10:g}), gradient clipping "
+            f"(train.grad_clip, now {t.grad_clip:g}) or train.mixed_precision=no (now {t.mixed_precision}); {saved}")
 
 
 def _ddp_settings(accelerator, model, objective, batch):
