@@ -37,13 +37,32 @@ def writing(what: str, tmp: Path, continue_with: str | None = None):
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
-        if not isinstance(e, OSError):
+        # torch.save reports a failed write as a RuntimeError of its zip writer, without the errno.
+        torch_write = isinstance(e, RuntimeError) and any(w in str(e) for w in ("inline_container", "PytorchStreamWriter"))
+        if not (isinstance(e, OSError) or torch_write):
             raise
-        reason = {errno.ENOSPC: "no space left on device", errno.EFBIG: "file too large (the file size limit, ulimit -f)",
-                  errno.EDQUOT: "disk quota exceeded"}.get(e.errno, (e.strerror or str(e)).lower())
+        reason = _write_failure(e, tmp.parent)
         then = f", then continue with `{continue_with}`" if continue_with else ", then run it again"
-        raise WriteFailed(f"cannot write {what} in {tmp.parent}: {reason}",
-                          f"free some space there (or write elsewhere){then}; the files written before are intact") from e
+        fix = "raise the file size limit (ulimit -f)" if "ulimit" in reason else "free some space there (or write elsewhere)"
+        raise WriteFailed(f"cannot write {what} in {tmp.parent}: {reason}", f"{fix}{then}; the files written before are intact") from e
+
+
+def _write_failure(e: BaseException, where: Path) -> str:
+    """Why a write failed, in the user's words."""
+    known = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+             errno.EFBIG: "file too large (over the file size limit, ulimit -f)"}
+    if getattr(e, "errno", None) in known:
+        return known[e.errno]
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return known[errno.EFBIG]
+    try:
+        if shutil.disk_usage(where).free < 16 << 20:
+            return known[errno.ENOSPC]
+    except OSError:
+        pass
+    return (getattr(e, "strerror", None) or str(e)).lower()
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -1,0 +1,90 @@
+"""A checkpoint or weights write that fails (disk full, file size limit) ends in one line, leaves no temp
+files, keeps the previous checkpoint loadable, and --resume then finishes the run bitwise."""
+
+import errno
+import resource
+import subprocess
+
+import pytest
+import safetensors.torch
+from safetensors.torch import load_file
+
+from helpers import tiny_corpus, tiny_recipe
+from plm_process import env_for, plm, plm_cmd, sha256, steady_files
+from plmcli import api
+from plmcli.train.checkpoint import WriteFailed
+
+# Above a checkpoint's weights (~430 kB), below its optimizer state (~870 kB).
+LIMIT = 600_000
+
+
+def _limited(root, *args):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))  # Python ignores SIGXFSZ: writes get EFBIG
+
+    return subprocess.run(plm_cmd(*args), capture_output=True, text=True, env=env_for(root), timeout=300, preexec_fn=limit)
+
+
+def _no_litter(run):
+    assert not [p for p in run.rglob(".*") if p.name != ".lock"], list(run.rglob(".*"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("disk")
+    recipe, corpus = steady_files(root)
+    p = plm(root, "pretrain", "--recipe", recipe, "--data", corpus, "--out", root / "full")  # also caches the corpus
+    assert p.returncode == 0, p.stderr
+    return root, recipe, corpus, sha256(root / "full" / "model.safetensors")
+
+
+def test_first_checkpoint_write_fails(reference):
+    root, recipe, corpus, want = reference
+    run = root / "first"
+    p = _limited(root, "pretrain", "--recipe", recipe, "--data", corpus, "--out", run)
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"error: cannot write the checkpoint of step 10 in {run / 'checkpoints'}: file too large"), err
+    assert f"then continue with `plm pretrain --resume --out {run}`" in err and "Traceback" not in p.stderr
+    _no_litter(run)
+    assert not list(run.glob("checkpoints/step-*")) and not (run / "model.safetensors").exists()
+    p = plm(root, "pretrain", "--resume", "--out", run)  # no checkpoint: it starts again from step 0
+    assert p.returncode == 0, p.stderr
+    assert sha256(run / "model.safetensors") == want
+
+
+def test_later_checkpoint_write_fails_previous_one_resumes(reference):
+    root, recipe, corpus, want = reference
+    run = root / "later"
+    assert plm(root, "pretrain", "--recipe", recipe, "--data", corpus, "--out", run, "--stop-after", "10").returncode == 0
+    (run / "model.safetensors").unlink()
+    p = _limited(root, "pretrain", "--resume", "--out", run)
+    assert p.returncode == 2, p.stderr
+    assert "cannot write the checkpoint of step 20" in p.stderr.strip().splitlines()[-1], p.stderr
+    _no_litter(run)
+    assert sorted(c.name for c in (run / "checkpoints").iterdir()) == ["step-10"]
+    p = plm(root, "pretrain", "--resume", "--out", run)
+    assert p.returncode == 0, p.stderr
+    assert sha256(run / "model.safetensors") == want
+
+
+def test_weights_write_fails_no_space(tmp_path, monkeypatch):
+    recipe, corpus = tiny_recipe(tmp_path / "tiny.yaml"), tiny_corpus(tmp_path / "corpus.txt")
+    api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "full"))
+    run = tmp_path / "run"
+    save = safetensors.torch.save_model
+
+    def full_disk(model, filename, *a, **k):
+        open(filename, "wb").write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
+    with pytest.raises(WriteFailed) as e:
+        api.pretrain(str(recipe), [str(corpus)], str(run))
+    assert str(e.value).startswith(f"cannot write model.safetensors in {run}: no space left on device — free some space")
+    _no_litter(run)
+    assert not (run / "model.safetensors").exists() and (run / "checkpoints" / "step-6").is_dir()
+    monkeypatch.setattr(safetensors.torch, "save_model", save)
+    api.pretrain(out=str(run), resume=True)
+    a, b = load_file(str(tmp_path / "full" / "model.safetensors")), load_file(str(run / "model.safetensors"))
+    assert all((a[k] == b[k]).all() for k in a)
