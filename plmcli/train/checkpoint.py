@@ -137,25 +137,34 @@ def write_text(path: Path, text: str, continue_with: str | None = None) -> None:
 
 class RunLock:
     """An exclusive flock on RUN/.lock while a process trains into RUN: a second trainer refuses, and the
-    kernel drops the lock when its holder dies (kill -9 included), so a lock is never stale."""
+    kernel drops the lock when its holder dies (kill -9 included), so a lock is never stale. The file
+    goes when the lock is released; a process that locked a file just unlinked tries again on the new one."""
 
     def __init__(self, run_dir: Path):
         import fcntl
 
-        path = Path(run_dir) / LOCK
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "another process"
+        self.path = Path(run_dir) / LOCK
+        while True:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "another process"
+                os.close(self.fd)
+                raise PlmError(f"run {run_dir} is being trained by process {holder}",
+                               "wait for it to finish (or stop it), or choose another --out") from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
             os.close(self.fd)
-            raise PlmError(f"run {run_dir} is being trained by process {holder}",
-                           "wait for it to finish (or stop it), or choose another --out") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # while still held, so no one locks the old file meanwhile
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
 

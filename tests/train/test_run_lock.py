@@ -1,9 +1,13 @@
 """One trainer at a time per run directory: a flock the kernel drops with its holder (kill -9 included)."""
 
 import json
+import os
 import signal
 
+import pytest
+
 from plm_process import plm, start, steady_files, wait_for_step
+from plmcli.errors import PlmError
 from plmcli.train.checkpoint import RunLock
 
 
@@ -32,6 +36,9 @@ def test_second_resume_refuses_while_one_trains(tmp_path):
 
 def test_lock_is_released_and_reusable(tmp_path):
     with RunLock(tmp_path):
-        assert (tmp_path / ".lock").read_text().strip().isdigit()
+        assert (tmp_path / ".lock").read_text().strip() == str(os.getpid())
+        with pytest.raises(PlmError, match=f"being trained by process {os.getpid()}"):
+            RunLock(tmp_path)  # another open file description: refused like another process
+    assert not (tmp_path / ".lock").exists()  # a finished run leaves no lock file
     with RunLock(tmp_path):  # the same process again, once released
         pass
