@@ -215,7 +215,9 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
         return ckpt.save_checkpoint(accelerator, run_dir, loop["step"], {**loop, "world_size": world,
                                     "global_batch_size": t.global_batch_size}, t.keep_checkpoints)
 
-    progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main)
+    # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
+    progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main, accum=accum)
+    progress.begin(run_dir, recipe, unwrapped, fpt, accelerator.device, world, accelerator.mixed_precision)
     if notice and main:
         progress.console.print(notice, highlight=False, soft_wrap=True)
     window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
@@ -236,6 +238,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                     accelerator.backward(out.loss)
                 state = out.state
                 loop["micro_batches"] += 1
+                progress.micro_batch()  # progress: host-side only, no device sync
                 step_tokens += objective.tokens_in(batch)
                 for name, v in out.metrics.items():
                     window["sums"][name] = window["sums"].get(name, 0) + v.float()
@@ -256,6 +259,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
             window["tokens"] += step_tokens
             loop["elapsed"] = elapsed
             reason = stop_reason()
+            progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
 
             if loop["step"] % t.log_every == 0 or reason:
                 row = _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak)
