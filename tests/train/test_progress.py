@@ -181,3 +181,16 @@ def test_run_files_follow_the_umask(tmp_path, umask):
     modes = {str(f.relative_to(tmp_path / "run")): f.stat().st_mode & 0o777 for f in files}
     assert "model.safetensors" in modes and any(k.startswith("checkpoints/step-3/") for k in modes)
     assert modes == {k: 0o666 & ~umask for k in modes}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_estimate_names_it_and_its_first_micro_batch_is_timed_once():
+    c = console(False)
+    p = TrainProgress(c, 10, 0, accum=2)
+    device = torch.device("cuda")
+    p.begin("R", bert_base_like(10), Params(10), 1e9, device, precision="bf16")
+    assert torch.cuda.get_device_name(device) in lines(c)[1] and device_flops("cuda", None, "bf16") > 1e12
+    p.micro_batch()
+    p.micro_batch()
+    p.step(1)
+    assert lines(c)[2].startswith("estimate: the first micro-batch took ") and len(lines(c)) == 3
