@@ -238,7 +238,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                     accelerator.backward(out.loss)
                 state = out.state
                 loop["micro_batches"] += 1
-                progress.micro_batch()  # progress: host-side only, no device sync
+                progress.micro_batch()  # progress: host-side; on a GPU one sync in the whole run, timing the first
                 step_tokens += objective.tokens_in(batch)
                 for name, v in out.metrics.items():
                     window["sums"][name] = window["sums"].get(name, 0) + v.float()
