@@ -139,5 +139,9 @@ def save_weights(accelerator, model, run_dir: Path, tied: dict[str, str]) -> Non
     elif accelerator.is_main_process:
         save_model(accelerator.unwrap_model(model), str(tmp))
     if accelerator.is_main_process:
+        # safetensors creates its file 0600; the weights get the mode any file would (0644 under umask 022).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()

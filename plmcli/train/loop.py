@@ -267,7 +267,9 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
         then = f"; continue with `{continue_with}`" if continue_with else ""
         return f"the checkpoint of step {found[-1].name.split('-')[1]} is in {found[-1]}{then}"
 
-    progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main)
+    # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
+    progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main, accum=accum)
+    progress.begin(run_dir, recipe, unwrapped, fpt, accelerator.device, world, accelerator.mixed_precision)
     if notice and main:
         progress.console.print(notice, highlight=False, soft_wrap=True)
     window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
@@ -292,6 +294,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
                     accelerator.backward(out.loss)
                 state = out.state
                 loop["micro_batches"] += 1
+                progress.micro_batch()  # progress: host-side; on a GPU one sync in the whole run, timing the first
                 step_tokens += objective.tokens_in(batch)
                 step_loss = step_loss + out.loss.detach().float()
                 for name, v in out.metrics.items():
@@ -322,6 +325,7 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
             reason = stop_reason()
             if bad["run"] and (bad["run"] >= t.max_nonfinite_steps or reason):
                 raise ckpt.RunStopped(*_diverged(recipe, bad, loop["step"], saved()))
+            progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
 
             if (loop["step"] % t.log_every == 0 or reason) and window["sums"]:
                 row = _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak)

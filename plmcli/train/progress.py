@@ -1,10 +1,86 @@
-"""What a person watches during training: a rich progress bar (or plain lines off a terminal),
-metrics.jsonl, and TensorBoard events when tensorboard is installed."""
+"""What a person watches during training: a time estimate before the first step, a rich progress bar
+(or plain lines off a terminal), metrics.jsonl, and TensorBoard events when tensorboard is installed."""
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from pathlib import Path
+
+FAR_S = 3 * 86400  # a run estimated longer than this is far too big for the device: say what would fit
+FIT_S = 86400  # the --max-steps a hint proposes fit in about a day
+
+
+def duration(s: float) -> str:
+    """A span of seconds as a person reads it: 40ms, 3.5s, 3m12s, 5h20m, 4.5 days, 5.9 years."""
+    if s < 0.01:
+        return f"{s * 1e3:.1f}ms"
+    if s < 1:
+        return f"{s * 1e3:.0f}ms"
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 2 * 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    if s < 365 * 86400:
+        return f"{s / 86400:.1f} days"
+    return f"{s / (365.25 * 86400):.1f} years"
+
+
+@functools.lru_cache(maxsize=8)
+def device_flops(device_type: str, index: int | None = None, precision: str = "no") -> float:
+    """FLOP/s of square matmuls on this device in the run's precision, measured once per process.
+
+    Dense matmul is the best case: training also runs elementwise ops, attention softmax and the
+    optimizer, so a time derived from this is a lower bound. Built from torch.ones, not torch.randn:
+    drawing from the global RNG would shift every later dropout mask (and break bitwise resume).
+    """
+    import torch
+
+    device = torch.device(device_type, index) if index is not None else torch.device(device_type)
+    cuda = device.type == "cuda"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32) if cuda else torch.float32
+    n = 4096 if cuda else 384
+    a = torch.ones(n, n, device=device, dtype=dtype)
+    b = torch.ones(n, n, device=device, dtype=dtype)
+
+    def timed(reps: int) -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    timed(1)  # warm-up: kernel selection, thread pool start
+    reps = 1
+    while timed(reps) < 0.005 and reps < 1024:  # long enough to be more than timer noise
+        reps *= 4
+    # The best of a few: on a shared machine a single timing mostly measures the neighbours.
+    return 2 * n ** 3 * reps / max(min(timed(reps) for _ in range(5)), 1e-9)
+
+
+def _smaller_recipe(family: str, params: int) -> tuple[str, int] | None:
+    """The shipped recipe of `family` with the fewest parameters, if it has fewer than `params`.
+
+    Read from the shipped parameter table; an entry gone stale (its recipe edited) is skipped rather
+    than recounted, which would build a model just to word a hint."""
+    from plmcli.config import raw_recipe, shipped_recipes
+    from plmcli.recipe_params import fingerprint, read_table
+
+    table, found = read_table(), []
+    for name in shipped_recipes():
+        raw, entry = raw_recipe(name), table.get(name)
+        if (raw.get("model") or {}).get("family") == family and isinstance(entry, dict) \
+                and entry.get("fingerprint") == fingerprint(raw) and 0 < entry["params"] < params:
+            found.append((int(entry["params"]), name))
+    return (min(found)[1], min(found)[0]) if found else None
 
 
 def _fmt(row: dict | None, ev: dict) -> str:
@@ -21,23 +97,148 @@ def _fmt(row: dict | None, ev: dict) -> str:
 
 
 class TrainProgress:
-    def __init__(self, console, total: int, start: int, enabled: bool = True):
+    """The bar (on a terminal) or sparse lines (in a log), fed host-side numbers only.
+
+    `step` and `micro_batch` run every optimizer step / micro-batch and never read a device tensor
+    (that would wait for the device each time); the loss shown is the last logged one. The ETA is this
+    session's mean time per optimizer step (evaluations and checkpoints included), and until two steps
+    are done the estimate `begin` printed. `clock` is for tests.
+    """
+
+    def __init__(self, console, total: int, start: int, enabled: bool = True, accum: int = 1, clock=time.perf_counter):
         from rich.console import Console
 
         self.console = console or Console(stderr=True)
         self.enabled = enabled
         self.live = enabled and self.console.is_terminal
+        self.total, self.start, self.accum, self.clock = total, start, accum, clock
         self.row: dict | None = None
         self.progress = None
+        self.micro = 0  # micro-batches done in the current optimizer step
+        self.t_begin = clock()
+        self.first_step: tuple[int, float] | None = None  # (step, time) when this session's first step ended
+        self.last_step: tuple[int, float] | None = None
+        self.per_step: float | None = None  # the estimate, seconds per optimizer step
+        self.device = None
+        self.hinted = False
+        self.plan: dict = {}
         if self.live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[micro]}"),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                console=self.console,
             )
-            self.task = self.progress.add_task("train", total=total, completed=start, info="")
+            self.task = self.progress.add_task("train", total=total, completed=start, info="", micro="", eta="-")
             self.progress.start()
+
+    def _print(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def begin(self, run_dir, recipe, model, fpt: float | None, device, world: int = 1, precision: str = "no",
+              flops: float | None = None) -> None:
+        """Say where the run goes, how many steps it has, and about how long they will take.
+
+        The time is the model's training FLOPs per token (`fpt`, else 6 × parameters) × the tokens of
+        an optimizer step, over this device's measured matmul FLOP/s (`flops` to skip measuring);
+        the first micro-batch refines it (`micro_batch`).
+        """
+        if not self.enabled:
+            return
+        left = self.total - self.start
+        if left <= 0:
+            self._print(f"training {run_dir}: all {self.total:,} optimizer steps are done")
+            return
+        t = recipe.train
+        params = sum(p.numel() for p in model.parameters())
+        tokens = t.global_batch_size * t.seq_len
+        per_token = fpt or 6 * params
+        if flops is None:
+            flops = device_flops(device.type, device.index, precision)
+        self.device = device
+        from plmcli.config import Recipe
+
+        # A pretraining recipe has shipped siblings to shrink to; finetuning passes only train/optim settings.
+        self.plan = {"name": recipe.name, "family": recipe.family} if isinstance(recipe, Recipe) else {"name": "this run"}
+        self.plan["params"] = params
+        self.per_step = per_token * tokens / (flops * world)
+        accum = f", {self.accum} micro-batches each" if self.accum > 1 else ""
+        steps = f"{left:,} more optimizer steps, {self.start + 1:,} to {self.total:,}" if self.start else f"{left:,} optimizer steps"
+        self._print(f"training {run_dir}: {steps} ({t.global_batch_size} × {t.seq_len} tokens{accum})")
+        procs = f" × {world} processes" if world > 1 else ""
+        self._print(f"estimate: at least {duration(self.per_step)} per optimizer step, {duration(self.per_step * left)} "
+                    f"for the run ({per_token:.2g} FLOPs per token × {tokens:,} tokens per step at the "
+                    f"{flops:.2g} FLOP/s{procs} a matmul probe measured on {self._device_name()}; "
+                    f"refined after the first micro-batch)")
+        self._hint_if_far()
+        self.t_begin = self.clock()
+
+    def _device_name(self) -> str:
+        if self.device is not None and self.device.type == "cuda":
+            import torch
+
+            return torch.cuda.get_device_name(self.device)
+        return "this CPU" if self.device is None or self.device.type == "cpu" else str(self.device)
+
+    def _hint_if_far(self) -> None:
+        """Once: when the estimate is days beyond FAR_S, what would fit (a smaller recipe, fewer steps, a GPU)."""
+        if self.hinted or self.per_step is None or self.per_step * (self.total - self.start) <= FAR_S:
+            return
+        self.hinted = True
+        p = self.plan
+        ways = []
+        smaller = _smaller_recipe(p["family"], p["params"]) if "family" in p else None
+        if smaller:
+            ways.append(f"a smaller {p['family']} recipe (--recipe {smaller[0]}, {smaller[1] / 1e6:,.1f}M parameters "
+                        f"against {p['params'] / 1e6:,.1f}M)")
+        if (fit := int(FIT_S // self.per_step)) >= 1:
+            ways.append(f"fewer steps (--max-steps {fit:,} takes about a day)")
+        ways.append("more GPUs" if self.device is not None and self.device.type == "cuda" else "a GPU")
+        ways = ", ".join(ways[:-1]) + " or " + ways[-1] if len(ways) > 1 else ways[0]
+        self._print(f"hint: {p['name']} is far too big for {self._device_name()} (this estimate says "
+                    f"{duration(self.per_step * (self.total - self.start))}): try {ways}")
+
+    def micro_batch(self) -> None:
+        """One micro-batch done: the bar shows k of accum; the very first refines the estimate."""
+        if not self.enabled:
+            return
+        self.micro += 1
+        if self.first_step is None and self.micro == 1 and self.per_step is not None:
+            if self.device is not None and self.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.device)  # once per run: the kernels queued, not just launched
+            took = self.clock() - self.t_begin
+            self.per_step = took * self.accum
+            self._print(f"estimate: the first micro-batch took {duration(took)} (warm-up included): "
+                        f"~{duration(self.per_step)} per optimizer step, ~{duration(self.per_step * (self.total - self.start))} "
+                        f"for the run")
+            self._hint_if_far()
+        if self.live and self.accum > 1:
+            self.progress.update(self.task, micro=f"micro-batch {self.micro}/{self.accum}", eta=self.eta())
+
+    def step(self, step: int) -> None:
+        """One optimizer step done: the bar moves and its ETA follows."""
+        if not self.enabled:
+            return
+        self.micro = 0
+        now = self.clock()
+        self.first_step = self.first_step or (step, now)
+        self.last_step = (step, now)
+        if self.live:
+            self.progress.update(self.task, completed=step, micro="", eta=self.eta())
+
+    def eta(self) -> str:
+        """Time left: mean seconds per step since this session's first step, else the estimate."""
+        if self.last_step and self.last_step[0] > self.first_step[0]:
+            (s0, t0), (s1, t1) = self.first_step, self.last_step
+            per_step = (t1 - t0) / (s1 - s0)
+            return duration(per_step * (self.total - s1))
+        if self.per_step is None:
+            return "-"
+        done = self.last_step[0] if self.last_step else self.start
+        return "~" + duration(self.per_step * (self.total - done))
 
     def update(self, step: int, row: dict | None, ev: dict) -> None:
         if not self.enabled:
@@ -46,7 +247,7 @@ class TrainProgress:
         if self.live:
             self.progress.update(self.task, completed=step, info=_fmt(self.row, ev))
         else:  # a log file gets each training row once, and each evaluation once
-            self.console.print(f"step {step}  {_fmt(row, ev if row is None else {})}", highlight=False)
+            self._print(f"step {step}  {_fmt(row, ev if row is None else {})}")
 
     def close(self) -> None:
         if self.progress is not None:
