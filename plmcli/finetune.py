@@ -23,6 +23,8 @@ from types import SimpleNamespace
 from plmcli.errors import PlmError
 
 INITS = ("pretrained", "random")
+FROM = "--from RUN"
+"""How finetune takes its run, for the run reader's hints."""
 
 
 def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3,
@@ -44,18 +46,17 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     import torch
     from safetensors.torch import load_model
 
-    from plmcli.api import RUN_CONFIG, resolve_run
     from plmcli.config import OptimConfig, TrainConfig
     from plmcli.data.tasks.registry import get_task
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.runs import RUN_CONFIG, load_run_tokenizer, resolve_run, run_config
     from plmcli.train import checkpoint as ckpt
     from plmcli.train.distributed import process_state
     from plmcli.train.loop import train
 
     _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout, dropout)
     t = get_task(task, options)
-    run = resolve_run(from_run).resolve()
-    cfg = json.loads((run / RUN_CONFIG).read_text())
+    run = resolve_run(from_run, FROM).resolve()
+    cfg = run_config(run)
     run_label = from_run or f"runs/latest ({run.name})"
     prev = cfg.get("finetune")
     if eval_only:
@@ -67,7 +68,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         classifier_dropout = prev.get("classifier_dropout")
     _check_backbone(cfg["family"], run_label, t)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    tok = load_tokenizer(run / "tokenizer.json")
+    tok = load_run_tokenizer(run, cfg)
     # Before OUT exists (bad data leaves nothing behind), and before the objective: a task may learn
     # its labels from the data (own data, CoNLL tags), which sizes the head.
     splits = t.load(data_dir)
@@ -209,37 +210,28 @@ def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
     backbone part is taken.
     """
     import torch
-    from safetensors.torch import load_model
 
-    from plmcli.config import build_section
-    from plmcli.models.registry import build_model, model_config_class
+    from plmcli.runs import build_run_model, load_weights
 
-    model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
     torch.manual_seed(seed)
-    encoder = build_model(cfg["family"], model_cfg)
+    encoder = build_run_model(run, cfg)
     if pretrained:
         target = _finetuned(run, cfg, None, encoder)[0] if cfg.get("finetune") else encoder
-        try:
-            load_model(target, str(run / "model.safetensors"))
-        except (RuntimeError, KeyError) as e:
-            raise PlmError(f"the weights in {run / 'model.safetensors'} do not fit its config.json ({str(e).splitlines()[0]})",
-                           "pass a run directory written by `plm pretrain` or `plm finetune`") from e
+        load_weights(target, run, cfg)
     return encoder
 
 
 def _finetuned(run: Path, cfg: dict, tok=None, backbone=None):
     """(task model, objective) of a finetuned run as its config.json describes it: the weights loaded
     unless a `backbone` is given (then the caller loads them into the returned model)."""
-    from safetensors.torch import load_model
-
     from plmcli.data.tasks import TaskOptions
     from plmcli.data.tasks.registry import get_task
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.runs import load_run_tokenizer, load_weights
 
     ft = cfg["finetune"]
     task = get_task(ft["task"], TaskOptions(**ft.get("options", {})))
     task.restore(ft.get("task_state", {}))
-    tok = tok or load_tokenizer(run / "tokenizer.json")
+    tok = tok or load_run_tokenizer(run, cfg)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
     given = backbone is not None
     if not given:
@@ -247,22 +239,21 @@ def _finetuned(run: Path, cfg: dict, tok=None, backbone=None):
     obj = task_objective(task, tok, special_ids, ft["max_seq_len"], type(backbone), ft.get("classifier_dropout"))
     model = obj.build_model(backbone)
     if not given:
-        load_model(model, str(run / "model.safetensors"))
+        load_weights(model, run, cfg)
         model.eval()
     return model, obj
 
 
-def load_finetuned(run_dir: str):
+def load_finetuned(run_dir: str, usage: str = FROM):
     """(task model in eval mode, tokenizer, config) of a `plm finetune` output directory."""
-    from plmcli.api import RUN_CONFIG, resolve_run
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.runs import load_run_tokenizer, resolve_run, run_config
 
-    path = resolve_run(run_dir)
-    cfg = json.loads((path / RUN_CONFIG).read_text())
+    path = resolve_run(run_dir, usage)
+    cfg = run_config(path)
     if not cfg.get("finetune"):
         raise PlmError(f"{path} is not a finetuned run (its config.json has no 'finetune' section)",
                        "pass a directory written by `plm finetune`")
-    tok = load_tokenizer(path / "tokenizer.json")
+    tok = load_run_tokenizer(path, cfg)
     model, _ = _finetuned(path, cfg, tok)
     return model, tok, cfg
 
