@@ -16,11 +16,13 @@ import json
 import math
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
-from plmcli.errors import PlmError
+from plmcli.data.outdir import discard
+from plmcli.errors import Interrupted, PlmError
 
 INITS = ("pretrained", "random")
 FROM = "--from RUN"
@@ -95,64 +97,95 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         raise PlmError(f"--batch-size {batch_size} cannot be split evenly over {state.num_processes} processes",
                        f"pick a multiple of the process count, e.g. --batch-size {fit}")
     state.wait_for_everyone()
+    made_dir = not out_dir.exists()
     if state.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-    data = out_dir / "data"
-    if state.is_main_process:
-        obj.encode_splits(splits, data)
-    state.wait_for_everyone()
-    meta = json.loads((data / "meta.json").read_text())
-    counts = {k: v["documents"] for k, v in meta["counts"].items()}
-    if eval_only:
-        return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
+    label = "the --eval-only run" if eval_only else f"the {t.name} finetune"
+    with _finished_or_discarded(out_dir, made_dir, state.is_main_process, label):
+        data = out_dir / "data"
+        if state.is_main_process:
+            obj.encode_splits(splits, data)
+        state.wait_for_everyone()
+        meta = json.loads((data / "meta.json").read_text())
+        counts = {k: v["documents"] for k, v in meta["counts"].items()}
+        if eval_only:
+            return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
 
-    torch.manual_seed(seed)
-    model = obj.build_model(encoder)
-    steps_per_epoch = math.ceil(counts["train"] / batch_size)
-    total = max_steps or epochs * steps_per_epoch
-    warmup = int(warmup_ratio * total)
-    recipe = SimpleNamespace(
-        train=TrainConfig(seq_len=L, global_batch_size=batch_size, max_steps=total, eval_every=steps_per_epoch,
-                          eval_batches=0, save_every=0, keep_checkpoints=1, log_every=max(1, min(50, steps_per_epoch // 4)),
-                          seed=seed),
-        optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, schedule="linear", warmup_steps=warmup),
-    )
-    finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
-                     "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
-                     "classifier_dropout": classifier_dropout, "dropout": dropout, "task_state": t.state(),
-                     "options": asdict(t.options)}
-    if state.is_main_process:
-        ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
-                                               "objective": t.objective, "finetune": finetune_info})
-        shutil.copyfile(run / "tokenizer.json", out_dir / "tokenizer.json")
+        torch.manual_seed(seed)
+        model = obj.build_model(encoder)
+        steps_per_epoch = math.ceil(counts["train"] / batch_size)
+        total = max_steps or epochs * steps_per_epoch
+        warmup = int(warmup_ratio * total)
+        recipe = SimpleNamespace(
+            train=TrainConfig(seq_len=L, global_batch_size=batch_size, max_steps=total, eval_every=steps_per_epoch,
+                              eval_batches=0, save_every=0, keep_checkpoints=1, log_every=max(1, min(50, steps_per_epoch // 4)),
+                              seed=seed),
+            optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, schedule="linear", warmup_steps=warmup),
+        )
+        finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
+                         "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
+                         "classifier_dropout": classifier_dropout, "dropout": dropout, "task_state": t.state(),
+                         "options": asdict(t.options)}
+        if state.is_main_process:
+            ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
+                                                   "objective": t.objective, "finetune": finetune_info})
+            shutil.copyfile(run / "tokenizer.json", out_dir / "tokenizer.json")
 
-    select = f"val_{t.main_metric}"
-    summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
-    best = summary.get("best") or {}
+        select = f"val_{t.main_metric}"
+        summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
+        best = summary.get("best") or {}
 
-    written = {}
-    if state.is_main_process:
-        load_model(model, str(out_dir / "model.safetensors"))  # the best dev weights, for the test predictions
-        written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed)
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune has no --resume
-    result = {
-        "task": t.name, "from_run": str(run), "init": init, "out_dir": str(out_dir),
-        "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
-        "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
-        "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
-        "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
-        "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
-        "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
-        "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
-                     "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
-                     "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
-                     "dropout": dropout,
-                     "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
-    }
-    if state.is_main_process:
-        ckpt.write_json(out_dir / "metrics.json", result)
-    state.wait_for_everyone()
-    return result
+        written = {}
+        if state.is_main_process:
+            load_model(model, str(out_dir / "model.safetensors"))  # the best dev weights, for the test predictions
+            written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed)
+            shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
+        result = {
+            "task": t.name, "from_run": str(run), "init": init, "out_dir": str(out_dir),
+            "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
+            "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
+            "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
+            "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
+            "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
+            "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
+            "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
+                         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
+                         "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
+                         "dropout": dropout,
+                         "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
+        }
+        if state.is_main_process:
+            ckpt.write_json(out_dir / "metrics.json", result)
+        state.wait_for_everyone()
+        return result
+
+
+@contextmanager
+def _finished_or_discarded(out_dir: Path, made: bool, main: bool, what: str):
+    """OUT ends complete (metrics.json, written last) or not at all. Finetune does not resume, so the best
+    weights of an interrupted or failed finetune would only pass for a finished run: they are removed with
+    the rest. (A kill -9 cannot be caught: the run reader refuses a finetune without metrics.json.)"""
+    try:
+        yield
+    except (KeyboardInterrupt, Interrupted) as e:
+        step = _last_step(out_dir / "metrics.jsonl")
+        if main:
+            discard(out_dir, made)
+        done = f"after step {step}" if step else "before its first optimizer step"
+        raise Interrupted(f"{what} stopped {done}; finetune does not resume, so {out_dir} was "
+                          f"{'removed' if made else 'emptied'} — run the same command again") from e
+    except BaseException:
+        if main:
+            discard(out_dir, made)
+        raise
+
+
+def _last_step(metrics_file: Path) -> int | None:
+    try:
+        lines = metrics_file.read_text(encoding="utf-8").splitlines()
+        return json.loads(lines[-1]).get("step") if lines else None
+    except (OSError, ValueError):
+        return None
 
 
 def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, classifier_dropout=None):

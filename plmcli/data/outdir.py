@@ -74,3 +74,16 @@ def swap_into(tmp: Path, dest: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp, dest)
+
+
+def discard(out_dir: Path, made: bool) -> None:
+    """Remove what a command wrote into `out_dir`: the directory itself if the command made it, else its
+    contents (an empty directory the user made stays)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return
+    for child in [out_dir] if made else list(out_dir.iterdir()):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
