@@ -88,7 +88,9 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     from plmcli.config import load_recipe
     from plmcli.config_sections import TokenizerConfig
     from plmcli.data.corpus import tokenize_corpus
+    from plmcli.data.outdir import check_writable
 
+    check_writable(out)
     _quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
     if tokenizer and tokenizer.endswith(".json"):
@@ -116,7 +118,9 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
     ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT); `lexicon` gives the units of masking "knowledge" (ERNIE).
     """
     from plmcli.data.mlm_data import make_mlm_data as build
+    from plmcli.data.outdir import check_writable
 
+    check_writable(out)
     _quiet_datasets_off_terminal()
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
@@ -312,9 +316,12 @@ def loop_train(*args, **kwargs):
 
 
 def _check_new_run_dir(run_dir: Path) -> None:
+    from plmcli.data.outdir import check_writable
+
     if run_dir.exists() and any(run_dir.iterdir()):
         raise PlmError(f"run directory {run_dir} already exists and is not empty",
                        "choose another --out, delete it, or add --resume to continue it")
+    check_writable(run_dir)
 
 
 def _objective(recipe, tok, special_ids):
@@ -384,8 +391,10 @@ def export(run: str | None, format: str, out: str, force: bool = False) -> dict:
 def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     """A local transformers model directory as a plm run directory at `out` (see plmcli.interop.hf);
     returns {"out", "family", "model_type", "fresh": modules initialised because the checkpoint lacks them, ...}."""
+    from plmcli.data.outdir import check_writable
     from plmcli.interop.hf import import_hf as import_dir
 
+    check_writable(out)
     return import_dir(hf_dir, out, force)
 
 

@@ -43,6 +43,9 @@ def export_report(run: str | None, format: str, out: str, force: bool = False) -
     """
     if format not in FORMATS:
         raise PlmError(f"unknown export format '{format}'", f"use one of: {', '.join(FORMATS)}")
+    from plmcli.data.outdir import check_writable
+
+    check_writable(out)
     return {"format": format, **FORMATS[format](run, out, force)}
 
 

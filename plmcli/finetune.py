@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
-from plmcli.data.outdir import discard
+from plmcli.data.outdir import check_writable, discard
 from plmcli.errors import Interrupted, PlmError
 
 INITS = ("pretrained", "random")
@@ -60,6 +60,11 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     run = resolve_run(from_run, FROM).resolve()
     cfg = run_config(run)
     run_label = from_run or f"runs/latest ({run.name})"
+    what = "eval" if eval_only else t.name
+    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any work
+        raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
+    check_writable(out_dir)
     prev = cfg.get("finetune")
     if eval_only:
         if not prev or prev.get("task") != t.name:
@@ -87,10 +92,6 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
                            f"use --max-seq-len ≤ {positions}")
         obj = task_objective(t, tok, special_ids, L, type(encoder), classifier_dropout)
 
-    what = "eval" if eval_only else t.name
-    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any writes
-        raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
     state = process_state()  # on N processes (accelerate launch, torchrun) they all get here
     if not eval_only and batch_size % state.num_processes:  # fail before encoding anything
         fit = -(-batch_size // state.num_processes) * state.num_processes
