@@ -58,7 +58,7 @@ def _interrupt_after_training(monkeypatch):
     real = loop.train
 
     def train(*args, **kwargs):
-        summary = real(*args, **kwargs)
+        real(*args, **kwargs)
         assert (Path(args[4]) / "model.safetensors").is_file()
         raise KeyboardInterrupt
 
