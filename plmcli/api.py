@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plmcli.errors import PlmError
 
-RUN_CONFIG = "config.json"
+from plmcli.runs import RUN_CONFIG  # noqa: F401  (where callers have long imported it from)
 
 
 def _quiet_datasets_off_terminal() -> None:
@@ -88,7 +88,9 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     from plmcli.config import load_recipe
     from plmcli.config_sections import TokenizerConfig
     from plmcli.data.corpus import tokenize_corpus
+    from plmcli.data.outdir import check_writable
 
+    check_writable(out)
     _quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
     if tokenizer and tokenizer.endswith(".json"):
@@ -116,7 +118,9 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
     ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT); `lexicon` gives the units of masking "knowledge" (ERNIE).
     """
     from plmcli.data.mlm_data import make_mlm_data as build
+    from plmcli.data.outdir import check_writable
 
+    check_writable(out)
     _quiet_datasets_off_terminal()
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
@@ -372,10 +376,13 @@ def loop_train(*args, **kwargs):
 
 
 def _check_new_run_dir(run_dir: Path) -> None:
+    from plmcli.data.outdir import check_writable
+
     if run_dir.exists() and any(run_dir.iterdir()):
         raise PlmError(f"run directory {run_dir} already exists and is not empty",
                        "choose another --out, delete it, or add --resume to continue it (a run stopped before its "
                        "first checkpoint starts again from step 0)")
+    check_writable(run_dir)
 
 
 def _objective(recipe, tok, special_ids):
@@ -445,45 +452,29 @@ def export(run: str | None, format: str, out: str, force: bool = False) -> dict:
 def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     """A local transformers model directory as a plm run directory at `out` (see plmcli.interop.hf);
     returns {"out", "family", "model_type", "fresh": modules initialised because the checkpoint lacks them, ...}."""
+    from plmcli.data.outdir import check_writable
     from plmcli.interop.hf import import_hf as import_dir
 
+    check_writable(out)
     return import_dir(hf_dir, out, force)
 
 
 # ---------------------------------------------------------------- runs
 
 
-def resolve_run(run: str | None) -> Path:
-    from plmcli.train.checkpoint import runs_root
+def resolve_run(run: str | None, usage: str = "--model RUN") -> Path:
+    """A finished run's directory (None: runs/latest); `usage` is how the calling command takes a run,
+    for the hints (see plmcli.runs)."""
+    from plmcli.runs import resolve_run as resolve
 
-    path = Path(run) if run else runs_root() / "latest"
-    if not (path / RUN_CONFIG).is_file():
-        if run is None:
-            raise PlmError("no run given and runs/latest does not exist", "pass --model RUN_DIR, or train one with `plm pretrain`")
-        raise PlmError(f"{path} is not a plm run directory (no {RUN_CONFIG})", "pass the directory `plm pretrain` wrote")
-    if not any(path.glob("model.*")):
-        raise PlmError(f"run {path} has no model.safetensors yet", "let the run finish, or resume it with `plm pretrain --resume --out RUN`")
-    return path
+    return resolve(run, usage)
 
 
-def load_run(run: str | None):
-    """(model in eval mode, tokenizer, run config) of a finished run."""
-    from safetensors.torch import load_model
+def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it"):
+    """(model in eval mode, tokenizer, run config) of a finished language-model run (see plmcli.runs)."""
+    from plmcli.runs import load_run as load
 
-    from plmcli.config import build_section
-    from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.models.registry import build_model, model_config_class
-
-    path = resolve_run(run)
-    cfg = json.loads((path / RUN_CONFIG).read_text())
-    model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
-    model = build_model(cfg["family"], model_cfg)
-    if hasattr(model, "load_run_weights"):  # state whose shapes depend on the data (n-gram count tables)
-        model.load_run_weights(path)
-    else:
-        load_model(model, str(path / "model.safetensors"))
-    model.eval()
-    return model, load_tokenizer(path / "tokenizer.json"), cfg
+    return load(run, usage, doing)
 
 
 # ---------------------------------------------------------------- eval-ppl
@@ -505,7 +496,12 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     from plmcli.eval.pseudo import pseudo_ppl, scores_masked_tokens
     from plmcli.models.registry import model_class
 
-    family = json.loads((resolve_run(model) / RUN_CONFIG).read_text())["family"]
+    from plmcli.runs import refuse_task_model, run_config
+
+    path = resolve_run(model, "--model RUN")
+    run_cfg = run_config(path)
+    refuse_task_model(path, run_cfg, model, "--model RUN", "score text")
+    family = run_cfg["family"]
     cls = model_class(family)
     masked = not hasattr(cls, "eval_ppl") and scores_masked_tokens(cls)
     if not (getattr(cls, "causal", False) or hasattr(cls, "eval_ppl") or masked):
@@ -518,7 +514,7 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     if memory and not getattr(cls, "has_memory", False):
         raise PlmError(f"--mem-len / --tgt-len apply to models with memory (transformer_xl, xlnet), and run "
                        f"{model or 'runs/latest'} is {family}", "leave them out; use --max-length / --stride for windows")
-    net, tok, cfg = load_run(model)
+    net, tok, cfg = load_run(model, "--model RUN", "score text")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if hasattr(net, "eval_ppl"):
         return net.eval_ppl(files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size, device=device,

@@ -14,9 +14,9 @@ from plmcli.errors import PlmError
 
 
 def _arpa(run: str | None, out: str, force: bool) -> dict:
-    from plmcli.api import load_run
+    from plmcli.runs import load_run
 
-    model, _, cfg = load_run(run)
+    model, _, cfg = load_run(run, USAGE, "export")
     if not hasattr(model, "write_arpa"):
         raise PlmError(f"run {run or 'runs/latest'} ({cfg['family']}) cannot be exported as arpa",
                        "ARPA holds n-gram models only: export a run trained with an ngram-* recipe")
@@ -29,6 +29,9 @@ def _hf(run: str | None, out: str, force: bool) -> dict:
     return export_hf(run, out, force)
 
 
+USAGE = "plm export RUN"
+"""How export takes its run, for the run reader's hints."""
+
 FORMATS = {"arpa": _arpa, "hf": _hf}
 """Format name -> its writer (run, out, force) -> report dict with at least "out"."""
 
@@ -40,6 +43,9 @@ def export_report(run: str | None, format: str, out: str, force: bool = False) -
     """
     if format not in FORMATS:
         raise PlmError(f"unknown export format '{format}'", f"use one of: {', '.join(FORMATS)}")
+    from plmcli.data.outdir import check_writable
+
+    check_writable(out)
     return {"format": format, **FORMATS[format](run, out, force)}
 
 

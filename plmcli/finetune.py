@@ -16,13 +16,17 @@ import json
 import math
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
-from plmcli.errors import PlmError
+from plmcli.data.outdir import check_writable, discard
+from plmcli.errors import Interrupted, PlmError
 
 INITS = ("pretrained", "random")
+FROM = "--from RUN"
+"""How finetune takes its run, for the run reader's hints."""
 
 
 def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3,
@@ -44,19 +48,23 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     import torch
     from safetensors.torch import load_model
 
-    from plmcli.api import RUN_CONFIG, resolve_run
     from plmcli.config import OptimConfig, TrainConfig
     from plmcli.data.tasks.registry import get_task
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.runs import RUN_CONFIG, load_run_tokenizer, resolve_run, run_config
     from plmcli.train import checkpoint as ckpt
     from plmcli.train.distributed import process_state
     from plmcli.train.loop import train
 
     _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout, dropout)
     t = get_task(task, options)
-    run = resolve_run(from_run).resolve()
-    cfg = json.loads((run / RUN_CONFIG).read_text())
+    run = resolve_run(from_run, FROM).resolve()
+    cfg = run_config(run)
     run_label = from_run or f"runs/latest ({run.name})"
+    what = "eval" if eval_only else t.name
+    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any work
+        raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
+    check_writable(out_dir)
     prev = cfg.get("finetune")
     if eval_only:
         if not prev or prev.get("task") != t.name:
@@ -67,7 +75,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         classifier_dropout = prev.get("classifier_dropout")
     _check_backbone(cfg["family"], run_label, t)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    tok = load_tokenizer(run / "tokenizer.json")
+    tok = load_run_tokenizer(run, cfg)
     # Before OUT exists (bad data leaves nothing behind), and before the objective: a task may learn
     # its labels from the data (own data, CoNLL tags), which sizes the head.
     splits = t.load(data_dir)
@@ -84,74 +92,101 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
                            f"use --max-seq-len ≤ {positions}")
         obj = task_objective(t, tok, special_ids, L, type(encoder), classifier_dropout)
 
-    what = "eval" if eval_only else t.name
-    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any writes
-        raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
     state = process_state()  # on N processes (accelerate launch, torchrun) they all get here
     if not eval_only and batch_size % state.num_processes:  # fail before encoding anything
         fit = -(-batch_size // state.num_processes) * state.num_processes
         raise PlmError(f"--batch-size {batch_size} cannot be split evenly over {state.num_processes} processes",
                        f"pick a multiple of the process count, e.g. --batch-size {fit}")
     state.wait_for_everyone()
+    made_dir = not out_dir.exists()
     if state.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-    data = out_dir / "data"
-    if state.is_main_process:
-        obj.encode_splits(splits, data)
-    state.wait_for_everyone()
-    meta = json.loads((data / "meta.json").read_text())
-    counts = {k: v["documents"] for k, v in meta["counts"].items()}
-    if eval_only:
-        return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
+    label = "the --eval-only run" if eval_only else f"the {t.name} finetune"
+    with _finished_or_discarded(out_dir, made_dir, state.is_main_process, label):
+        data = out_dir / "data"
+        if state.is_main_process:
+            obj.encode_splits(splits, data)
+        state.wait_for_everyone()
+        meta = json.loads((data / "meta.json").read_text())
+        counts = {k: v["documents"] for k, v in meta["counts"].items()}
+        if eval_only:
+            return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
 
-    torch.manual_seed(seed)
-    model = obj.build_model(encoder)
-    steps_per_epoch = math.ceil(counts["train"] / batch_size)
-    total = max_steps or epochs * steps_per_epoch
-    warmup = int(warmup_ratio * total)
-    recipe = SimpleNamespace(
-        train=TrainConfig(seq_len=L, global_batch_size=batch_size, max_steps=total, eval_every=steps_per_epoch,
-                          eval_batches=0, save_every=0, keep_checkpoints=1, log_every=max(1, min(50, steps_per_epoch // 4)),
-                          seed=seed),
-        optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, schedule="linear", warmup_steps=warmup),
-    )
-    finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
-                     "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
-                     "classifier_dropout": classifier_dropout, "dropout": dropout, "task_state": t.state(),
-                     "options": asdict(t.options)}
-    if state.is_main_process:
-        ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
-                                               "objective": t.objective, "finetune": finetune_info})
-        shutil.copyfile(run / "tokenizer.json", out_dir / "tokenizer.json")
+        torch.manual_seed(seed)
+        model = obj.build_model(encoder)
+        steps_per_epoch = math.ceil(counts["train"] / batch_size)
+        total = max_steps or epochs * steps_per_epoch
+        warmup = int(warmup_ratio * total)
+        recipe = SimpleNamespace(
+            train=TrainConfig(seq_len=L, global_batch_size=batch_size, max_steps=total, eval_every=steps_per_epoch,
+                              eval_batches=0, save_every=0, keep_checkpoints=1, log_every=max(1, min(50, steps_per_epoch // 4)),
+                              seed=seed),
+            optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, schedule="linear", warmup_steps=warmup),
+        )
+        finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
+                         "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
+                         "classifier_dropout": classifier_dropout, "dropout": dropout, "task_state": t.state(),
+                         "options": asdict(t.options)}
+        if state.is_main_process:
+            ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
+                                                   "objective": t.objective, "finetune": finetune_info})
+            shutil.copyfile(run / "tokenizer.json", out_dir / "tokenizer.json")
 
-    select = f"val_{t.main_metric}"
-    summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
-    best = summary.get("best") or {}
+        select = f"val_{t.main_metric}"
+        summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
+        best = summary.get("best") or {}
 
-    written = {}
-    if state.is_main_process:
-        load_model(model, str(out_dir / "model.safetensors"))  # the best dev weights, for the test predictions
-        written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed)
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune has no --resume
-    result = {
-        "task": t.name, "from_run": str(run), "init": init, "out_dir": str(out_dir),
-        "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
-        "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
-        "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
-        "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
-        "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
-        "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
-        "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
-                     "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
-                     "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
-                     "dropout": dropout,
-                     "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
-    }
-    if state.is_main_process:
-        ckpt.write_json(out_dir / "metrics.json", result)
-    state.wait_for_everyone()
-    return result
+        written = {}
+        if state.is_main_process:
+            load_model(model, str(out_dir / "model.safetensors"))  # the best dev weights, for the test predictions
+            written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed)
+            shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
+        result = {
+            "task": t.name, "from_run": str(run), "init": init, "out_dir": str(out_dir),
+            "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
+            "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
+            "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
+            "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
+            "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
+            "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
+            "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
+                         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
+                         "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
+                         "dropout": dropout,
+                         "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
+        }
+        if state.is_main_process:
+            ckpt.write_json(out_dir / "metrics.json", result)
+        state.wait_for_everyone()
+        return result
+
+
+@contextmanager
+def _finished_or_discarded(out_dir: Path, made: bool, main: bool, what: str):
+    """OUT ends complete (metrics.json, written last) or not at all. Finetune does not resume, so the best
+    weights of an interrupted or failed finetune would only pass for a finished run: they are removed with
+    the rest. (A kill -9 cannot be caught: the run reader refuses a finetune without metrics.json.)"""
+    try:
+        yield
+    except (KeyboardInterrupt, Interrupted) as e:
+        step = _last_step(out_dir / "metrics.jsonl")
+        if main:
+            discard(out_dir, made)
+        done = f"after step {step}" if step else "before its first optimizer step"
+        raise Interrupted(f"{what} stopped {done}; finetune does not resume, so {out_dir} was "
+                          f"{'removed' if made else 'emptied'} — run the same command again") from e
+    except BaseException:
+        if main:
+            discard(out_dir, made)
+        raise
+
+
+def _last_step(metrics_file: Path) -> int | None:
+    try:
+        lines = metrics_file.read_text(encoding="utf-8").splitlines()
+        return json.loads(lines[-1]).get("step") if lines else None
+    except (OSError, ValueError):
+        return None
 
 
 def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, classifier_dropout=None):
@@ -209,37 +244,28 @@ def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
     backbone part is taken.
     """
     import torch
-    from safetensors.torch import load_model
 
-    from plmcli.config import build_section
-    from plmcli.models.registry import build_model, model_config_class
+    from plmcli.runs import build_run_model, load_weights
 
-    model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
     torch.manual_seed(seed)
-    encoder = build_model(cfg["family"], model_cfg)
+    encoder = build_run_model(run, cfg)
     if pretrained:
         target = _finetuned(run, cfg, None, encoder)[0] if cfg.get("finetune") else encoder
-        try:
-            load_model(target, str(run / "model.safetensors"))
-        except (RuntimeError, KeyError) as e:
-            raise PlmError(f"the weights in {run / 'model.safetensors'} do not fit its config.json ({str(e).splitlines()[0]})",
-                           "pass a run directory written by `plm pretrain` or `plm finetune`") from e
+        load_weights(target, run, cfg)
     return encoder
 
 
 def _finetuned(run: Path, cfg: dict, tok=None, backbone=None):
     """(task model, objective) of a finetuned run as its config.json describes it: the weights loaded
     unless a `backbone` is given (then the caller loads them into the returned model)."""
-    from safetensors.torch import load_model
-
     from plmcli.data.tasks import TaskOptions
     from plmcli.data.tasks.registry import get_task
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.runs import load_run_tokenizer, load_weights
 
     ft = cfg["finetune"]
     task = get_task(ft["task"], TaskOptions(**ft.get("options", {})))
     task.restore(ft.get("task_state", {}))
-    tok = tok or load_tokenizer(run / "tokenizer.json")
+    tok = tok or load_run_tokenizer(run, cfg)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
     given = backbone is not None
     if not given:
@@ -247,22 +273,21 @@ def _finetuned(run: Path, cfg: dict, tok=None, backbone=None):
     obj = task_objective(task, tok, special_ids, ft["max_seq_len"], type(backbone), ft.get("classifier_dropout"))
     model = obj.build_model(backbone)
     if not given:
-        load_model(model, str(run / "model.safetensors"))
+        load_weights(model, run, cfg)
         model.eval()
     return model, obj
 
 
-def load_finetuned(run_dir: str):
+def load_finetuned(run_dir: str, usage: str = FROM):
     """(task model in eval mode, tokenizer, config) of a `plm finetune` output directory."""
-    from plmcli.api import RUN_CONFIG, resolve_run
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.runs import load_run_tokenizer, resolve_run, run_config
 
-    path = resolve_run(run_dir)
-    cfg = json.loads((path / RUN_CONFIG).read_text())
+    path = resolve_run(run_dir, usage)
+    cfg = run_config(path)
     if not cfg.get("finetune"):
         raise PlmError(f"{path} is not a finetuned run (its config.json has no 'finetune' section)",
                        "pass a directory written by `plm finetune`")
-    tok = load_tokenizer(path / "tokenizer.json")
+    tok = load_run_tokenizer(path, cfg)
     model, _ = _finetuned(path, cfg, tok)
     return model, tok, cfg
 

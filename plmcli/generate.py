@@ -7,12 +7,15 @@ All decoding strategies drive one small interface, a *session* over N rows:
 keeps / duplicates rows (beam search reorders them). Sessions exist for
 - encoder-decoders: `model.encode(src_ids, src_mask)` once, then `model.decode_step(tokens, state)`;
 - stateful causal LMs (`stateful = True`, forward(ids, state) -> (logits, state)): the state carried;
-- other causal LMs: the forward recomputed over the context, cropped to the model's max_positions.
+- other causal LMs: the forward recomputed over the context, cropped to the model's max_positions;
+- a model with a `generation_session(prompt_ids)` of its own (n-grams: log P(w | history) over its
+  words), which also names its `eos` and `decode`s its tokens.
 Generation stops at eos (which is not part of the output) or after max_new_tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -281,14 +284,16 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
     if isinstance(run, tuple):
         model, tok, cfg = run
     else:
-        from plmcli.api import load_run
+        from plmcli.runs import load_run
 
-        model, tok, cfg = load_run(run)
+        model, tok, cfg = load_run(run, "plm generate RUN", "generate")
     seq2seq, causal = getattr(model, "seq2seq", False), getattr(model, "causal", False)
     if not (seq2seq or causal):
         raise PlmError(f"a {cfg.get('family', type(model).__name__)} run cannot generate text (it is neither causal nor encoder-decoder)",
                        "generate from a causal LM (gpt, rnn, ...) or a seq2seq / transformer run")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # A model that decodes in a vocabulary of its own (n-gram words, counted on the CPU) gives its own session.
+    own = hasattr(model, "generation_session")
+    device = torch.device("cpu" if own else device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device).eval()
     ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
     eos = ids.get("eos")
@@ -316,7 +321,11 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         if max_new_tokens == 0:
             texts.extend("" for _ in batch)
             continue
-        if seq2seq:
+        decode = functools.partial(_decode, tok, continuation=not seq2seq)
+        if own:
+            session = model.generation_session(encoded)
+            eos, decode = session.eos, lambda _, out: session.decode(out)
+        elif seq2seq:
             keep = (P - 1) if P else None
             session = Seq2SeqSession(model, [e[:keep] + [eos] for e in encoded], ids["pad"], start, eos, device)
         else:
@@ -331,8 +340,7 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
             outs = _beam(session, len(batch), num_beams, max_new_tokens, eos, length_penalty)
         else:
             outs = _per_row(session, len(batch), max_new_tokens, eos, pick)
-        for e, out in zip(encoded, outs):
-            texts.append(_decode(tok, e, out, continuation=not seq2seq))
+        texts.extend(decode(e, out) for e, out in zip(encoded, outs))
     return texts
 
 

@@ -60,12 +60,12 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
     model.safetensors and tokenizer files AutoTokenizer reads. Returns a report (architecture, notes)."""
     from safetensors.torch import save_file
 
-    from plmcli.api import RUN_CONFIG, resolve_run
-    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.export import USAGE
     from plmcli.models.registry import model_class
+    from plmcli.runs import load_run_tokenizer, resolve_run, run_config
 
-    src = resolve_run(run)
-    cfg = json.loads((src / RUN_CONFIG).read_text())
+    src = resolve_run(run, USAGE)
+    cfg = run_config(src)
     family = cfg["family"]
     if not hasattr(model_class(family), "to_hf"):
         raise PlmError(f"run {run or 'runs/latest'} ({family}) cannot be exported for transformers",
@@ -88,7 +88,7 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
     # Second networks a family ships beside the main one (ELECTRA's generator in generator/), each a
     # directory of its own that AutoModel… and AutoTokenizer load; built before anything is written.
     extras = model.hf_extra_exports(cfg) if head is None and hasattr(model, "hf_extra_exports") else {}
-    files = hf_tokenizer_files(load_tokenizer(src / "tokenizer.json"), cfg, model)
+    files = hf_tokenizer_files(load_run_tokenizer(src, cfg), cfg, model)
 
     def write(tmp: Path) -> None:
         for d, (conf, sd) in [(tmp, (hf_config, state_dict))] + [(tmp / sub, v) for sub, v in extras.items()]:
@@ -106,15 +106,16 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
 
 def _export_model(src: Path, cfg: dict):
     """(backbone model in eval mode, the classifier's Linear head or None, notes) of a run."""
-    from plmcli.api import load_run
+    from plmcli.runs import load_run_model
 
     if not cfg.get("finetune"):
-        return load_run(str(src))[0], None, []
+        return load_run_model(src, cfg), None, []
+    from plmcli.export import USAGE
     from plmcli.finetune import load_encoder, load_finetuned
     from plmcli.objectives.classify import SequenceClassifier
 
     task = cfg["finetune"].get("task")
-    task_model = load_finetuned(str(src))[0]
+    task_model = load_finetuned(str(src), USAGE)[0]
     if isinstance(task_model, SequenceClassifier) and not task_model.feature_based:
         return task_model.encoder.eval(), task_model.head, []
     note = f"{task} head not exported, only the network it finetuned (transformers has no class for the head)"

@@ -270,6 +270,10 @@ class NGramLM(nn.Module):
             nll -= float(np.log(self._prob(windows[ends[i:i + chunk] - (N - 1)])).sum())
         return nll, len(ends), int(np.count_nonzero(flat[ends] == UNK))
 
+    def generation_session(self, prompts: list[list[int]]) -> "NGramSession":
+        """`plm generate`'s decoding session (see plmcli.generate) over prompts given as tokenizer ids."""
+        return NGramSession(self, [self.to_ids(p).tolist() for p in prompts])
+
     # ------------------------------------------------------------ fit / save / load
 
     def fit(self, data_dir, recipe, run_dir, console=None) -> dict:
@@ -440,6 +444,37 @@ class NGramLM(nn.Module):
             f.write("\n\\end\\\n")
         os.replace(tmp, path)
         return path
+
+
+class NGramSession:
+    """Rows of n-gram histories for plmcli.generate's strategies: logits() are log P(w | the row's last N-1
+    words) over V, so greedy, beam and sampling decode the n-gram distribution itself. Each prompt is the
+    start of a sentence (after <s>); generation stops at </s>. Tokens are n-gram ids (<unk> may be drawn:
+    it holds the mass of every word the model never saw), and the output is its words joined by spaces."""
+
+    eos = EOS
+
+    def __init__(self, model: NGramLM, histories: list[list[int]]):
+        self.model, self.rows, self._logits = model, histories, None
+
+    def logits(self):
+        import torch
+
+        if self._logits is None:
+            self._logits = torch.from_numpy(np.stack([self.model.logprobs(h) for h in self.rows]))
+        return self._logits
+
+    def push(self, tokens) -> None:
+        self.rows = [h + [int(t)] for h, t in zip(self.rows, tokens.tolist())]
+        self._logits = None
+
+    def select(self, index) -> None:
+        keep = index.tolist()
+        self.rows = [self.rows[i] for i in keep]
+        self._logits = None if self._logits is None else self._logits[index.cpu()]
+
+    def decode(self, new_ids: list[int]) -> str:
+        return " ".join(self.model.words[i] for i in new_ids)
 
 
 def read_sentences(corpus_dir, split: str) -> tuple[np.ndarray, np.ndarray]:

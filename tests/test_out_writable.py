@@ -1,0 +1,90 @@
+"""`--out` where nothing can be written: one line before any work, for every command that writes one,
+and nothing left behind. Tests run as root, where chmod does not stop writes: a parent that is a regular
+file, and a directory whose mkdir fails as on a read-only filesystem or without permission."""
+
+import errno
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import tiny_corpus, tiny_recipe
+from plmcli.cli import app
+from plmcli.data.outdir import check_writable
+from plmcli.errors import PlmError
+
+runner = CliRunner()
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A tiny GPT run, a tokenized corpus and a transformers directory to feed the commands."""
+    root = tmp_path_factory.mktemp("made")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLM_RUNS", str(root / "runs"))
+        mp.setenv("PLM_CACHE", str(root / "cache"))
+        recipe, corpus = tiny_recipe(root / "tiny.yaml"), tiny_corpus(root / "c.txt")
+        assert run("pretrain", "--recipe", recipe, "--data", corpus, "--out", root / "gpt").exit_code == 0
+        assert run("tokenize", corpus, "--out", root / "tok", "--recipe", "bert-mini", "--val-fraction", "0.2").exit_code == 0
+        assert run("export", root / "gpt", "--format", "hf", "--out", root / "hf").exit_code == 0
+    return root
+
+
+def commands(made, out):
+    return {
+        "pretrain": ["pretrain", "--recipe", made / "tiny.yaml", "--data", made / "c.txt", "--out", out],
+        "finetune": ["finetune", "--task", "sst2", "--data-dir", SAMPLE, "--from", made / "gpt", "--out", out,
+                     "--max-steps", 1, "--max-seq-len", 16],
+        "tokenize": ["tokenize", made / "c.txt", "--out", out],
+        "make-mlm-data": ["make-mlm-data", made / "tok", "--out", out, "--max-seq-len", 32],
+        "export": ["export", made / "gpt", "--format", "hf", "--out", out],
+        "import": ["import", made / "hf", "--out", out],
+    }
+
+
+def assert_one_line(res, line):
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == line and "Traceback" not in res.output
+
+
+def test_a_parent_that_is_a_file(made, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    out = blocker / "sub" / "out"
+    for name, args in commands(made, out).items():
+        assert_one_line(run(*args), f"error: cannot write {out}: {blocker} is a file, not a directory — choose a writable --out")
+    assert blocker.read_text() == "not a directory\n" and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("code, reason", [(errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")])
+def test_a_directory_that_takes_no_new_entry(made, tmp_path, monkeypatch, code, reason):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if str(self).startswith(str(locked)):
+            raise (PermissionError if code == errno.EACCES else OSError)(code, reason, str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    for name, args in commands(made, locked / "out").items():
+        assert_one_line(run(*args), f"error: cannot write {locked / 'out'}: {reason} — choose a writable --out")
+    assert not any(locked.iterdir()) and not (tmp_path / "runs" / "latest").exists()
+
+
+def test_the_check_leaves_nothing_and_passes_writable_places(tmp_path):
+    check_writable(tmp_path / "new" / "deeper")  # missing directories are fine: the command makes them
+    (tmp_path / "existing").mkdir()
+    check_writable(tmp_path / "existing")
+    (tmp_path / "lm.arpa").write_text("x")
+    check_writable(tmp_path / "lm.arpa")  # an existing file: its directory is what must take writes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "lm.arpa"]
+    assert not any((tmp_path / "existing").iterdir())
+    with pytest.raises(PlmError, match="is a file, not a directory"):
+        check_writable(tmp_path / "lm.arpa" / "x")
