@@ -148,7 +148,8 @@ def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks
 @recipes_app.callback()
 @guarded
 def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")):
-    """List every shipped recipe: name, family, objective, parameters.
+    """List every shipped recipe: name, family, objective, parameters, and the first sentence of its
+    description, one line each; `plm recipes show NAME` prints a recipe whole, --json lists them all.
 
     Example: plm recipes
     """
@@ -159,13 +160,28 @@ def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     rows = api.list_recipes()
     if as_json:
         return _print_json(rows)
+    import re
+
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("recipe", "family", "objective", "params", "description")
-    for r in rows:
-        table.add_row(r["name"], r["family"], r["objective"], f"{r['params'] / 1e6:,.1f}M", r["description"])
-    Console().print(table)
+    cells = [(r["name"], r["family"] or "", r["objective"] or "", f"{r['params'] / 1e6:,.1f}M",
+              # the first sentence of the first line ("et al. 2019" does not end one): `recipes show` has the rest
+              re.split(r"(?<=[.!?])\s+(?=[A-Z])", r["description"].strip().split("\n", 1)[0], maxsplit=1)[0])
+             for r in rows]
+    console = Console()
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    heads = ("recipe", "family", "objective", "params")
+    widths = [max(len(head), *(len(c[i]) for c in cells)) for i, head in enumerate(heads)]
+    for head, width in zip(heads, widths):  # never cut: a name is what the user types next
+        table.add_column(head, no_wrap=True, min_width=width, justify="right" if head == "params" else "left")
+    # the description gets the width that is left: each column is padded by 2, and 1 separates two columns
+    left = max(console.width - sum(widths) - 3 * len(heads) - 2, 8)
+    table.add_column("description", no_wrap=True, overflow="ellipsis", max_width=left)
+    for c in cells:
+        table.add_row(*c)
+    console.print(table)
 
 
 @recipes_app.command("list")
