@@ -9,7 +9,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from helpers import tiny_corpus, tiny_recipe
