@@ -179,9 +179,6 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     for st in stages:
         st.train.max_steps = max_steps if max_steps is not None else st.train.max_steps
         st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
-        if st.train.max_nonfinite_steps < 1:
-            raise PlmError(f"train.max_nonfinite_steps {st.train.max_nonfinite_steps} must be ≥ 1",
-                           "e.g. --set train.max_nonfinite_steps=10 (1 stops at the first non-finite loss)")
     with ExitStack() as held:  # the run's lock, released however this ends
         return _pretrain_run(r, names, stages, data, run_dir, resume, restart, streaming, time_budget, stop_after,
                              console, held)

@@ -5,26 +5,14 @@ Heavy libraries (torch, datasets) are imported inside api calls so `plm --help` 
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from plmcli.errors import PlmError
-
-app = typer.Typer(
-    name="plm",
-    help="Pretrain, finetune and evaluate classic language models from one recipe per model.\n\n"
-    "Start with: plm pretrain --recipe gpt-mini   then   plm eval-ppl some.txt",
-    no_args_is_help=True,
-    rich_markup_mode="rich",
-    pretty_exceptions_show_locals=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-recipes_app = typer.Typer(help="List the shipped recipes or show one fully resolved.", invoke_without_command=True)
-app.add_typer(recipes_app, name="recipes")
 
 _state = {"debug": False}
 
@@ -47,24 +35,90 @@ def _process() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def guarded(fn):
-    """PlmError -> one line `error: what — fix` and exit code 2 (the traceback only with --debug)."""
+def _places() -> dict:
+    """Directories plm picks for the user (see errors.os_error): a failure inside one names its setting."""
+    from plmcli.data.corpus import default_cache_dir  # only once something failed: keeps startup light
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    places = {}
+    try:
+        places[str(default_cache_dir(check=False))] = ("PLM_CACHE", "export PLM_CACHE=<a writable directory> to move the cache")
+    except Exception:  # noqa: BLE001 — a hint must never hide the error it explains
+        pass
+    places[os.environ.get("PLM_RUNS", "runs")] = ("PLM_RUNS", "pass --out <a writable directory>, or export PLM_RUNS=<one>")
+    return places
+
+
+def _report(e: BaseException, command: str) -> tuple[str, int]:
+    """The one line for an exception that escaped `command`, and the exit code (see `plm --help`)."""
+    from plmcli.data.outdir import find_plm_error
+    from plmcli.errors import Interrupted, os_error
+
+    if isinstance(e, Interrupted):
+        return f"interrupted — {e.message}", 130
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted — nothing was written", 130
+    plm = find_plm_error(e)  # datasets wraps ours raised in its generators and workers
+    if plm is not None:
+        return f"error: {plm}", 2
+    cause = e
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return f"error: {os_error(cause, _places())}", 2
+    return (f"error: internal error in `{command}`: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f" — this is a bug in plm; `plm --debug {command.removeprefix('plm ')} …` shows the traceback to report"), 1
+
+
+_PASS = (typer.Exit, typer.Abort, typer.TyperException)  # Typer's own exits and usage errors
+
+
+class _ReportingGroup(TyperGroup):
+    """Catches, once for every command under it, any exception that escapes: one line on stderr and an
+    exit code (see `plm --help`); with --debug the traceback instead."""
+
+    def invoke(self, ctx):
         try:
-            return fn(*args, **kwargs)
-        except PlmError as e:
+            return super().invoke(ctx)
+        except _PASS:
+            raise
+        except (Exception, KeyboardInterrupt) as e:
             if _state["debug"]:
                 raise
+            names, c = [ctx.invoked_subcommand], ctx
+            while c.parent is not None:  # the path below the program, whatever name it was started under
+                names.insert(0, c.info_name)
+                c = c.parent
+            command = " ".join(["plm", *filter(None, names)])
+            line, code = _report(e, command)
             rank, world = _process()  # each process says it once: the line may come from only one of them
-            typer.echo(f"error{f' (process {rank} of {world})' if world > 1 else ''}: {e}", err=True)
-            raise typer.Exit(2)
-        except KeyboardInterrupt:
-            typer.echo("interrupted — a checkpoint was saved where possible; continue with `plm pretrain --resume --out RUN`", err=True)
-            raise typer.Exit(130)
+            if world > 1:
+                head, _, rest = line.partition(" ")
+                line = f"{head.rstrip(':')} (process {rank} of {world}){':' * head.endswith(':')} {rest}"
+            typer.echo(line, err=True)
+            raise typer.Exit(code) from None
 
-    return wrapper
+
+def guarded(fn):
+    """Marks a command whose errors the app reports (_ReportingGroup does it for every command)."""
+    return fn
+
+
+app = typer.Typer(
+    name="plm",
+    help="Pretrain, finetune and evaluate classic language models from one recipe per model.\n\n"
+    "Start with: plm pretrain --recipe gpt-mini   then   plm eval-ppl some.txt\n\n"
+    "Exit codes: 0 done; 2 bad input or a file plm cannot read or write (one line: error: what — how to fix); "
+    "130 interrupted (the line says what was left and how to continue); 1 an internal error, a bug in plm "
+    "(plm --debug COMMAND … shows its traceback).",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    cls=_ReportingGroup,
+)
+recipes_app = typer.Typer(help="List the shipped recipes or show one fully resolved.", invoke_without_command=True,
+                          cls=_ReportingGroup)
+app.add_typer(recipes_app, name="recipes")
 
 
 def _print_json(obj) -> None:
@@ -94,7 +148,8 @@ def main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks
 @recipes_app.callback()
 @guarded
 def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")):
-    """List every shipped recipe: name, family, objective, parameters.
+    """List every shipped recipe: name, family, objective, parameters, and the first sentence of its
+    description, one line each; `plm recipes show NAME` prints a recipe whole, --json lists them all.
 
     Example: plm recipes
     """
@@ -105,13 +160,28 @@ def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     rows = api.list_recipes()
     if as_json:
         return _print_json(rows)
+    import re
+
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("recipe", "family", "objective", "params", "description")
-    for r in rows:
-        table.add_row(r["name"], r["family"], r["objective"], f"{r['params'] / 1e6:,.1f}M", r["description"])
-    Console().print(table)
+    cells = [(r["name"], r["family"] or "", r["objective"] or "", f"{r['params'] / 1e6:,.1f}M",
+              # the first sentence of the first line ("et al. 2019" does not end one): `recipes show` has the rest
+              re.split(r"(?<=[.!?])\s+(?=[A-Z])", r["description"].strip().split("\n", 1)[0], maxsplit=1)[0])
+             for r in rows]
+    console = Console()
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    heads = ("recipe", "family", "objective", "params")
+    widths = [max(len(head), *(len(c[i]) for c in cells)) for i, head in enumerate(heads)]
+    for head, width in zip(heads, widths):  # never cut: a name is what the user types next
+        table.add_column(head, no_wrap=True, min_width=width, justify="right" if head == "params" else "left")
+    # the description gets the width that is left: each column is padded by 2, and 1 separates two columns
+    left = max(console.width - sum(widths) - 3 * len(heads) - 2, 8)
+    table.add_column("description", no_wrap=True, overflow="ellipsis", max_width=left)
+    for c in cells:
+        table.add_row(*c)
+    console.print(table)
 
 
 @recipes_app.command("list")

@@ -14,11 +14,12 @@ import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 
-from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.config_sections import (Count, DataConfig, Divides, Fraction, NonNegative, Positive, Probability, Size,
+                                    TokenizerConfig)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -27,42 +28,42 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @dataclass
 class TrainConfig:
-    seq_len: int = 128
+    seq_len: Size = 128
     """Tokens per training sequence (at most the model's max_positions)."""
-    global_batch_size: int = 32
+    global_batch_size: Size = 32
     """Sequences per optimizer step, over all processes; accumulation = global / (micro × world)."""
-    micro_batch_size: int = 0
+    micro_batch_size: Count = 0
     """Sequences per forward pass on one device; 0 = the whole global batch (no accumulation)."""
-    max_steps: int = 1000
+    max_steps: Size = 1000
     """Optimizer steps; also the horizon of the learning-rate schedule."""
-    max_tokens: Optional[int] = None
+    max_tokens: Optional[Size] = None
     """Stop after this many training tokens (whichever of max_steps / max_tokens comes first)."""
-    time_budget: Optional[float] = None
+    time_budget: Optional[Positive] = None
     """Stop after this many seconds of wall time (a checkpoint is written)."""
-    mixed_precision: str = "auto"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
-    grad_clip: float = 1.0
+    grad_clip: NonNegative = 1.0
     """Clip the global gradient norm to this; 0 disables."""
-    max_nonfinite_steps: int = 10
+    max_nonfinite_steps: Size = 10
     """Stop after this many optimizer steps in a row with a non-finite loss (or gradient norm, when clipping).
     Each is skipped (no update, the schedule waits) but counts as a step: its data is consumed."""
-    eval_every: int = 200
+    eval_every: Count = 200
     """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
-    eval_batches: int = 50
+    eval_batches: Count = 50
     """Validation micro-batches per evaluation, over all processes; 0 = the whole split."""
-    save_every: int = 1000
+    save_every: Count = 1000
     """Write a resumable checkpoint every N steps (and at the end); 0 = only at the end."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: Size = 2
     """How many recent checkpoints to keep."""
-    log_every: int = 10
+    log_every: Size = 10
     """Log loss / lr / throughput every N steps."""
     seed: int = 1337
     """Seeds model init, data order, masking and dropout."""
-    num_workers: int = 0
+    num_workers: Count = 0
     """DataLoader worker processes feeding batches."""
     compile: bool = False
     """torch.compile the model (GPU runs)."""
-    dist_timeout: int = 7200
+    dist_timeout: Size = 7200
     """Multi-process runs: seconds a process waits for the others (e.g. while the main one tokenizes)."""
 
 
@@ -70,29 +71,29 @@ class TrainConfig:
 class OptimConfig:
     name: str = "adamw"
     """adamw | adam | lamb | sgd."""
-    lr: float = 3e-4
+    lr: Positive = 3e-4
     """Peak learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: NonNegative = 0.01
     """Decoupled weight decay on matrices (never on biases or norm weights)."""
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     """Adam / LAMB moment decay rates."""
-    eps: float = 1e-8
+    eps: Positive = 1e-8
     """Adam / LAMB denominator epsilon."""
-    momentum: float = 0.0
+    momentum: Probability = 0.0
     """SGD momentum."""
     schedule: str = "linear"
     """linear | cosine | constant | inverse-sqrt | polynomial | step."""
-    warmup_steps: int = 0
+    warmup_steps: Count = 0
     """Linear warmup steps."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: Fraction = 0.0
     """The decayed learning rate as a fraction of lr."""
-    power: float = 1.0
+    power: Positive = 1.0
     """Exponent of the polynomial schedule."""
-    decay_factor: float = 0.5
+    decay_factor: Positive = 0.5
     """step schedule: multiply the lr by this every `decay_every` steps (Zaremba et al.: 0.5 per epoch)."""
-    decay_every: int = 1000
+    decay_every: Size = 1000
     """step schedule: steps between two decays."""
-    decay_start: int = 0
+    decay_start: Count = 0
     """step schedule: the first decay happens after this many steps."""
 
 
@@ -291,20 +292,13 @@ def _from_raw(raw: dict) -> Recipe:
 
 
 def _check_recipe(r: Recipe) -> None:
+    """What no single field's type can say: the fields' own ranges were checked as they were built."""
     t = r.train
-    if t.seq_len < 1 or t.global_batch_size < 1 or t.max_steps < 1:
-        raise PlmError("train.seq_len, train.global_batch_size and train.max_steps must be ≥ 1", "fix the recipe or --set")
-    if t.micro_batch_size < 0 or (t.micro_batch_size and t.global_batch_size % t.micro_batch_size):
+    if t.micro_batch_size and t.global_batch_size % t.micro_batch_size:
         raise PlmError(
             f"train.global_batch_size {t.global_batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
             "pick a micro batch that divides the global batch",
         )
-    if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-        raise PlmError(f"train.mixed_precision '{t.mixed_precision}' is not one of auto, no, bf16, fp16", "fix the recipe or --set")
-    if not 0 <= r.data.val_fraction < 1:
-        raise PlmError(f"data.val_fraction {r.data.val_fraction} must be in [0, 1)", "e.g. --set data.val_fraction=0.05")
-    if r.optim.lr <= 0:
-        raise PlmError(f"optim.lr {r.optim.lr} must be > 0", "e.g. --set optim.lr=3e-4")
 
 
 # ------------------------------------------------------------- typing
@@ -315,13 +309,75 @@ def build_section(cls, raw: dict, where: str):
         raise PlmError(f"section '{where}' must be a mapping", f"write {where}: followed by key: value lines")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     _reject_unknown(raw, list(fields), where)
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
+    _check_values(fields, hints, kwargs, where)
     return cls(**kwargs)
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
+    """Every field against what its type declares (config_sections: Literal, Range, Divides), defaults
+    included, so a recipe fails at load and never hours into a run. Cross-field checks come last: they
+    read fields that must already be valid."""
+    values = {k: kwargs[k] if k in kwargs else _default(f) for k, f in fields.items()}
+    checks = [(k, c) for k in fields for c in _constraints(hints[k])]
+    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], Divides)):
+        v = values[k]
+        if v is None or c.holds(v, values):
+            continue
+        default = _default(fields[k])
+        key = f"{where}.{k}"
+        if isinstance(c, tuple):  # the choices of a Literal
+            raise PlmError(f"{key} {v!r} is not one of {', '.join(map(str, c.choices))}", f"e.g. --set {key}={c.choices[0]}")
+        if isinstance(c, Divides):
+            total = values[c.other]
+            fit = max(n for n in range(1, min(v, total) + 1) if total % n == 0)
+            raise PlmError(f"{where}.{c.other} {total} is not divisible by {key} {v}",
+                           f"pick {k} dividing {c.other}, e.g. --set {key}={fit}")
+        example = default if default is not None and c.holds(default, values) else _inside(c)
+        raise PlmError(f"{key} {v} must be {c}", f"e.g. --set {key}={example}")
+
+
+def _inside(r) -> float:
+    """A value within the Range `r`, for a hint when the field's default is not one (None)."""
+    if not r.lo_open:
+        return r.lo
+    return (r.lo + r.hi) / 2 if r.hi is not None else r.lo + 1
+
+
+class _Choices(tuple):
+    """A Literal's values as a check: the value must be one of them."""
+
+    @property
+    def choices(self):
+        return tuple(self)
+
+    def holds(self, v, values: dict) -> bool:
+        return v in self
+
+
+def _constraints(tp) -> list:
+    """The checks a field's type declares: Annotated metadata and Literal choices, through Optional."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return [c for a in typing.get_args(tp) if a is not type(None) for c in _constraints(a)]
+    if origin is Annotated:
+        return [*_constraints(tp.__origin__), *(m for m in tp.__metadata__ if hasattr(m, "holds"))]
+    if origin is Literal:
+        return [_Choices(typing.get_args(tp))]
+    return []
 
 
 def _coerce(value, tp, where: str):
     origin = typing.get_origin(tp)
+    if origin is Annotated:  # the constraints are checked once every field is built
+        return _coerce(value, tp.__origin__, where)
+    if origin is Literal:
+        return _coerce(value, type(typing.get_args(tp)[0]), where)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:

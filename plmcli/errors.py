@@ -25,3 +25,51 @@ class Interrupted(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+# errno values that can only come from writing: the fix is to make room or write elsewhere.
+_WRITE_ERRNOS = {"EROFS", "ENOSPC", "EDQUOT", "EFBIG"}
+_FIXES = {
+    "EROFS": "choose a location on a writable filesystem",
+    "ENOSPC": "free space on that filesystem, or write somewhere with room",
+    "EDQUOT": "free space within your quota, or write somewhere with room",
+    "EFBIG": "the file exceeds the size limit (ulimit -f, or the filesystem's); raise it or write elsewhere",
+    "EACCES": "check its permissions, or choose a location you may write to",
+    "EPERM": "check its permissions, or choose a location you may write to",
+    "ENOTDIR": "a file stands where a directory is needed; remove it or choose another path",
+    "EISDIR": "a directory stands where a file is needed; pass a file",
+    "ENOENT": "check the path",
+}
+
+
+def os_error(e: OSError, places: dict[str, tuple[str, str]] | None = None) -> PlmError:
+    """An OSError as `cannot write/read <path>: <strerror> — <fix>`.
+
+    `places` maps a directory plm chose for the user (the cache, the runs) to (its name, how to change it):
+    a path inside one gets that hint, since the user never typed the path that failed."""
+    import errno
+    import os
+    from pathlib import Path
+
+    code = errno.errorcode.get(e.errno or 0, "")
+    reason = e.strerror or str(e)
+    path = e.filename if e.filename not in (None, "") else None
+    fix = _FIXES.get(code, "check the path and its filesystem")
+    if path is None:
+        return PlmError(f"cannot write: {reason}" if code in _WRITE_ERRNOS else f"input/output failed: {reason}", fix)
+    path = os.fsdecode(path)
+    if code in _WRITE_ERRNOS or (code in ("EACCES", "EPERM") and not (os.path.exists(path) and not os.access(path, os.R_OK))):
+        verb = "write"
+    elif code == "ENOTDIR":
+        verb = "use"
+    else:
+        verb = "read"
+    for place, (name, how) in (places or {}).items():
+        try:
+            inside = Path(path).resolve().is_relative_to(Path(place).resolve())
+        except (OSError, ValueError):
+            inside = False
+        if inside:
+            fix = f"{fix}: {name} is {place}; {how}"
+            break
+    return PlmError(f"cannot {verb} {path}: {reason}", fix)

@@ -417,10 +417,20 @@ def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerCo
 # ----------------------------------------------------------------------------- using a corpus
 
 
-def default_cache_dir() -> Path:
-    """Where prepared corpora are cached: $PLM_CACHE, else ~/.cache/plm."""
+def default_cache_dir(check: bool = True) -> Path:
+    """Where prepared corpora are cached: $PLM_CACHE, else ~/.cache/plm. With `check`, refused at once
+    when a file cannot be created there: before any tokenizing, not at the first write after it."""
     env = os.environ.get("PLM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "plm"
+    path = Path(env).expanduser() if env else Path.home() / ".cache" / "plm"
+    if check:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path).close()  # os.access misses read-only mounts for root
+        except OSError as e:
+            where = f"$PLM_CACHE ({path})" if env else f"the cache directory {path}"
+            raise PlmError(f"cannot write {where}: {e.strerror or e}",
+                           "export PLM_CACHE=<a writable directory> (prepared corpora are cached there)") from None
+    return path
 
 
 def prepare_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cache_root: str | Path | None = None) -> Path:

@@ -23,14 +23,14 @@ from torch import nn
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, absolute_embeddings
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import FeedForward, MultiHeadAttention, bidirectional, init_weights, require_vocab
+from plmcli.models.layers import Activation, FeedForward, MultiHeadAttention, bidirectional, init_weights, require_vocab
 
 SHARES = ("all", "attention", "ffn", "none")
 
 
 @dataclass
 class AlbertConfig(BertConfig):
-    activation: str = "gelu_tanh"
+    activation: Activation = "gelu_tanh"
     """gelu_tanh (Google's ALBERT code; HF's gelu_new) | gelu | relu | silu; also the MLM head's transform."""
     embedding_size: int = 128
     """E: width of the word / position / segment embeddings, projected to d_model (H) by one Linear."""

@@ -18,38 +18,40 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import ACTIVATIONS, Block, bidirectional, init_weights, require_vocab
+from plmcli.models.layers import (ACTIVATIONS, Activation, Block, NormPosition, bidirectional,
+                                   init_weights, require_vocab)
 
 
 @dataclass
 class BertConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    max_positions: int = 512
+    max_positions: Size = 512
     """Rows of the learned position table (RoBERTa: 514, of which the first position_offset are unused)."""
-    type_vocab_size: int = 2
+    type_vocab_size: Count = 2
     """Segment (token type) embeddings: 2 for sentence pairs (BERT), 1 (RoBERTa), 0 = none."""
-    n_layer: int = 12
+    n_layer: Size = 12
     """Transformer layers."""
-    n_head: int = 12
+    n_head: Heads = 12
     """Attention heads per layer."""
-    d_model: int = 768
+    d_model: Size = 768
     """Hidden size."""
-    d_ff: int = 0
+    d_ff: Count = 0
     """Feed-forward inner size; 0 = 4 × d_model."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on embeddings and residual branches."""
-    attn_dropout: float = 0.1
+    attn_dropout: Probability = 0.1
     """Dropout on attention probabilities."""
-    activation: str = "gelu"
+    activation: Activation = "gelu"
     """gelu (exact, as BERT) | gelu_tanh | relu | silu; also the MLM head's transform."""
-    layer_norm_eps: float = 1e-12
+    layer_norm_eps: Positive = 1e-12
     """LayerNorm epsilon (BERT 1e-12, RoBERTa 1e-5)."""
-    init_std: float = 0.02
+    init_std: NonNegative = 0.02
     """Std of the normal init (BERT's initializer_range)."""
-    position_offset: int = 0
+    position_offset: Count = 0
     """Position t reads row t + offset of the table (RoBERTa: 2, with max_positions 514)."""
     nsp_head: bool = True
     """A pooler (tanh on the [CLS] state) and a 2-way next-sentence / sentence-order classifier."""
@@ -57,7 +59,7 @@ class BertConfig:
     """The MLM decoder shares the word embedding matrix (it keeps its own bias)."""
     bias: bool = True
     """Biases in linear layers and LayerNorms."""
-    norm_position: str = "post"
+    norm_position: NormPosition = "post"
     """post: LN(x + f(x)) as BERT. pre: x + f(LN(x)) and a final LayerNorm before the heads, as Geiping &
     Goldstein's "Cramming" BERT (2022): stable at a high learning rate with a short warmup, which is what
     a small compute budget needs; transformers' BERT classes are post-LN, so such runs do not export."""

@@ -25,43 +25,44 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from plmcli.config_sections import Count, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.bert import absolute_embeddings
-from plmcli.models.layers import ACTIVATIONS, Block, bidirectional, init_weights, require_vocab
+from plmcli.models.layers import ACTIVATIONS, Activation, Block, bidirectional, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")
 
 
 @dataclass
 class ElectraConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    max_positions: int = 512
+    max_positions: Size = 512
     """Rows of the learned position table (shared by both networks)."""
-    type_vocab_size: int = 2
+    type_vocab_size: Count = 2
     """Segment (token type) embeddings: 2 for sentence pairs, 0 = none."""
-    n_layer: int = 12
+    n_layer: Size = 12
     """Transformer layers, in the discriminator and in the generator alike."""
-    n_head: int = 12
+    n_head: Size = 12
     """Discriminator attention heads per layer."""
-    d_model: int = 768
+    d_model: Size = 768
     """Discriminator hidden size."""
-    d_ff: int = 0
+    d_ff: Count = 0
     """Discriminator feed-forward inner size; 0 = 4 × d_model."""
-    embedding_size: int = 0
+    embedding_size: Count = 0
     """Width of the shared embeddings; 0 = d_model. Small: 128 (projected up to each network's width)."""
     generator_size: float = 0.25
     """Generator hidden size, FFN size and heads as a fraction of the discriminator's, in (0, 1)."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on embeddings and residual branches."""
-    attn_dropout: float = 0.1
+    attn_dropout: Probability = 0.1
     """Dropout on attention probabilities."""
-    activation: str = "gelu"
+    activation: Activation = "gelu"
     """gelu (exact, as ELECTRA) | gelu_tanh | relu | silu; also the heads' nonlinearity."""
-    layer_norm_eps: float = 1e-12
+    layer_norm_eps: Positive = 1e-12
     """LayerNorm epsilon."""
-    init_std: float = 0.02
+    init_std: NonNegative = 0.02
     """Std of the normal init (initializer_range)."""
 
     def __post_init__(self):

@@ -23,12 +23,14 @@ Not done: the paper's sampled softmax (the full softmax is used), cell / project
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, Probability, Size
 from plmcli.models.layers import require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
@@ -37,31 +39,31 @@ N_CHARS = BYTE0 + 256
 
 @dataclass
 class ELMoConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    token_encoder: str = "char"
+    token_encoder: Literal["char", "word"] = "char"
     """char (character CNN, as the paper) | word (an embedding per token)."""
-    d_proj: int = 512
+    d_proj: Size = 512
     """Token representation and LSTM projection size; every layer feature is 2·d_proj."""
-    n_layer: int = 2
+    n_layer: Size = 2
     """biLSTM layers (per direction)."""
-    d_hidden: int = 4096
+    d_hidden: Size = 4096
     """LSTM hidden (cell) size before the projection to d_proj."""
-    d_char: int = 16
+    d_char: Size = 16
     """Character embedding size (char encoder)."""
-    max_chars: int = 50
+    max_chars: Size = 50
     """Characters per token, begin / end of word marks included; longer tokens are cut."""
     filters: list = field(default_factory=lambda: [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]])
     """[width, n_filters] of each character convolution (char encoder)."""
-    n_highway: int = 2
+    n_highway: Count = 2
     """Highway layers after the convolutions (char encoder)."""
     residual: bool = True
     """Add each LSTM layer's input to its output (from the second layer on, as the paper)."""
     share_softmax: bool = True
     """One softmax for both directions (the paper); false = one per direction."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on the token representation, between layers and before the softmax."""
-    max_positions: int = 1_000_000
+    max_positions: Size = 1_000_000
     """An LSTM has no position table: only a bound for tools that ask."""
 
     @property

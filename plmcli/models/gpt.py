@@ -13,43 +13,44 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import Block, init_weights, require_vocab, scale_residual_init
+from plmcli.models.layers import Activation, Block, NormPosition, init_weights, require_vocab, scale_residual_init
 from plmcli.models.lm_loss import linear_cross_entropy
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    max_positions: int = 1024
+    max_positions: Size = 1024
     """Learned position embeddings: the longest sequence the model can read."""
-    n_layer: int = 12
+    n_layer: Size = 12
     """Transformer layers."""
-    n_head: int = 12
+    n_head: Heads = 12
     """Attention heads per layer."""
-    d_model: int = 768
+    d_model: Size = 768
     """Hidden size."""
-    d_ff: int = 0
+    d_ff: Count = 0
     """Feed-forward inner size; 0 = 4 × d_model."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on embeddings, residual branches."""
-    attn_dropout: float = 0.1
+    attn_dropout: Probability = 0.1
     """Dropout on attention probabilities."""
     bias: bool = True
     """Biases in linear layers and LayerNorms."""
-    norm_position: str = "pre"
+    norm_position: NormPosition = "pre"
     """pre (GPT-2) | post (GPT-1)."""
     final_norm: bool = True
     """A LayerNorm after the last block (GPT-2)."""
-    activation: str = "gelu_tanh"
+    activation: Activation = "gelu_tanh"
     """gelu | gelu_tanh | relu | silu."""
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: Positive = 1e-5
     """LayerNorm epsilon."""
     tie_embeddings: bool = True
     """The output projection shares the token embedding matrix."""
-    init_std: float = 0.02
+    init_std: NonNegative = 0.02
     """Std of the normal init."""
     scaled_residual_init: bool = True
     """Residual projections start at init_std/√(2·n_layer) (GPT-2)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,10 @@ ACTIVATIONS = {
     "relu": F.relu,
     "silu": F.silu,
 }
+Activation = Literal[tuple(ACTIVATIONS)]
+"""A recipe's model.activation: one of ACTIVATIONS, checked when the recipe loads."""
+NormPosition = Literal["pre", "post"]
+"""A recipe's model.norm_position: pre, x + f(LN(x)); post, LN(x + f(x))."""
 
 
 def require_vocab(cfg) -> None:

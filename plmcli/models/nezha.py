@@ -31,37 +31,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.models.bert import MaskedLMEncoder, MLMHead
-from plmcli.models.layers import FeedForward, MultiHeadAttention, init_weights, padding_mask, recorded, require_vocab
+from plmcli.models.layers import (Activation, FeedForward, MultiHeadAttention, init_weights, padding_mask,
+                                   recorded, require_vocab)
 
 
 @dataclass
 class NezhaConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    max_positions: int = 512
+    max_positions: Size = 512
     """Longest sequence accepted. No table depends on it (NEZHA has none): it caps training and finetuning lengths."""
-    max_relative_position: int = 64
+    max_relative_position: Size = 64
     """K: relative distances are clipped to [−K, K] (the paper and the released models: 64)."""
-    type_vocab_size: int = 2
+    type_vocab_size: Count = 2
     """Segment (token type) embeddings: 2 for sentence pairs, 0 = none."""
-    n_layer: int = 12
+    n_layer: Size = 12
     """Transformer layers."""
-    n_head: int = 12
+    n_head: Heads = 12
     """Attention heads per layer (the relative table has d_model / n_head columns)."""
-    d_model: int = 768
+    d_model: Size = 768
     """Hidden size."""
-    d_ff: int = 0
+    d_ff: Count = 0
     """Feed-forward inner size; 0 = 4 × d_model."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on embeddings and residual branches."""
-    attn_dropout: float = 0.1
+    attn_dropout: Probability = 0.1
     """Dropout on attention probabilities."""
-    activation: str = "gelu"
+    activation: Activation = "gelu"
     """gelu (exact, as BERT and NEZHA) | gelu_tanh | relu | silu; also the MLM head's transform."""
-    layer_norm_eps: float = 1e-12
+    layer_norm_eps: Positive = 1e-12
     """LayerNorm epsilon."""
-    init_std: float = 0.02
+    init_std: NonNegative = 0.02
     """Std of the normal init (BERT's initializer_range)."""
     nsp_head: bool = True
     """A pooler (tanh on the [CLS] state) and a 2-way next-sentence classifier."""

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from plmcli.config_sections import Count
 from plmcli.errors import PlmError
 
 SMOOTHINGS = ("add-k", "kneser-ney")
@@ -58,7 +59,7 @@ class NGramConfig:
     """λ of add-k smoothing (> 0): 1 is Laplace's add-one."""
     min_count: int = 1
     """Training words seen fewer times than this become <unk> (≥ 1; 1 keeps every word)."""
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """The tokenizer's size, filled in from it; the model's own vocabulary V comes from the training counts."""
 
     def __post_init__(self):

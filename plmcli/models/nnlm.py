@@ -18,24 +18,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.layers import require_vocab
 
 
 @dataclass
 class NNLMConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    order: int = 5
+    order: Size = 5
     """n: each word is predicted from the n-1 words before it."""
-    d_embed: int = 60
+    d_embed: Size = 60
     """m: word feature vector size."""
-    d_hidden: int = 50
+    d_hidden: Size = 50
     """h: tanh hidden units."""
     direct: bool = True
     """Direct connections W from the concatenated word features to the output (the paper's W)."""
-    dropout: float = 0.0
+    dropout: Probability = 0.0
     """Dropout on the concatenated features and the hidden layer (not in the paper; 0 = off)."""
-    init_range: float = 0.1
+    init_range: NonNegative = 0.1
     """Embeddings start uniform in ±init_range; linear layers use torch's fan-in default."""
 
 

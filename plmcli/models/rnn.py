@@ -17,11 +17,13 @@ scores it like any word (the PTB convention: the 82,430 test tokens are 78,669 w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.layers import require_vocab
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -29,26 +31,26 @@ CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
 @dataclass
 class RNNConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    cell: str = "lstm"
+    cell: Literal["rnn", "lstm", "gru"] = "lstm"
     """rnn (Elman, tanh) | lstm | gru."""
-    n_layer: int = 2
+    n_layer: Size = 2
     """Stacked recurrent layers."""
-    d_embed: int = 200
+    d_embed: Size = 200
     """Word embedding size."""
-    d_hidden: int = 200
+    d_hidden: Size = 200
     """Hidden (and LSTM cell) size of every layer."""
-    dropout_embed: float = 0.0
+    dropout_embed: Probability = 0.0
     """Dropout on the embeddings entering the first layer."""
-    dropout_hidden: float = 0.0
+    dropout_hidden: Probability = 0.0
     """Dropout between recurrent layers (never on the recurrent connection itself)."""
-    dropout_output: float = 0.0
+    dropout_output: Probability = 0.0
     """Dropout on the last layer's output, before the softmax."""
     tie_embeddings: bool = False
     """The softmax shares the embedding matrix (Press & Wolf 2017); with d_embed ≠ d_hidden a linear
     projection d_hidden → d_embed comes first."""
-    init_range: float = 0.1
+    init_range: NonNegative = 0.1
     """Every parameter starts uniform in ±init_range (Zaremba: 0.1 small, 0.05 medium, 0.04 large)."""
 
 

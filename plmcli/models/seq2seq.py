@@ -17,11 +17,13 @@ the next-token logits come from h̃_t. Training is teacher-forced: the decoder r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.layers import require_vocab
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -31,33 +33,33 @@ SCORES = ("dot", "general", "additive")
 
 @dataclass
 class Seq2SeqConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Shared source/target vocabulary; 0 = take it from the tokenizer."""
-    max_positions: int = 512
+    max_positions: Size = 512
     """Longest source or target sequence accepted (RNNs have no position table; this bounds
     train.seq_len and generation)."""
-    cell: str = "lstm"
+    cell: Literal["lstm", "gru"] = "lstm"
     """lstm | gru."""
-    n_layer: int = 1
+    n_layer: Size = 1
     """Stacked RNN layers in the encoder and in the decoder."""
-    d_embed: int = 256
+    d_embed: Size = 256
     """Token embedding size (one matrix for source and target)."""
-    d_hidden: int = 512
+    d_hidden: Size = 512
     """Decoder hidden size = memory width (a bidirectional encoder gives each direction half)."""
     bidirectional: bool = True
     """Bidirectional encoder."""
-    attention: str = "general"
+    attention: Literal["dot", "general", "additive"] = "general"
     """dot | general | additive (Bahdanau)."""
-    d_attention: int = 0
+    d_attention: Count = 0
     """Additive score's inner size; 0 = d_hidden."""
     input_feeding: bool = True
     """Feed h̃_{t-1} into the decoder RNN with the next token (Luong §3.3); off, the decoder RNN runs
     over the whole target at once (faster)."""
-    dropout: float = 0.2
+    dropout: Probability = 0.2
     """Dropout on embeddings, between RNN layers and on h̃ before the output layer."""
     tie_embeddings: bool = True
     """The output layer shares the embedding matrix (through a d_hidden→d_embed projection if they differ)."""
-    init_range: float = 0.1
+    init_range: NonNegative = 0.1
     """Parameters start uniform in ±init_range (Luong et al.)."""
 
 

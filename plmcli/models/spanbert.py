@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Size
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert, BertConfig, BertOutput
 from plmcli.models.layers import ACTIVATIONS, init_weights
@@ -36,10 +37,10 @@ from plmcli.models.layers import ACTIVATIONS, init_weights
 class SpanBertConfig(BertConfig):
     nsp_head: bool = False
     """A pooler and NSP head; SpanBERT trains on single segments without NSP (§3.3), so none."""
-    sbo_max_span: int = 15
+    sbo_max_span: Size = 15
     """Relative positions p_1..p_n the SBO head embeds: a token further into its span gets no SBO loss
     (the released pretraining command's --max-pair-targets 15)."""
-    sbo_d_position: int = 200
+    sbo_d_position: Size = 200
     """Width of the SBO position embedding, concatenated to the two boundary states (released code: 200)."""
 
 

@@ -18,34 +18,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.models.layers import Block, CrossAttention, FeedForward, MultiHeadAttention, require_vocab
+from plmcli.config_sections import Count, Heads, Positive, Probability, Size
+from plmcli.models.layers import (Activation, Block, CrossAttention, FeedForward, MultiHeadAttention,
+                                   NormPosition, require_vocab)
 
 
 @dataclass
 class TransformerConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Shared source/target vocabulary; 0 = take it from the tokenizer."""
-    max_positions: int = 1024
+    max_positions: Size = 1024
     """Longest source or target sequence (rows of the sinusoid table)."""
-    n_encoder_layers: int = 6
+    n_encoder_layers: Size = 6
     """Encoder layers."""
-    n_decoder_layers: int = 6
+    n_decoder_layers: Size = 6
     """Decoder layers."""
-    d_model: int = 512
+    d_model: Size = 512
     """Hidden size."""
-    d_ff: int = 2048
+    d_ff: Size = 2048
     """Feed-forward inner size."""
-    n_head: int = 8
+    n_head: Heads = 8
     """Attention heads."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on sublayer outputs and on embeddings + positions (the paper's P_drop)."""
-    attn_dropout: float = 0.0
+    attn_dropout: Probability = 0.0
     """Dropout on attention probabilities (not in the paper; tensor2tensor later used 0.1)."""
-    activation: str = "relu"
+    activation: Activation = "relu"
     """relu (the paper) | gelu | gelu_tanh | silu."""
-    norm_position: str = "post"
+    norm_position: NormPosition = "post"
     """post (the paper: LN(x + f(x))) | pre (x + f(LN(x)), with a final LN on each stack)."""
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: Positive = 1e-5
     """LayerNorm epsilon."""
     share_embeddings: bool = True
     """Source and target share one embedding matrix (needs the shared vocabulary plm builds)."""

@@ -23,53 +23,55 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
-from plmcli.models.layers import FeedForward, require_vocab, sinusoid_table
+from plmcli.models.layers import FeedForward, NormPosition, require_vocab, sinusoid_table
 
 
 @dataclass
 class TransformerXLConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    n_layer: int = 16
+    n_layer: Size = 16
     """Transformer layers."""
-    n_head: int = 10
+    n_head: Annotated[int, Range(1), Divides("d_model", unless="d_head")] = 10
     """Attention heads per layer."""
-    d_model: int = 410
+    d_model: Size = 410
     """Hidden size."""
-    d_head: int = 0
+    d_head: Count = 0
     """Size of each head; 0 = d_model // n_head (WT103 base: 41)."""
-    d_ff: int = 2100
+    d_ff: Size = 2100
     """Feed-forward inner size."""
-    d_embed: int = 0
+    d_embed: Count = 0
     """Word embedding size before the projection to d_model; 0 = d_model."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on embeddings, positions, residual branches and inside the feed-forward."""
-    attn_dropout: float = 0.0
+    attn_dropout: Probability = 0.0
     """Dropout on attention probabilities (the paper's dropatt)."""
-    mem_len: int = 150
+    mem_len: Count = 150
     """Hidden states per layer kept as memory for the next segment in training; 0 = no recurrence."""
-    clamp_len: int = 0
+    clamp_len: Count = 0
     """Distances beyond clamp_len use R_clamp_len (0 = no clamp)."""
     same_length: bool = False
     """Every query attends to the same number of keys (the earliest ones of a long memory are cut)."""
-    eval_tgt_len: int = 0
+    eval_tgt_len: Count = 0
     """eval-ppl: tokens per segment; 0 = the training seq_len."""
-    eval_mem_len: int = 0
+    eval_mem_len: Count = 0
     """eval-ppl: memory length; 0 = mem_len (the paper evaluates WT103 with 1600)."""
-    eval_clamp_len: int = 0
+    eval_clamp_len: Count = 0
     """eval-ppl: clamp_len for evaluation; 0 = clamp_len."""
     eval_same_length: bool = False
     """eval-ppl: same_length for evaluation (the paper's WT103 evaluation sets it)."""
     cutoffs: list = field(default_factory=list)
     """Adaptive input / softmax cluster boundaries in the frequency-sorted vocabulary; [] = one full softmax."""
-    div_val: int = 1
+    div_val: Size = 1
     """Adaptive input / softmax: cluster i embeds in d_embed // div_val**i dimensions."""
     tie_embeddings: bool = True
     """The softmax shares the embedding matrices."""
@@ -77,11 +79,11 @@ class TransformerXLConfig:
     """With adaptive clusters: the softmax also shares the embedding projections."""
     untie_r: bool = False
     """Each layer has its own u and v (False: one pair for all layers, as the paper's PyTorch code)."""
-    norm_position: str = "post"
+    norm_position: NormPosition = "post"
     """post (the paper) | pre."""
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: Positive = 1e-5
     """LayerNorm epsilon."""
-    init_std: float = 0.02
+    init_std: NonNegative = 0.02
     """Std of the normal init."""
 
 

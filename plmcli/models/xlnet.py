@@ -28,35 +28,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import FeedForward, init_weights, require_vocab, sinusoid_table
+from plmcli.models.layers import Activation, FeedForward, init_weights, require_vocab, sinusoid_table
 
 
 @dataclass
 class XLNetConfig:
-    vocab_size: int = 0
+    vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    n_layer: int = 12
+    n_layer: Size = 12
     """Transformer layers."""
-    n_head: int = 12
+    n_head: Heads = 12
     """Attention heads per layer."""
-    d_model: int = 768
+    d_model: Size = 768
     """Hidden size."""
-    d_ff: int = 3072
+    d_ff: Count = 3072
     """Feed-forward inner size; 0 = 4 × d_model."""
-    dropout: float = 0.1
+    dropout: Probability = 0.1
     """Dropout on embeddings, relative positions, residual branches and the final states."""
-    attn_dropout: float = 0.1
+    attn_dropout: Probability = 0.1
     """Dropout on attention probabilities (the paper's dropatt)."""
-    activation: str = "gelu"
+    activation: Activation = "gelu"
     """gelu (exact, as transformers) | gelu_tanh (the TF code's approximation) | relu | silu."""
-    layer_norm_eps: float = 1e-12
+    layer_norm_eps: Positive = 1e-12
     """LayerNorm epsilon."""
-    init_std: float = 0.02
+    init_std: NonNegative = 0.02
     """Std of the normal init of every matrix, bias vector and embedding."""
-    mem_len: int = 0
+    mem_len: Count = 0
     """Hidden states per layer kept as memory for the next segment (paper: 384); 0 = no memory."""
-    max_positions: int = 512
+    max_positions: Size = 512
     """Longest sequence finetune and eval-ppl feed by default. Positions are relative, so nothing in the
     model depends on it; it only bounds the lengths asked for."""
 

@@ -17,6 +17,7 @@ from typing import Optional
 
 from torch import nn
 
+from plmcli.config_sections import Probability, Size
 from plmcli.data.tasks import encode_pairs
 from plmcli.errors import PlmError
 from plmcli.objectives.classify import CAUSAL, Classify, SequenceClassifier, encode_transformed
@@ -26,9 +27,9 @@ from plmcli.objectives.classify import CAUSAL, Classify, SequenceClassifier, enc
 class ChoiceConfig:
     task: str = "swag"
     """The task (plmcli.data.tasks.registry) whose data and metrics this serves."""
-    num_labels: int = 4
+    num_labels: Size = 4
     """Choices per example (the task finds them in its data)."""
-    classifier_dropout: Optional[float] = None
+    classifier_dropout: Optional[Probability] = None
     """Dropout before the scoring layer; None = the backbone's own dropout."""
 
 

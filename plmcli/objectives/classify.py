@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.tasks import encode_pairs, load_split, require_roles, save_split, truncate_pair, write_meta
 from plmcli.errors import PlmError
@@ -52,9 +53,9 @@ def encoder_problem(model_cls) -> str | None:
 class ClassifyConfig:
     task: str = "sst2"
     """The task (plmcli.data.tasks.registry) whose data, labels and metrics this serves."""
-    num_labels: int = 2
+    num_labels: Size = 2
     """Classes; 1 = a regression output trained with MSE."""
-    classifier_dropout: Optional[float] = None
+    classifier_dropout: Optional[Probability] = None
     """Dropout before the head; None = the encoder's own dropout (BERT: 0.1)."""
 
 

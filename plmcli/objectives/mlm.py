@@ -17,12 +17,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plmcli.config_sections import Count, Fraction, NonNegative, Range, Size
 from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
@@ -36,18 +37,18 @@ _WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the mas
 
 @dataclass
 class MLMConfig:
-    mask_prob: float = 0.15
+    mask_prob: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.15
     """Share of tokens chosen as prediction targets."""
-    max_predictions: int = 20
+    max_predictions: Count = 20
     """At most this many targets per sequence (BERT: 20 at 128 tokens, 80 at 512); 0 = no cap."""
     masking: str = "token"
     """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10) | chinese-wwm (jieba words; static) |
     span (SpanBERT: geometric spans of whole words) | knowledge (ERNIE: whole lexicon matches, else words)."""
     ngram_probs: list = field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])
     """masking ngram: P(n whole words) for n = 1, 2, ... (MacBERT 0.4/0.3/0.2/0.1; ALBERT ∝ 1/n for n ≤ 3)."""
-    span_p: float = 0.2
+    span_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.2
     """masking span: span length in words ~ Geometric(span_p), in (0, 1] (SpanBERT: 0.2, mean 3.8 words)."""
-    span_max: int = 10
+    span_max: Size = 10
     """masking span: the geometric length is truncated to 1..span_max words (SpanBERT: 10)."""
     lexicon: Optional[str] = None
     """masking knowledge: a file with one phrase or entity per line, or the name of a shipped sample
@@ -60,15 +61,15 @@ class MLMConfig:
     about one topic — for corpora of short documents (reviews, tweets, one sentence per line)."""
     dynamic: bool = False
     """Mask each batch afresh from the tokenized corpus (RoBERTa) instead of reading make-mlm-data instances."""
-    dupe_factor: int = 5
+    dupe_factor: Size = 5
     """Static data: copies of the corpus, each masked differently."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: Fraction = 0.1
     """Static data: share of instances built shorter than max length (BERT's short_seq_prob)."""
     replace_probs: list = field(default_factory=lambda: [0.8, 0.1, 0.1])
     """Of the targets: share replaced by [MASK], by a random token, kept unchanged (dynamic masking)."""
-    nsp_weight: float = 1.0
+    nsp_weight: NonNegative = 1.0
     """Weight of the NSP / SOP loss added to the MLM loss."""
-    sbo_weight: float = 1.0
+    sbo_weight: NonNegative = 1.0
     """Weight of the span boundary objective's loss, for a model with that head (SpanBERT: 1, a plain sum)."""
 
 

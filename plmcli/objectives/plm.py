@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plmcli.config_sections import Count, Size
 from plmcli.data.tasks import truncate_pair
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
@@ -46,16 +47,16 @@ SPAN_P = (1.0 / np.arange(1, MAX_SPAN + 1)) / (1.0 / np.arange(1, MAX_SPAN + 1))
 
 @dataclass
 class PLMConfig:
-    num_predict: int = 85
+    num_predict: Size = 85
     """Targets per sequence (paper: 85 of 512, K ≈ 6: only the last ~1/K of each factorisation order is
     predicted)."""
-    mask_alpha: int = 6
+    mask_alpha: Size = 6
     """A span of n targets sits in a context of n·mask_alpha/mask_beta tokens."""
-    mask_beta: int = 1
+    mask_beta: Size = 1
     """See mask_alpha (paper: 6 and 1)."""
-    reuse_len: int = 256
+    reuse_len: Count = 256
     """Leading tokens of each sequence whose states become the next segment's memory (paper: 256 of 512); 0 = none."""
-    perm_size: int = 0
+    perm_size: Count = 0
     """Permute in blocks of this many tokens, left to right (must divide reuse_len and seq_len - reuse_len);
     0 = each part whole."""
     bi_data: bool = False

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.tasks import LAYOUTS, load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
@@ -45,9 +46,9 @@ NEG = -1e9
 class SpanQAConfig:
     task: str = "squad"
     """The task (plmcli.data.tasks.registry) whose data, windows and metrics this serves."""
-    num_labels: int = 2
+    num_labels: Size = 2
     """Start and end: two scores per token."""
-    classifier_dropout: Optional[float] = None
+    classifier_dropout: Optional[Probability] = None
     """Dropout on the hidden states before the span head; None = none (BERT's run_squad has none)."""
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plmcli.config_sections import NonNegative, Positive
 from plmcli.errors import PlmError
 from plmcli.objectives.base import StepOutput
 from plmcli.objectives.mlm import MaskedLM, MLMConfig
@@ -41,11 +42,11 @@ class RTDConfig(MLMConfig):
     """ELECTRA has no sentence-pair loss: full sentences packed (none)."""
     replace_probs: list = field(default_factory=lambda: [0.85, 0.0, 0.15])
     """Of the targets: share shown to the generator as [MASK], as a random token, unchanged (ELECTRA: 85/0/15)."""
-    disc_weight: float = 50.0
+    disc_weight: NonNegative = 50.0
     """λ: weight of the replaced-token-detection loss (paper §3: 50)."""
-    gen_weight: float = 1.0
+    gen_weight: NonNegative = 1.0
     """Weight of the generator's MLM loss."""
-    temperature: float = 1.0
+    temperature: Positive = 1.0
     """The generator's softmax is sampled at this temperature (1 = the paper)."""
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plmcli.config_sections import Fraction, Positive, Probability, Size
 from plmcli.data.batching import BatchStream, LengthGroupedOrder
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput
@@ -31,29 +32,29 @@ _NOISE_TAG = 13  # seed-tuple tag of the noise draws (independent of the data or
 
 @dataclass
 class TranslationConfig:
-    label_smoothing: float = 0.0
+    label_smoothing: Probability = 0.0
     """Label smoothing ε (Szegedy et al.; Vaswani et al. use 0.1): the target puts ε/V on every token."""
     length_bucketing: bool = True
     """Shuffle, then sort by length within groups of `bucket_batches` micro-batches (and shuffle those
     batches), so a batch holds similar lengths and pads little."""
-    bucket_batches: int = 50
+    bucket_batches: Size = 50
     """Micro-batches per sorting group."""
 
 
 @dataclass
 class DenoisingConfig(TranslationConfig):
-    mask_ratio: float = 0.3
+    mask_ratio: Fraction = 0.3
     """Share of tokens masked (BART: 0.3); 0 turns masking off."""
     mask_length: str = "span-poisson"
     """span-poisson: text infilling, spans of Poisson(λ) length each become one mask (0-length spans
     insert one); token: token masking, each chosen token becomes a mask."""
-    poisson_lambda: float = 3.0
+    poisson_lambda: Positive = 3.0
     """λ of the span lengths (BART: 3)."""
-    random_ratio: float = 0.1
+    random_ratio: Fraction = 0.1
     """Share of the mask tokens replaced by a random token instead (BART: 0.1)."""
-    delete_ratio: float = 0.0
+    delete_ratio: Probability = 0.0
     """Share of tokens deleted (token deletion; the model must find where)."""
-    permute_sentences: float = 1.0
+    permute_sentences: Fraction = 1.0
     """Share of a chunk's sentences (its corpus lines) shuffled among themselves (BART: 1.0)."""
 
 

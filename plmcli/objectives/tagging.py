@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
@@ -51,9 +52,9 @@ IGNORE = -100
 class TaggingConfig:
     task: str = "conll2003"
     """The task (plmcli.data.tasks.registry) whose data, tags and metrics this serves."""
-    num_labels: int = 9
+    num_labels: Size = 9
     """Tags (CoNLL-2003 in IOB2: O and B-/I- of PER, ORG, LOC, MISC)."""
-    classifier_dropout: Optional[float] = None
+    classifier_dropout: Optional[Probability] = None
     """Dropout before the tag layer; None = the encoder's own dropout (BERT: 0.1)."""
 
 
