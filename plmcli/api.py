@@ -489,12 +489,13 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     """
     import torch
 
-    from plmcli.eval.perplexity import encode_file, report, sequence_nll
+    from plmcli.eval.perplexity import check_lengths, encode_file, report, sequence_nll, window_length
     from plmcli.eval.pseudo import pseudo_ppl, scores_masked_tokens
     from plmcli.models.registry import model_class
-
     from plmcli.runs import refuse_task_model, run_config
 
+    check_lengths(max_length=(max_length, 1), stride=(stride, 1), tgt_len=(tgt_len, 1), mem_len=(mem_len, 0),
+                  batch_size=(batch_size, 1))
     path = resolve_run(model, "--model RUN")
     run_cfg = run_config(path)
     refuse_task_model(path, run_cfg, model, "--model RUN", "score text")
@@ -519,10 +520,10 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     if masked:
         return pseudo_ppl(net, files, tok, cfg, max_length, stride, max_tokens_per_batch, device)
     positions = net.max_positions
-    L = max_length or positions
+    L, window_from = window_length(max_length, positions, cfg.get("seq_len"))
     if not 1 <= L <= positions:
         raise PlmError(f"--max-length {L} is outside 1..{positions} (the model's positions)", f"use --max-length ≤ {positions}")
-    S = stride or max(1, L // 2)
+    S = max(1, L // 2) if stride is None else stride
     if not 1 <= S <= L:
         raise PlmError(f"--stride {S} must be between 1 and --max-length {L}", f"e.g. --stride {max(1, L // 2)}")
     ids = cfg["tokenizer"].get("special_token_ids", {})
@@ -537,6 +538,7 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
         per_file.append({"file": f, **report(nll, n, n_bytes, n_words, S, L)})
         total_nll, total_tok, total_bytes, total_words = total_nll + nll, total_tok + n, total_bytes + n_bytes, total_words + n_words
     res = report(total_nll, total_tok, total_bytes, total_words, S, L)
+    res["window_from"] = window_from
     res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
     res["files"] = per_file
     return res

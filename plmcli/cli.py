@@ -430,7 +430,8 @@ def finetune(
 def eval_ppl(
     files: List[str] = typer.Argument(..., help="Text files to score (each one continuous text)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Run directory (default runs/latest)."),
-    max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: its max positions)."),
+    max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: the run's training "
+                                             "seq_len, capped by the model's positions)."),
     stride: Optional[int] = typer.Option(None, help="New tokens scored per window (default max_length/2; = max_length: no overlap)."),
     batch_size: int = typer.Option(8, help="Windows per forward pass (masked LMs: --max-tokens-per-batch)."),
     mem_len: Optional[int] = typer.Option(None, help="Models with memory (Transformer-XL, XLNet): states kept per layer "
@@ -439,15 +440,20 @@ def eval_ppl(
                                           "eval_tgt_len, else the training seq_len)."),
     max_tokens_per_batch: Optional[int] = typer.Option(None, help="Masked LMs: input tokens per forward pass "
                                                        "(masked copies × their length; default 8192)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, words, word_ppl, stride, max_length "
-                                 "(masked LMs: also pseudo: true)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, bytes, words, word_ppl, stride, "
+                                 "max_length, window_from (masked LMs: also pseudo: true)."),
 ):
     """Perplexity of a causal LM on text, every token scored exactly once (masked LMs: pseudo-perplexity).
 
     Windows of --max-length tokens move by --stride; each window scores only its new tokens, so every
-    token gets between max_length-stride and max_length tokens of context. The first token is scored
-    given the tokenizer's BOS/EOS when it has one (else it is context only; the output says which).
-    Also reports bits per byte (comparable across tokenizers) and word-level perplexity. n-gram runs score
+    token gets between max_length-stride and max_length tokens of context. The default window is the
+    length the run trained on (config.json's seq_len; gpt-mini: 128 of its 256 positions), since positions
+    it never trained make perplexity worse, not better; the output says which window and why. The first
+    token is scored given the tokenizer's BOS/EOS when it has one (else it is context only; it says which).
+
+    Also reports bits per byte (comparable across tokenizers) and word-level perplexity. Bytes are those
+    of the text as scored: UTF-8, every line ending in one LF (a CRLF file counts as its LF copy, as
+    Python's text mode reads it; a BOM is dropped, a missing final newline added). n-gram runs score
     each line as a sentence (N-1 <s> before it, </s> scored), ignore the windows and report the OOV rate.
 
     Transformer-XL reads the text in segments of --tgt-len tokens, each attending to --mem-len cached
@@ -469,9 +475,11 @@ def eval_ppl(
     if res.get("pseudo"):
         return typer.echo(f"pseudo-perplexity (Salazar et al. 2020) {res['ppl']:.3f}  nll {res['nll']:.4f}  "
                           f"tokens {res['tokens']:,} in {res['sentences']:,} sentences  bpb {res['bpb']:.4f}  "
-                          f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window ≤ {res['max_length']}, centred")
+                          f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window ≤ {res['max_length']}, centred "
+                          f"({res['window_from']})")
     context = (f"segment {res['tgt_len']} memory {res['mem_len']}" if "mem_len" in res
-               else f"window {res['max_length']}/{res['stride']}")
+               else f"window {res['max_length']}/{res['stride']}"
+               + (f" ({res['window_from']})" if "window_from" in res else ""))
     typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
                f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  {context}  "
                f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else "")

@@ -5,6 +5,15 @@ starting every S = stride tokens. The first window scores all its predictions; e
 only the tokens no earlier window scored, so each of those sees between L-S and L tokens of context. The text's
 first token is scored conditioned on the tokenizer's BOS (or EOS) when it has one, else it only serves
 as context. stride = L gives non-overlapping windows; stride = 1 scores each token with the full L.
+
+The default window is the length the run was trained on (config.json's seq_len), capped by the model's
+positions: a model has only ever seen positions below seq_len, so a longer window feeds it positions it
+never trained (perplexity then gets worse with more context, not better).
+
+Bits per byte divide by the UTF-8 bytes of the text as it is scored: each line ending in one "\\n" (a CRLF
+file counts as its LF copy, a missing final newline as present, a UTF-8 BOM not at all; .gz files
+decompressed), the convention of tools that read text in Python's text mode. That text is what the model
+is charged for, so the `bytes` reported are its size, not the file's.
 """
 
 from __future__ import annotations
@@ -74,14 +83,42 @@ def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], seq: np.ndarray,
     return total, count
 
 
+def check_lengths(**flags) -> None:
+    """Refuse a window, stride, segment, memory or batch length below its least value, before a scorer
+    reads 0 as "not given" (`x or default`) or loops without moving. `flags`: option name (max_length
+    for --max-length) -> (value or None, least value)."""
+    from plmcli.errors import PlmError
+
+    examples = {"max_length": 128, "stride": 64, "tgt_len": 128, "mem_len": 128, "batch_size": 8}
+    for name, (value, least) in flags.items():
+        if value is not None and value < least:
+            flag = "--" + name.replace("_", "-")
+            raise PlmError(f"{flag} {value} must be ≥ {least}",
+                           f"leave {flag} out for the default, or pass e.g. {flag} {examples.get(name, least)}")
+
+
+def window_length(max_length: int | None, positions: int, seq_len: int | None) -> tuple[int, str]:
+    """(tokens per window, why that many): --max-length when given, else the run's training seq_len
+    capped by the model's positions (see the module docstring), else the positions."""
+    if max_length is not None:
+        return max_length, "--max-length"
+    if seq_len and seq_len <= positions:
+        return seq_len, f"training seq_len; the model has {positions} positions"
+    if seq_len:
+        return positions, f"the model's positions, below training seq_len {seq_len}"
+    return positions, "the model's positions; the run records no training seq_len"
+
+
 def report(nll: float, tokens: int, n_bytes: int, n_words: int, stride: int, max_length: int) -> dict:
-    """Token perplexity, bits per byte (tokenizer-independent) and word-level perplexity."""
+    """Token perplexity, bits per byte (tokenizer-independent; `bytes`: the UTF-8 bytes of the scored
+    text, see the module docstring) and word-level perplexity."""
     mean = nll / max(tokens, 1)
     return {
         "ppl": math.exp(mean),
         "nll": mean,
         "tokens": tokens,
         "bpb": nll / (math.log(2) * max(n_bytes, 1)),
+        "bytes": n_bytes,
         "words": n_words,
         "word_ppl": math.exp(nll / max(n_words, 1)),
         "stride": stride,

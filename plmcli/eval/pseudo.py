@@ -160,7 +160,7 @@ def read_sentences(path: str, tok, batch_lines: int = 1024) -> tuple[list[np.nda
 def pseudo_ppl(model, files: list[str], tok, cfg: dict, max_length: int | None = None, stride: int | None = None,
                max_tokens_per_batch: int | None = None, device="cpu") -> dict:
     """eval-ppl's report (plmcli.eval.perplexity.report keys, `pseudo: True`) of a masked LM over `files`."""
-    from plmcli.eval.perplexity import report
+    from plmcli.eval.perplexity import report, window_length
 
     ids = cfg["tokenizer"].get("special_token_ids", {})
     if "mask" not in ids:
@@ -169,7 +169,7 @@ def pseudo_ppl(model, files: list[str], tok, cfg: dict, max_length: int | None =
     cls, sep = ids.get("cls"), ids.get("sep")
     n_special = (cls is not None) + (sep is not None)
     positions = model.max_positions
-    L = max_length or positions
+    L, window_from = window_length(max_length, positions, cfg.get("seq_len"))
     if not n_special < L <= positions:
         raise PlmError(f"--max-length {L} is outside {n_special + 1}..{positions} (room for a token beside "
                        f"{n_special} special tokens, within the model's positions)", f"use --max-length ≤ {positions}")
@@ -191,6 +191,7 @@ def pseudo_ppl(model, files: list[str], tok, cfg: dict, max_length: int | None =
     nll, n, n_bytes, n_words = totals
     res = report(float(nll), int(n), int(n_bytes), int(n_words), 1, L)
     res["pseudo"] = True
+    res["window_from"] = window_from
     res["sentences"] = sum(r["sentences"] for r in per_file)
     wrap = " … ".join(tok.id_to_token(i) for i in (cls, sep) if i is not None)
     res["context"] = (f"each line a sentence; every token masked in turn and scored with up to {L - n_special - 1} "

@@ -305,7 +305,7 @@ class NGramLM(nn.Module):
         v_ids, v_len = read_sentences(data_dir, "validation")
         if len(v_len):
             nll, n, oov = self.score(self.to_ids(v_ids), v_len)
-            summary.update(val_loss=nll / n, val_ppl=math.exp(nll / n), val_oov_rate=oov / n)
+            summary.update(val_loss=nll / n, val_ppl=math.exp(nll / n), val_oov_rate=oov_rate(oov, n, len(v_len)))
         summary["elapsed_s"] = time.monotonic() - started
         if console is not None:
             grams = " ".join(f"{i + 1}:{c:,}" for i, c in enumerate(summary["ngrams"]))
@@ -393,7 +393,7 @@ class NGramLM(nn.Module):
         nll, n, n_bytes, n_words, oov, sentences = row
         N = self.cfg.order
         return {**report(float(nll), int(n), int(n_bytes), int(n_words), N, N),
-                "oov_rate": float(oov / max(n, 1)), "sentences": int(sentences)}
+                "oov_rate": oov_rate(oov, n, sentences), "sentences": int(sentences)}
 
     # ------------------------------------------------------------ ARPA
 
@@ -476,6 +476,12 @@ class NGramSession:
 
     def decode(self, new_ids: list[int]) -> str:
         return " ".join(self.model.words[i] for i in new_ids)
+
+
+def oov_rate(oov, predicted, sentences) -> float:
+    """The share of the text's words that are <unk>: the scored </s> of each sentence is no word, so the
+    denominator is the words alone, as kenlm's query counts them (and eval-ppl's other families)."""
+    return float(oov / max(predicted - sentences, 1))
 
 
 def read_sentences(corpus_dir, split: str) -> tuple[np.ndarray, np.ndarray]:

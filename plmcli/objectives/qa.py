@@ -15,12 +15,15 @@ are paired; a pair counts when both ends are passage tokens, start ≤ end, the 
 --max-answer-len tokens and its start token has its *maximum context* in this window (of the windows
 holding a token, the one where it sits farthest from an edge — so an answer in the overlap of two
 windows is read where it is best surrounded). The best start + end logit over all windows of a
-question wins; with no valid pair anywhere the answer is "".
+question wins; with no valid pair anywhere the answer is "". The winning span is widened to the whole
+words it touches (`whole_words`: BERT's BasicTokenizer units, so punctuation and CJK characters are words
+of their own), so an answer never ends inside a word.
 """
 
 from __future__ import annotations
 
 import json
+import unicodedata
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +217,29 @@ def best_spans(logits: np.ndarray, char_start: np.ndarray, char_end: np.ndarray,
     return out
 
 
+def _splits_words(ch: str) -> bool:
+    """Whether `ch` is a word of its own or a gap between words, as BERT's BasicTokenizer splits text:
+    whitespace, punctuation (ASCII symbols and Unicode P*), and CJK ideographs (one word each)."""
+    cp = ord(ch)
+    return (ch.isspace() or 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+            or unicodedata.category(ch).startswith("P") or 0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF
+            or 0xF900 <= cp <= 0xFAFF or 0x20000 <= cp <= 0x2FA1F)
+
+
+def whole_words(text: str, start: int, end: int) -> tuple[int, int]:
+    """The character span [start, end) of `text` widened to the whole words it touches, so an answer
+    never ends inside a word ("ling Somerse" of "bowling Somerset," -> "bowling Somerset"). A word is a
+    run of characters none of which `_splits_words`; a punctuation mark or CJK ideograph is a word of
+    its own, so Chinese spans, and punctuation next to a word, are left as they are."""
+    if start >= end:
+        return start, end
+    while start > 0 and not _splits_words(text[start]) and not _splits_words(text[start - 1]):
+        start -= 1
+    while end < len(text) and not _splits_words(text[end - 1]) and not _splits_words(text[end]):
+        end += 1
+    return start, end
+
+
 # ------------------------------------------------------------------ the objective
 
 
@@ -373,7 +399,11 @@ class SpanQA(Objective):
         texts = []
         for q in seen:
             context = table["contexts"][table["context_of"][q]]
-            texts.append(context[spans[q][0]:spans[q][1]].strip() if spans[q] else "")
+            if spans[q]:  # a word piece's span, widened to its words: what SQuAD and CMRC then score
+                a, b = whole_words(context, *spans[q])
+                texts.append(context[a:b].strip())
+            else:
+                texts.append("")
         return seen, texts
 
     def evaluate(self, accelerator, model, stream, max_batches) -> dict:

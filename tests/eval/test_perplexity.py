@@ -75,7 +75,8 @@ def test_report_units():
     assert r["ppl"] == pytest.approx(math.exp(2.0))
     assert r["bpb"] == pytest.approx(100 / (math.log(2) * 200))
     assert r["word_ppl"] == pytest.approx(math.exp(100 / 40))
-    assert set(r) == {"ppl", "nll", "tokens", "bpb", "words", "word_ppl", "stride", "max_length"}
+    assert set(r) == {"ppl", "nll", "tokens", "bpb", "bytes", "words", "word_ppl", "stride", "max_length"}
+    assert r["bytes"] == 200
 
 
 @pytest.mark.parametrize("L,S", [(16, 5), (16, 16), (7, 1)])

@@ -183,7 +183,7 @@ def test_pretrain_and_eval_ppl_end_to_end(tmp_path):
     logp = sum(map(math.log, [2.5 / 5.5, 1.5 / 5.5, 1.5 / 4.5, 0.5 / 5.5, 0.5 / 3.5, 1 / 5]))
     assert res["tokens"] == 6 and res["sentences"] == 2 and res["words"] == 4
     assert res["ppl"] == pytest.approx(math.exp(-logp / 6))
-    assert res["oov_rate"] == pytest.approx(1 / 6)
+    assert res["oov_rate"] == pytest.approx(1 / 4)  # d of the 4 words a b c d; the scored </s> are no words
     assert res["stride"] == res["max_length"] == 2
     assert {"nll", "bpb", "word_ppl", "first_token", "files"} <= set(res)
     assert (tmp_path / "run" / "model.npz").is_file()
@@ -249,3 +249,19 @@ def test_export_rejects_unknown_format_and_non_ngram_runs(tmp_path, monkeypatch)
     Tokenizer(models.WordLevel({"a": 0}, unk_token="a")).save(str(enc / "tokenizer.json"))
     with pytest.raises(PlmError, match="cannot be exported as arpa"):
         export(str(enc), "arpa", str(tmp_path / "x.arpa"))
+
+
+def test_oov_rate_counts_words_only_as_kenlm(tmp_path):
+    """OOV rate = <unk> words / words (kenlm's count): the </s> scored after each sentence is not in the
+    denominator, in eval-ppl and in pretrain's validation summary alike."""
+    train = tmp_path / "train.txt"
+    train.write_text("a b\na c\nb a\n" * 10 + "x y z q\na zz\n", encoding="utf-8")
+    summary = api.pretrain("ngram-bigram-addk", data=[str(train)], out=str(tmp_path / "run"),
+                           overrides=["data.val_fraction=0", "tokenizer.min_frequency=2"])
+    test = tmp_path / "test.txt"
+    test.write_text("a x b\n\nzz c q a b\n", encoding="utf-8")  # 8 words, 3 unseen (x, zz, q), 2 sentences
+    res = api.eval_ppl([str(test)], str(tmp_path / "run"))
+    assert (res["tokens"], res["sentences"], res["words"]) == (10, 2, 8)
+    assert res["oov_rate"] == pytest.approx(3 / 8)
+    assert res["files"][0]["oov_rate"] == pytest.approx(3 / 8)
+    assert summary["stop_reason"] == "fit"

@@ -16,17 +16,18 @@ gold answer as written.
 Scoring is each benchmark's official script, in percent as they print it: SQuAD v1.1 exact match
 and F1 over bags of normalised words (lower case, no ASCII punctuation, no articles a/an/the); CMRC
 2018 exact match without punctuation and F1 over segments (each Chinese character one segment, runs
-of other text split into words) whose overlap is their longest common *substring*, as
-cmrc2018_evaluate.py computes it. Both take the best score over the gold answers.
+of other text split into words by nltk.word_tokenize, as the script does) whose overlap is their
+longest common *substring*, as cmrc2018_evaluate.py computes it. Both take the best score over the gold answers.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import string
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,26 +77,77 @@ def squad_f1(pred: str, gold: str) -> float:
 _CMRC_PUNCT = {'-', ':', '_', '*', '^', '/', '\\', '~', '`', '+', '=', '，', '。', '：', '？', '！', '“', '”', '；',
                '’', '《', '》', '……', '·', '、', '「', '」', '（', '）', '－', '～', '『', '』'}
 _CJK = re.compile(r"[\u4e00-\u9fa5]")
-# Stands in for nltk.word_tokenize on the non-Chinese runs (nltk is not a dependency): words, numbers
-# with inner . or , (3.5, 1,000), and every other symbol on its own. Treebank's clitic split
-# (don't -> do n't) is the known difference.
-_WORDS = re.compile(r"\d+(?:[.,]\d+)+|\w+|[^\w\s]")
+
+# cmrc2018_evaluate.py splits the non-Chinese runs with nltk.word_tokenize: NLTK's Treebank-style word
+# tokenizer applied to each sentence that Punkt's English model finds (a sentence split matters: only a
+# sentence's last period is split off, "sales. then" -> sales . then, while "u.s. sales" stays). The model is
+# a data package (punkt_tab) that pip cannot install; what follows is the part of it that Punkt can consult
+# on the lowercased text the script feeds it, so the splits are those of the whole model on any such text:
+# all its abbreviations, collocations and sentence starters, and of its orthographic table only the 4
+# words whose flags let a lowercase word after an initial or a number start a sentence ("unknown" in
+# Punkt's ortho heuristic; every other word, and any word absent, reads the same as absent). The other
+# 20,361 entries only ever answer for capitalised words. From NLTK's punkt_tab English model (Kiss &
+# Strunk 2006, trained on the Wall Street Journal); tests/data/test_cmrc_official.py checks it against
+# the full model when that is installed.
+_PUNKT_ABBREVS = (
+    "ct m.j t a.c n.h ms p.a.m dr pa p.m u.k st dec u.s.a lt g.k adm p h.m ga tenn yr sen n.c j.j d.h s.g inc vs "
+    "s.p.a a.t n feb sr jan s.a.y n.y col g.f c.o.m.b d ft va r.k e.f chg r.i a.g minn a.h k n.j m l.f f.j gen "
+    "i.m.s s.a aug j.p okla m.d.c ltd oct s vt r.a j.c ariz w.w b.v ore h w.r e.h mrs cie corp w n.v a.d r.j ok "
+    "e.m w.c ill nov u.s prof conn u.s.s.r mg f.g ph.d g calif messrs h.f wash tues sw bros u.n l wis mr sep d.c "
+    "ave e.l co s.s reps c r.t h.c r wed a.s v fla jr r.h c.v m.b.a rep a.a e c.i.t l.a b.f j.b d.w j.k ala f "
+    "w.va sept mich n.m j.r l.p s.c colo fri a.m g.d kan maj ky a.m.e n.d t.j cos nev")  # and ". . ", never a token
+_PUNKT_COLLOCATIONS = (
+    "b stewart, i toussie, j fialka, o ludcke, i magnin, b wigton, b edelman, b levine, b smith, j walter, "
+    "j aron, " + ", ".join(f"##number## {w}" for w in (
+        "international rj commodities cooper genentech wedgestone pepper insider aes credit corrections financing "
+        "henley business pay-fone leisure pegasus dividend review abreast who letters colgate cbot notable "
+        "zimmer").split()))
+_PUNKT_SENT_STARTERS = (
+    "most he since so both these it nevertheless this indeed however instead under similarly some though while "
+    "when in despite although nonetheless thus there if the nor separately moreover but they yet many according "
+    "sales among meanwhile even i")
+_PUNKT_ORTHO = {"z-holiday": 16, "administrators": 48, "r-revised": 16, "b-week": 16}
+
+
+@functools.lru_cache(maxsize=1)
+def _punkt_english():
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    params = PunktParameters()
+    params.abbrev_types = set(_PUNKT_ABBREVS.split())
+    params.collocations = {tuple(pair.split()) for pair in _PUNKT_COLLOCATIONS.split(", ")}
+    params.sent_starters = set(_PUNKT_SENT_STARTERS.split())
+    params.ortho_context = defaultdict(int, _PUNKT_ORTHO)
+    return PunktSentenceTokenizer(params)  # Punkt takes ready parameters in place of training text
+
+
+@functools.lru_cache(maxsize=1)
+def _treebank():
+    from nltk.tokenize import NLTKWordTokenizer
+
+    return NLTKWordTokenizer()
+
+
+def cmrc_words(text: str) -> list[str]:
+    """nltk.word_tokenize(text) for lowercase text (what cmrc2018_evaluate.py gives it), without its data
+    package: Punkt's English sentences, each split by NLTK's word tokenizer."""
+    return [w for sentence in _punkt_english().tokenize(text) for w in _treebank().tokenize(sentence)]
 
 
 def cmrc_segments(text: str, remove_punc: bool = True) -> list[str]:
     """cmrc2018_evaluate.py's mixed_segmentation: each Chinese character (and, kept, each listed
-    punctuation mark) is a segment; the text between them is split into words."""
+    punctuation mark) is a segment; the text between them is split into words by `cmrc_words`."""
     out, run = [], ""
     for ch in str(text).lower().strip():
         if remove_punc and ch in _CMRC_PUNCT:
             continue
         if _CJK.match(ch) or ch in _CMRC_PUNCT:
-            out.extend(_WORDS.findall(run))
+            out.extend(cmrc_words(run) if run else [])
             run = ""
             out.append(ch)
         else:
             run += ch
-    out.extend(_WORDS.findall(run))
+    out.extend(cmrc_words(run) if run else [])
     return out
 
 
