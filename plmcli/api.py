@@ -29,6 +29,18 @@ def default_corpus(name: str = "shakespeare-sample.txt") -> str:
     return str(resources.files("plmcli") / "corpus" / name)
 
 
+SAMPLE_DATA_DIRS = ("glue-sample",)
+"""Task samples shipped in plmcli/corpus/ (data/ in the repository), named by `--data-dir NAME` anywhere."""
+
+
+def sample_data_dir(data_dir: str | None) -> str | None:
+    """`data_dir`, or the shipped sample it names when no such directory exists here (`--data-dir glue-sample`
+    works after `pip install`, outside the repository)."""
+    if data_dir and not Path(data_dir).exists() and Path(data_dir).name in SAMPLE_DATA_DIRS:
+        return default_corpus(Path(data_dir).name)
+    return data_dir
+
+
 # ---------------------------------------------------------------- recipes
 
 
@@ -372,7 +384,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     if unknown:
         raise PlmError(f"unknown finetune option(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
     _quiet_datasets_off_terminal()
-    return run_finetune(task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
+    return run_finetune(task, from_run=from_run, data_dir=sample_data_dir(data_dir), epochs=epochs, lr=lr, batch_size=batch_size,
                         seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console,
                         warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
                         classifier_dropout=classifier_dropout, options=TaskOptions(**options), eval_only=eval_only)

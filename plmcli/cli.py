@@ -308,7 +308,8 @@ def finetune(
                              "classification | regression | pair-classification."),
     from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
-                                           "SQuAD, CoNLL, SWAG, own data: their files); none = --train/--dev/--test, else the Hub."),
+                                           "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
+                                           "none = --train/--dev/--test, else the Hub."),
     epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
     lr: float = typer.Option(2e-5, help="Peak learning rate (10% warmup, linear decay)."),
     batch_size: int = typer.Option(32, help="Examples per optimizer step."),
@@ -343,7 +344,7 @@ def finetune(
     pairs, similarity and multiple choice GPT-style (<s> x $ y <e>, plus --aux-lm-weight × the LM loss).
 
     Examples:
-      plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir data/glue-sample
+      plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir glue-sample
       plm finetune --task cmrc2018 --train cmrc2018_train.json --dev cmrc2018_dev.json --max-seq-len 384
       plm finetune --task conll2003 --data-dir conll2003/ --crf
       plm finetune --task classification --train a.tsv --dev b.tsv --text-col sentence --label-col label
