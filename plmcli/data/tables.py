@@ -10,6 +10,7 @@ or the memory-mapped Arrow files of a saved dataset), never a whole column at on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -171,15 +172,35 @@ def _batches(t: TableInput) -> Iterator[list]:
         return
     from datasets import load_dataset
 
-    if t.kind == "hub":
-        ds = load_dataset(t.path, t.config, split=t.split, streaming=True)
-    else:
-        ds = load_dataset(t.kind, data_files=str(Path(t.path).resolve()), split="train", streaming=True)
-    if ds.column_names is not None:  # Parquet, JSON with known features: checked before reading rows
-        _check_column(t, ds.column_names)
-    for batch in ds.iter(batch_size=BATCH_ROWS):
+    with _quiet_datasets():
+        if t.kind == "hub":
+            ds = load_dataset(t.path, t.config, split=t.split, streaming=True)
+        else:
+            ds = load_dataset(t.kind, data_files=str(Path(t.path).resolve()), split="train", streaming=True)
+        if ds.column_names is not None:  # Parquet, JSON with known features: checked before reading rows
+            _check_column(t, ds.column_names)
+        it = ds.iter(batch_size=BATCH_ROWS)
+    while True:
+        with _quiet_datasets():
+            batch = next(it, None)
+        if batch is None:
+            return
         _check_column(t, list(batch))
         yield batch[t.column]
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs a broken file as an error line of its own before raising; ours is the one line."""
+    import logging
+
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _check_column(t: TableInput, columns: list[str]) -> None:

@@ -198,3 +198,28 @@ def test_cli_pretrain_and_eval_ppl_on_jsonl(tmp_path):
     res = run("tokenize", f, "--text-column", "body", "--out", tmp_path / "tok", "--tokenizer", "char", "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["counts"]["train"]["documents"] > 20
     assert np.all(np.asarray(ids_of(tmp_path / "tok")) >= 0)
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("bad.jsonl", '{"text": "fine"}\nnot json\n', "cannot read 'BAD' as JSON Lines"),
+    ("bad.parquet", "not parquet\n", "cannot read 'BAD' as Parquet"),
+    ("bad.csv", 'text,id\n"open quote,1\n', "cannot read 'BAD' as CSV"),
+    ("cols.jsonl", '{"body": "x", "id": 1}\n', "has no column 'text' (its columns: body, id)"),
+])
+def test_bad_tables_are_one_line(tmp_path, name, content, needle):
+    (tmp_path / name).write_text(content)
+    res = run("tokenize", tmp_path / name, "--out", tmp_path / "out", "--tokenizer", "char")
+    assert_clean_error(res, needle.replace("BAD", str(tmp_path / name)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_rows_are_read_in_batches(tmp_path, monkeypatch):
+    from plmcli.data import tables
+
+    monkeypatch.setattr(tables, "BATCH_ROWS", 3)
+    seen = []
+    real = tables._check_column
+    monkeypatch.setattr(tables, "_check_column", lambda t, cols: (seen.append(1), real(t, cols)))
+    f = write_jsonl(tmp_path / "c.jsonl", ROWS)
+    (t,) = tables.resolve(str(f), "text", False)
+    assert sum(1 for _ in tables.rows(t)) == len(ROWS) and len(seen) >= len(ROWS) // 3
