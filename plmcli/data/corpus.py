@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.data import tables
 from plmcli.data.tokenizers import (
     load_tokenizer,
     resolve_special_tokens,
@@ -35,7 +36,6 @@ from plmcli.data.tokenizers import (
 )
 from plmcli.data.outdir import build_atomically
 from plmcli.data.ranges import PROBE_BYTES, binary_error, decode_line, encoding_error, iter_lines, range_documents
-from plmcli.data import tables
 from plmcli.data.sentences import split_sentences as split_text_sentences
 from plmcli.errors import PlmError
 
@@ -122,6 +122,7 @@ def _expand_inputs(inputs: list[str], column: str = "text", for_eval: bool = Fal
 
 
 def _file_input(name: str, column: str, for_eval: bool) -> list[str]:
+    """A file (or a saved dataset met in a directory walk): its tables when `datasets` reads it, else itself."""
     if Path(name).is_dir() or tables.builder_of(name):
         return tables.resolve(name, column, for_eval)
     return [name]
