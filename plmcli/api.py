@@ -29,6 +29,18 @@ def default_corpus(name: str = "shakespeare-sample.txt") -> str:
     return str(resources.files("plmcli") / "corpus" / name)
 
 
+SAMPLE_DATA_DIRS = ("glue-sample",)
+"""Task samples shipped in plmcli/corpus/ (data/ in the repository), named by `--data-dir NAME` anywhere."""
+
+
+def sample_data_dir(data_dir: str | None) -> str | None:
+    """`data_dir`, or the shipped sample it names when no such directory exists here (`--data-dir glue-sample`
+    works after `pip install`, outside the repository)."""
+    if data_dir and not Path(data_dir).exists() and Path(data_dir).name in SAMPLE_DATA_DIRS:
+        return default_corpus(Path(data_dir).name)
+    return data_dir
+
+
 # ---------------------------------------------------------------- recipes
 
 
@@ -83,12 +95,14 @@ def accelerate_configs() -> dict:
 def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_size: int | None = None,
              min_frequency: int | None = None, lowercase: bool | None = None, special_tokens: dict | None = None,
              recipe: str | None = None, doc_per_line: bool = False, val_fraction: float = 0.05, num_proc: int = 1,
-             force: bool = False, split_sentences: bool = False) -> dict:
-    """Train (or load) a tokenizer and encode the corpus into an Arrow dataset at `out`."""
+             force: bool = False, split_sentences: bool = False, text_column: str = "text") -> dict:
+    """Train (or load) a tokenizer and encode the corpus into an Arrow dataset at `out`; `text_column`:
+    the column read from JSON Lines / CSV / Parquet files, saved datasets and Hub datasets."""
     from plmcli.config import load_recipe
     from plmcli.config_sections import TokenizerConfig
     from plmcli.data.corpus import tokenize_corpus
     from plmcli.data.outdir import check_writable
+    from plmcli.data.tokenizers import default_special_tokens
 
     check_writable(out)
     _quiet_datasets_off_terminal()
@@ -97,13 +111,15 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
         base = replace(base, path=tokenizer)
     elif tokenizer:
         base = replace(base, kind=tokenizer, path=None)
+    if not recipe and not base.path:  # a recipe's own special tokens win; else those the kind's models need
+        base = replace(base, special_tokens=default_special_tokens(base.kind))
     changes = {k: v for k, v in dict(vocab_size=vocab_size, min_frequency=min_frequency, lowercase=lowercase,
                                      special_tokens=special_tokens).items() if v is not None}
     cfg = replace(base, **changes)
     if not 0 <= val_fraction < 1:
         raise PlmError(f"--val-fraction {val_fraction} must be in [0, 1)", "e.g. --val-fraction 0.05")
     return tokenize_corpus(inputs, out, cfg, doc_per_line=doc_per_line, val_fraction=val_fraction,
-                           num_proc=num_proc, force=force, split_sentences=split_sentences)
+                           num_proc=num_proc, force=force, split_sentences=split_sentences, column=text_column)
 
 
 # ---------------------------------------------------------------- make-mlm-data
@@ -134,7 +150,7 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
 def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
              overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
              time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
-             console=None, streaming: bool = False) -> dict:
+             console=None, streaming: bool = False, text_column: str | None = None) -> dict:
     """Train a model from a recipe; returns the run summary (also written to RUN/summary.json).
 
     A recipe with `phases` trains them in order (RUN/phases/<name>/ each), every phase continuing the
@@ -142,6 +158,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     text files as training goes (plmcli/data/streaming.py) instead of tokenizing them first.
     `resume` continues RUN from its last checkpoint; a run stopped before its first one starts again
     from step 0 (its recipe, tokenizer and config are there). One process at a time trains into a run.
+    `text_column` (= data.text_column): the text column of `datasets` inputs (data/tables.py).
     """
     from contextlib import ExitStack
 
@@ -174,6 +191,8 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         r = load_recipe(recipe, overrides)
         run_dir = Path(out) if out else ckpt.runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         _check_new_run_dir(run_dir)  # before any tokenizing; again when it is made
+    if text_column is not None:
+        r.data.text_column = text_column
     names = [ph["name"] for ph in r.phases] or [None]
     stages = [r.phase(i) for i in range(len(r.phases))] or [r]
     for st in stages:
@@ -250,7 +269,8 @@ def _pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: 
             ckpt.write_json(run_dir / RUN_CONFIG, {
                 "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
                 "tokenizer": meta["tokenizer"], "seq_len": r.train.seq_len, "corpus": str(Path(corpus_dir).resolve()),
-                "inputs": [str(Path(i).resolve()) for i in inputs], "streaming": streaming,
+                "inputs": [str(Path(i).resolve()) if Path(i).exists() else str(i) for i in inputs],  # Hub names as given
+                "streaming": streaming,
             })
         ckpt.point_latest(run_dir)
     state.wait_for_everyone()
@@ -429,7 +449,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     if unknown:
         raise PlmError(f"unknown finetune option(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
     _quiet_datasets_off_terminal()
-    return run_finetune(task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
+    return run_finetune(task, from_run=from_run, data_dir=sample_data_dir(data_dir), epochs=epochs, lr=lr, batch_size=batch_size,
                         seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console,
                         warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
                         classifier_dropout=classifier_dropout, options=TaskOptions(**options), eval_only=eval_only)
@@ -479,13 +499,14 @@ def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it")
 
 def eval_ppl(files: list[str], model: str | None = None, max_length: int | None = None, stride: int | None = None,
              batch_size: int = 8, console=None, mem_len: int | None = None, tgt_len: int | None = None,
-             max_tokens_per_batch: int | None = None) -> dict:
+             max_tokens_per_batch: int | None = None, text_column: str | None = None) -> dict:
     """Perplexity of `files` under a run (see plmcli.eval.perplexity for the conventions).
 
     Causal LMs are scored with sliding windows; a family with its own `eval_ppl` (stateful RNNs, n-grams,
     bidirectional or conditional LMs) scores the text itself and returns the same keys. `mem_len` and
     `tgt_len` (memory and segment length) apply to families with memory (`has_memory`: Transformer-XL, XLNet).
     Masked LMs get pseudo-perplexity (plmcli.eval.pseudo; `pseudo: True`), batched by `max_tokens_per_batch`.
+    `files` may be `datasets` inputs (data/tables.py), read by `text_column`.
     """
     import torch
 
@@ -494,6 +515,9 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     from plmcli.models.registry import model_class
     from plmcli.runs import refuse_task_model, run_config
 
+    from plmcli.data.tables import with_text_column
+
+    files = with_text_column(files, text_column)
     check_lengths(max_length=(max_length, 1), stride=(stride, 1), tgt_len=(tgt_len, 1), mem_len=(mem_len, 0),
                   batch_size=(batch_size, 1))
     path = resolve_run(model, "--model RUN")

@@ -226,25 +226,35 @@ def recipes_accelerate(name: Optional[str] = typer.Argument(None, help="ddp | fs
 @app.command()
 @guarded
 def tokenize(
-    inputs: List[str] = typer.Argument(..., help="Text files, directories of them, .gz files, or - for stdin."),
+    inputs: List[str] = typer.Argument(..., help="Text files, directories of them, .gz files, - for stdin; JSON Lines / "
+                                       "JSON / CSV / Parquet files, a save_to_disk directory, or a Hub dataset NAME[:CONFIG[:SPLIT]] "
+                                       "(each row a document; a DatasetDict's train split, and its validation split as validation)."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (tokenizer.json, dataset/, meta.json)."),
     tokenizer: Optional[str] = typer.Option(None, help="wordpiece | bpe | bytelevel-bpe | unigram | char | word, or a tokenizer.json to load (default: the recipe's, else bytelevel-bpe)."),
     vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size to train (default 8192, or the recipe's)."),
     min_frequency: Optional[int] = typer.Option(None, help="Minimum count of a piece to enter the vocabulary."),
     lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Lower-case the text first."),
-    special_tokens: Optional[str] = typer.Option(None, help="Roles to tokens, e.g. 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'."),
+    special_tokens: Optional[str] = typer.Option(None, help="Roles to tokens, e.g. 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]' "
+                                          "(default: the recipe's, else the kind's usual ones: wordpiece BERT's, unigram ALBERT's "
+                                          "<pad> <unk> [CLS] [SEP] [MASK], others GPT-2's <|endoftext|>)."),
     recipe: Optional[str] = typer.Option(None, help="Take the tokenizer settings (kind, size, special tokens) from this recipe."),
     doc_per_line: bool = typer.Option(False, help="Each line is a document (default: blank lines separate documents)."),
     split_sentences: bool = typer.Option(False, help="Cut lines into sentences at 。！？ and . ! ? (text that is not one "
                                          "sentence per line: NSP/SOP pairs are built from sentences)."),
     val_fraction: float = typer.Option(0.05, help="Share of documents (from the end) kept for validation."),
     num_proc: int = typer.Option(1, help="Worker processes for encoding."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
+                                              "saved datasets and Hub datasets (default: text)."),
     force: bool = typer.Option(False, help="Rebuild even when the cache matches."),
     as_json: bool = typer.Option(False, "--json", help="Print meta.json."),
 ):
     """Train (or load) a tokenizer and encode a corpus into an Arrow dataset.
 
     Example: plm tokenize wiki/ books.txt.gz --out data/tok --tokenizer wordpiece --vocab-size 30522 --recipe bert-base
+
+    Example: plm tokenize wikitext:wikitext-103-raw-v1 --out data/wt103 --tokenizer bytelevel-bpe
+
+    Example: plm tokenize docs.jsonl --text-column body --out data/docs
     """
     from plmcli import api
 
@@ -255,7 +265,8 @@ def tokenize(
         except ValueError:
             raise PlmError(f"--special-tokens '{special_tokens}' is not role=token,…", "e.g. --special-tokens 'eos=<|endoftext|>'") from None
     meta = api.tokenize(inputs, out, tokenizer, vocab_size, min_frequency, lowercase, specials, recipe,
-                        doc_per_line, val_fraction, num_proc, force, split_sentences=split_sentences)
+                        doc_per_line, val_fraction, num_proc, force, split_sentences=split_sentences,
+                        text_column=text_column or "text")
     if as_json:
         return _print_json(meta)
     c = meta["counts"]
@@ -316,7 +327,8 @@ def make_mlm_data(
 @guarded
 def pretrain(
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
-    data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz) or a `plm tokenize` dir. Default: the shipped sample corpus."),
+    data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, a Hub dataset "
+                                         "NAME[:CONFIG[:SPLIT]], or a `plm tokenize` dir. Default: the shipped sample corpus."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<recipe>-<time>)."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a recipe key: section.key=value (repeatable)."),
     max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (also the schedule's horizon)."),
@@ -330,6 +342,8 @@ def pretrain(
                                    "--resume continues at the same byte of every file (same processes, train.num_workers, batch)."),
     compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "
                                        "faster steps after a first step that compiles for a minute or so."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
+                                              "saved datasets and Hub datasets (= --set data.text_column=…; default: text)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
 ):
     """Train a model from a recipe.
@@ -344,7 +358,7 @@ def pretrain(
 
     overrides = [*(overrides or []), "train.compile=true"] if compile_model else overrides
     summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
-                           resume, stop_after, console=_stderr(), streaming=streaming)
+                           resume, stop_after, console=_stderr(), streaming=streaming, text_column=text_column)
     if _process()[0]:  # one result for N processes
         return
     if as_json:
@@ -364,7 +378,8 @@ def finetune(
                              "classification | regression | pair-classification."),
     from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
-                                           "SQuAD, CoNLL, SWAG, own data: their files); none = --train/--dev/--test, else the Hub."),
+                                           "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
+                                           "none = --train/--dev/--test, else the Hub."),
     epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
     lr: float = typer.Option(2e-5, help="Peak learning rate (10% warmup, linear decay)."),
     batch_size: int = typer.Option(32, help="Examples per optimizer step."),
@@ -399,7 +414,7 @@ def finetune(
     pairs, similarity and multiple choice GPT-style (<s> x $ y <e>, plus --aux-lm-weight × the LM loss).
 
     Examples:
-      plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir data/glue-sample
+      plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir glue-sample
       plm finetune --task cmrc2018 --train cmrc2018_train.json --dev cmrc2018_dev.json --max-seq-len 384
       plm finetune --task conll2003 --data-dir conll2003/ --crf
       plm finetune --task classification --train a.tsv --dev b.tsv --text-col sentence --label-col label
@@ -428,7 +443,9 @@ def finetune(
 @app.command("eval-ppl")
 @guarded
 def eval_ppl(
-    files: List[str] = typer.Argument(..., help="Text files to score (each one continuous text)."),
+    files: List[str] = typer.Argument(..., help="Text files to score (each one continuous text), or JSON Lines / CSV / "
+                                      "Parquet files, a save_to_disk directory (its test split, else validation) or a Hub "
+                                      "dataset NAME[:CONFIG[:SPLIT]]: rows read as text separated by blank lines."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Run directory (default runs/latest)."),
     max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: the run's training "
                                              "seq_len, capped by the model's positions)."),
@@ -442,6 +459,8 @@ def eval_ppl(
                                                        "(masked copies × their length; default 8192)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, bytes, words, word_ppl, stride, "
                                  "max_length, window_from (masked LMs: also pseudo: true)."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
+                                              "saved datasets and Hub datasets (default: text)."),
 ):
     """Perplexity of a causal LM on text, every token scored exactly once (masked LMs: pseudo-perplexity).
 
@@ -469,7 +488,7 @@ def eval_ppl(
     from plmcli import api
 
     res = api.eval_ppl(files, model, max_length, stride, batch_size, mem_len=mem_len, tgt_len=tgt_len,
-                       max_tokens_per_batch=max_tokens_per_batch)
+                       max_tokens_per_batch=max_tokens_per_batch, text_column=text_column)
     if as_json:
         return _print_json({k: v for k, v in res.items() if k != "files"} | {"files": res["files"]})
     if res.get("pseudo"):

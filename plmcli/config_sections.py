@@ -78,6 +78,8 @@ class DataConfig:
     """Text file(s)/dir or a `plm tokenize` output dir; empty = the small corpus shipped with plm."""
     default_data: Optional[str] = None
     """The shipped sample (a file in plmcli/corpus/) used when neither --data nor path is given; empty = the objective's."""
+    text_column: str = "text"
+    """The column that holds the text in JSON Lines / CSV / Parquet files, saved datasets and Hub datasets."""
     doc_per_line: bool = False
     """Each line is a document (else documents are separated by blank lines and lines are sentences)."""
     split_sentences: bool = False

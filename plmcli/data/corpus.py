@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.data import tables
 from plmcli.data.tokenizers import (
     load_tokenizer,
     resolve_special_tokens,
@@ -72,14 +73,21 @@ def _is_derived_data(directory: Path) -> bool:
     return isinstance(meta, dict) and "tokenizer" in meta and (Path(directory) / "tokenizer.json").is_file()
 
 
-def _expand_inputs(inputs: list[str]) -> list[str]:
-    """Input arguments -> the text files to read, in order (directories walked recursively, sorted)."""
+def _expand_inputs(inputs: list[str], column: str = "text", for_eval: bool = False) -> list[str]:
+    """Input arguments -> what to read, in order: text files (directories walked recursively, sorted),
+    '-', and the tables (data/tables.py) of data files, saved datasets and Hub names, read by `column`
+    unless the argument carries its own (--text-column). `for_eval`: a DatasetDict gives its test split."""
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
     if not inputs:
         raise PlmError("no input files given", "pass text files, directories, .gz files or '-' for stdin")
     files: list[str] = []
-    for arg in map(str, inputs):
+    for arg in inputs:
+        if isinstance(arg, tables.TableInput):  # already resolved
+            files.append(arg)
+            continue
+        col = arg.column if isinstance(arg, tables.ColumnRequest) else column
+        arg = str(arg)
         if arg == STDIN:
             files.append(STDIN)
             continue
@@ -88,17 +96,36 @@ def _expand_inputs(inputs: list[str]) -> list[str]:
             if _read_meta(p) is not None:
                 raise PlmError(f"'{p}' is already a `plm tokenize` output, not text",
                                "pass it to `plm pretrain --data` directly, or give the original text files")
+            if tables.is_saved_dataset(p):
+                files.extend(tables.resolve(arg, col, for_eval))
+                continue
             found = []
             for root, dirs, names in os.walk(p):
-                # Skip hidden entries and nested tokenize outputs (e.g. `--out` placed inside the input dir).
+                # Skip hidden entries and nested tokenize outputs (e.g. `--out` placed inside the input dir);
+                # a saved dataset inside is read as one input.
                 dirs[:] = [d for d in dirs if not d.startswith(".") and _read_meta(Path(root, d)) is None]
+                found.extend(Path(root, d) for d in dirs if tables.is_saved_dataset(Path(root, d)))
+                dirs[:] = [d for d in dirs if not tables.is_saved_dataset(Path(root, d))]
                 found.extend(Path(root, n) for n in names if not n.startswith("."))
-            files.extend(str(f) for f in sorted(found, key=lambda f: f.relative_to(p).parts))
+            if not found:
+                raise PlmError(f"directory '{p}' holds no text files (hidden files are skipped)",
+                               "pass a directory with text (or JSON Lines / CSV / Parquet) files, or the files themselves")
+            for f in sorted(found, key=lambda f: f.relative_to(p).parts):
+                files.extend(_file_input(str(f), col, for_eval))
         elif p.is_file():
-            files.append(str(p))
+            files.extend(_file_input(arg, col, for_eval))
+        elif tables.looks_like_hub_name(arg):
+            files.extend(tables.resolve(arg, col, for_eval))
         else:
             raise PlmError(f"input '{arg}' not found", "check the path (use '-' to read standard input)")
     return files
+
+
+def _file_input(name: str, column: str, for_eval: bool) -> list[str]:
+    """A file (or a saved dataset met in a directory walk): its tables when `datasets` reads it, else itself."""
+    if Path(name).is_dir() or tables.builder_of(name):
+        return tables.resolve(name, column, for_eval)
+    return [name]
 
 
 def _stdin_lines() -> Iterator[str]:
@@ -121,6 +148,8 @@ def _text_lines(name: str) -> Iterator[str]:
     """Decoded lines of one input, each ending in exactly one "\\n" (CRLF and a missing final newline fixed)."""
     if name == STDIN:
         yield from _stdin_lines()
+    elif isinstance(name, tables.TableInput):
+        yield from tables.lines(name)
     else:
         yield from (line for _, line in iter_lines(name))
 
@@ -141,14 +170,14 @@ def _documents(files: list[str], doc_per_line: bool) -> Iterator[str]:
             yield "".join(doc)
 
 
-def iter_documents(inputs: list[str], doc_per_line: bool = False) -> Iterator[str]:
-    """Stream documents from text/.gz files, directories or '-' (stdin).
+def iter_documents(inputs: list[str], doc_per_line: bool = False, column: str = "text") -> Iterator[str]:
+    """Stream documents from text/.gz files, directories, '-' (stdin) or `datasets` inputs (data/tables.py).
 
     Documents are separated by blank lines (or are single lines with `doc_per_line`); a document's text
-    is its lines, each ending in "\\n".
+    is its lines, each ending in "\\n". A table's rows are documents (its text column, `column`).
     """
     seen = False
-    for doc in _documents(_expand_inputs(inputs), doc_per_line):
+    for doc in _documents(_expand_inputs(inputs, column), doc_per_line):
         seen = True
         yield doc
     if not seen:
@@ -167,7 +196,9 @@ def _split_lines(doc: str) -> list[str]:
 def _input_stats(files: list[str]) -> list[dict]:
     stats = []
     for name in files:
-        if name == STDIN:
+        if isinstance(name, tables.TableInput):
+            stats.append(tables.stats(name))
+        elif name == STDIN:
             stats.append({"path": STDIN, "size": None, "mtime": None})
         else:
             st = os.stat(name)
@@ -177,7 +208,7 @@ def _input_stats(files: list[str]) -> list[dict]:
 
 def _key(stats: list[dict], tok_cfg: TokenizerConfig, doc_per_line: bool, val_fraction: float,
          split_sentences: bool = False) -> str:
-    if any(s["path"] == STDIN for s in stats):
+    if any(s.get("path") == STDIN for s in stats):
         return hashlib.sha256(uuid.uuid4().bytes).hexdigest()  # stdin is never cached
     tok = dataclasses.asdict(tok_cfg)
     if tok_cfg.path and Path(tok_cfg.path).is_file():  # the file's content matters, not its name
@@ -190,9 +221,10 @@ def _key(stats: list[dict], tok_cfg: TokenizerConfig, doc_per_line: bool, val_fr
 
 
 def corpus_key(inputs: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool = False, val_fraction: float = 0.05,
-               split_sentences: bool = False) -> str:
-    """Cache key of a tokenize run: inputs (paths, sizes, mtimes), tokenizer settings, split settings."""
-    return _key(_input_stats(_expand_inputs(inputs)), tok_cfg, doc_per_line, val_fraction, split_sentences)
+               split_sentences: bool = False, column: str = "text") -> str:
+    """Cache key of a tokenize run: inputs (paths, sizes, mtimes; a table's column and split, a Hub
+    dataset's name and config), tokenizer settings, split settings."""
+    return _key(_input_stats(_expand_inputs(inputs, column)), tok_cfg, doc_per_line, val_fraction, split_sentences)
 
 
 def _spool_stdin(files: list[str], tmp: Path) -> list[str]:
@@ -209,6 +241,9 @@ def _plan_units(files: list[str]) -> list[tuple[str, int, int | None, int]]:
     """(file, start, end, bytes) pieces of about UNIT_BYTES; a .gz file is one piece (it cannot be entered midway)."""
     units = []
     for name in files:
+        if isinstance(name, tables.TableInput):  # rows cannot be entered at a byte offset: one piece
+            units.append((name, 0, None, tables.size(name)))
+            continue
         size = os.path.getsize(name)
         n = 1 if name.endswith(".gz") else max(1, -(-size // UNIT_BYTES))
         bounds = [size * i // n for i in range(n + 1)]
@@ -226,7 +261,9 @@ def _encoder(spec: tuple):
     def batches(unit):
         name, start, end = unit[:3]
         batch, size = [], 0
-        for doc in range_documents(name, start, end, doc_per_line):
+        docs = _documents([name], doc_per_line) if isinstance(name, tables.TableInput) else \
+            range_documents(name, start, end, doc_per_line)
+        for doc in docs:
             batch.append(doc)
             size += len(doc)
             if len(batch) >= 1000 or size >= ENCODE_BATCH_BYTES:
@@ -349,9 +386,10 @@ def tokenizer_entry(tok_cfg: TokenizerConfig, lines) -> tuple:
 
 
 def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int, key: str, n_train,
-                  split_sentences: bool = False) -> dict:
-    """Encode the documents of `units` into tmp/dataset (train = the first n_train(n) of n documents,
-    validation the rest); returns the counts per split. Raises PlmError if `n_train` does."""
+                  split_sentences: bool = False, held_out_units: int = 0) -> dict:
+    """Encode the documents of `units` into tmp/dataset (train = the first n_train(n) of n documents, or
+    with `held_out_units` the documents of all units but the last that many; validation the rest);
+    returns the counts per split. Raises PlmError if `n_train` does."""
     from datasets import Features, Sequence, Value
 
     from plmcli.data.shards import file_splits, write_shards
@@ -363,7 +401,8 @@ def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int
     try:
         shards = list(write_shards(units, _encoder, (tok.to_str(), doc_per_line, split_sentences), features, _totals,
                                    tmp / ".shards", num_proc, [u[3] for u in units]))
-        cut = n_train(sum(sh["rows"] for sh in shards))
+        rows = [sh["rows"] for sh in shards]
+        cut = sum(rows[: len(rows) - held_out_units]) if held_out_units else n_train(sum(rows))
         sums = file_splits(tmp / "dataset", shards, cut, features, _totals, key[:16])
     finally:
         shutil.rmtree(tmp / ".shards", ignore_errors=True)
@@ -383,9 +422,12 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
     files = _spool_stdin(files, tmp)
     if not any(line.strip() for name in files for line in _text_lines(name)):  # stops at the first text
         raise PlmError("the input contains no text (every line is blank)", "check the input files")
+    # A dataset's own validation split is the validation set (then nothing else is held out).
+    held_out = [f for f in files if isinstance(f, tables.TableInput) and f.split == "validation"]
+    files = [f for f in files if not any(f is h for h in held_out)] + held_out
     tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in _text_lines(name)))
     counts = encode_splits(tmp, _plan_units(files), tok, doc_per_line, num_proc, key,
-                           lambda n: n - _num_validation(n, val_fraction), split_sentences)
+                           lambda n: n - _num_validation(n, val_fraction), split_sentences, len(held_out))
     tok.save(str(tmp / "tokenizer.json"))
     (tmp / ".stdin.txt").unlink(missing_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "tokenizer": entry, "inputs": inputs, "doc_per_line": doc_per_line,
@@ -396,8 +438,9 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
 
 def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerConfig, doc_per_line: bool = False,
                     val_fraction: float = 0.05, num_proc: int = 1, force: bool = False,
-                    split_sentences: bool = False) -> dict:
-    """Train (or load) a tokenizer and encode `inputs` into `out_dir`; returns the corpus meta.
+                    split_sentences: bool = False, column: str = "text") -> dict:
+    """Train (or load) a tokenizer and encode `inputs` into `out_dir`; returns the corpus meta. Tables
+    (data/tables.py) are read by their text `column`; one with a validation split keeps it as validation.
 
     Reuses `out_dir` when it already holds this exact corpus (same key) unless `force`.
     """
@@ -406,7 +449,7 @@ def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerCo
     if num_proc < 1:
         raise PlmError(f"num_proc must be at least 1, got {num_proc}", "use e.g. --num-proc 4")
     out_dir = Path(out_dir)
-    files = _expand_inputs(inputs)
+    files = _expand_inputs(inputs, column)
     key = _key(_input_stats(files), tok_cfg, doc_per_line, val_fraction, split_sentences)
 
     return build_atomically(out_dir, key, _read_meta,
@@ -437,16 +480,17 @@ def prepare_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cache
     """A corpus directory for `inputs`: a `plm tokenize` output as is, else text tokenized into the cache."""
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
-    inputs = [str(i) for i in inputs]
+    inputs = [i if isinstance(i, str) else str(i) for i in inputs]
     if len(inputs) == 1 and inputs[0] != STDIN and Path(inputs[0]).is_dir():
         if _read_meta(Path(inputs[0])) or _is_derived_data(Path(inputs[0])):
             return Path(inputs[0])
-    key = corpus_key(inputs, tok_cfg, data_cfg.doc_per_line, data_cfg.val_fraction, data_cfg.split_sentences)
+    key = corpus_key(inputs, tok_cfg, data_cfg.doc_per_line, data_cfg.val_fraction, data_cfg.split_sentences,
+                     data_cfg.text_column)
     out = Path(cache_root) if cache_root is not None else default_cache_dir()
     out = out / "corpora" / key[:16]
     tokenize_corpus(inputs, out, tok_cfg, doc_per_line=data_cfg.doc_per_line,
                     val_fraction=data_cfg.val_fraction, num_proc=data_cfg.num_proc,
-                    split_sentences=data_cfg.split_sentences)
+                    split_sentences=data_cfg.split_sentences, column=data_cfg.text_column)
     return out
 
 
@@ -532,6 +576,7 @@ def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, f
 
 
 def iter_text_lines(inputs: list[str]) -> Iterator[str]:
-    """Every line of the inputs, validated and decoded as for tokenize (used by eval-ppl)."""
-    for name in _expand_inputs(inputs):
+    """Every line of the inputs, validated and decoded as for tokenize (used by eval-ppl); a DatasetDict
+    is read from its test split (else validation), a table by the column its argument carries."""
+    for name in _expand_inputs(inputs, for_eval=True):
         yield from _text_lines(name)

@@ -33,6 +33,7 @@ import torch
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
 from plmcli.data.ranges import document_start, iter_lines, line_before_is_blank, open_text, seek_line
+from plmcli.data.tables import FORMAT_NAMES, TableInput
 from plmcli.errors import PlmError
 
 KIND = "streaming"
@@ -69,8 +70,12 @@ def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig
     if len(inputs) == 1 and Path(inputs[0]).is_dir() and _read_meta(Path(inputs[0])) is not None:
         raise PlmError(f"--streaming reads text files, and '{inputs[0]}' is already tokenized",
                        "drop --streaming (a tokenized corpus is read from disk as it trains), or pass the text files")
-    files = _expand_inputs(inputs)
+    files = _expand_inputs(inputs, data_cfg.text_column)
     for name in files:
+        if isinstance(name, TableInput):
+            raise PlmError(f"--streaming reads plain text files, and {name.describe()} is a {FORMAT_NAMES[name.kind]}: "
+                           "training seeks to byte offsets, which rows do not have",
+                           "drop --streaming: `plm tokenize` it first (memory stays flat) and pass the output with --data")
         if name == STDIN or name.endswith(".gz"):
             raise PlmError(f"--streaming cannot read '{name}': training seeks into its inputs, and "
                            f"{'standard input' if name == STDIN else 'a .gz file'} cannot be entered midway",

@@ -22,6 +22,19 @@ ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 _NEEDS_UNK = {"wordpiece", "bpe", "unigram", "char", "word"}
 
+_GPT2 = {"eos": "<|endoftext|>"}
+DEFAULT_SPECIAL_TOKENS = {
+    "wordpiece": {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},  # BERT's
+    "unigram": {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"},  # ALBERT's, ids 0-4
+    "bytelevel-bpe": _GPT2,
+}
+"""The special tokens the usual models of each kind need (`plm tokenize --tokenizer KIND` without a recipe),
+so the next step (make-mlm-data, pretrain) finds them; other kinds get GPT-2's end-of-text token."""
+
+
+def default_special_tokens(kind: str) -> dict[str, str]:
+    return dict(DEFAULT_SPECIAL_TOKENS.get(kind, _GPT2))
+
 
 def resolve_special_tokens(cfg: TokenizerConfig, add_unk: bool = True) -> dict[str, str]:
     """cfg.special_tokens validated and in ROLES order, plus (with `add_unk`) a default unk where the model needs one."""
