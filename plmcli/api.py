@@ -172,7 +172,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     if resume:
         run_dir = Path(out) if out else ckpt.runs_root() / "latest"
         if not (run_dir / "recipe.yaml").is_file():
-            raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN_DIR of the run to continue")
+            raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN, the directory of the run to continue")
         run_dir = run_dir.resolve()
         if not (run_dir / RUN_CONFIG).is_file():  # stopped between its first two files: nothing to restart from
             raise PlmError(f"no checkpoint to resume in {run_dir}, nor its {RUN_CONFIG} to start it again",
@@ -372,13 +372,10 @@ def _discard_run(run_dir: Path, previous_latest: str | None, made_dir: bool) -> 
     back where it pointed before."""
     import os
 
+    from plmcli.data.outdir import discard
     from plmcli.train import checkpoint as ckpt
 
-    for child in [run_dir] if made_dir else list(run_dir.iterdir()):  # an empty --out the user made stays
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
+    discard(run_dir, made_dir)
     latest = ckpt.runs_root() / "latest"
     if latest.is_symlink() and not latest.exists():  # it points at the removed run
         latest.unlink()

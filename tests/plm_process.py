@@ -69,7 +69,6 @@ def sha256(path: Path) -> str:
 
 
 def assert_interrupted(p, stderr: str, run: Path) -> None:
-    """The deferred stop's report. Exit 130 once the CLI prints Interrupted (`interrupted — ...`); until
-    then the exception reaches Typer (exit 1)."""
-    assert p.returncode in (1, 130), stderr
+    """The deferred stop's report: `interrupted — ...`, exit 130, no traceback."""
+    assert p.returncode == 130 and "Traceback" not in stderr, stderr
     assert f"plm pretrain --resume --out {run}" in stderr.replace("\n", ""), stderr

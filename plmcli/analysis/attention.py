@@ -288,12 +288,12 @@ def _check_options(text, text_pair, corpus, out, batch_size, max_lines) -> None:
 
 def _open_run(run: str | None, text_pair: str | None):
     """(run dir, its config.json, "encoder" | "causal", [CLS] layout), or PlmError for a run we cannot read."""
-    from plmcli.api import RUN_CONFIG, resolve_run
     from plmcli.config import build_section
     from plmcli.models.registry import model_class, model_config_class
+    from plmcli.runs import resolve_run, run_config
 
-    path = resolve_run(run)
-    cfg = json.loads((path / RUN_CONFIG).read_text())
+    path = resolve_run(run, "plm attention RUN")
+    cfg = run_config(path)
     family, label = cfg["family"], run or f"runs/latest ({path.resolve().name})"
     cls = model_class(family)
     kind = _kind(cls)

@@ -24,7 +24,6 @@ train sample lacks stays in, always wrong).
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from pathlib import Path
@@ -214,11 +213,11 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     OUT/probe_{task}.png, and returns what probe.json holds."""
     import torch
 
-    from plmcli.api import RUN_CONFIG, resolve_run
     from plmcli.analysis.hidden import families_with_layers, layer_spec
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.finetune import load_encoder
     from plmcli.models.registry import model_class
+    from plmcli.runs import resolve_run, run_config
 
     started = time.monotonic()
     out_dir = Path(out)
@@ -226,8 +225,8 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
         raise PlmError(f"--out {out_dir} is a file", "pass a directory for probe.json, probe.tsv and the figure")
     if batch_size < 1:
         raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 32")
-    path = resolve_run(run).resolve()  # runs/latest -> the run it points at, for the report and the figure
-    cfg = json.loads((path / RUN_CONFIG).read_text())
+    path = resolve_run(run, "plm probe RUN").resolve()  # runs/latest -> the run it points at, for the report and the figure
+    cfg = run_config(path)
     cls = model_class(cfg["family"])
     if layer_spec(cls) is None:
         raise PlmError(f"run {path} is a {cfg['family']} model, which has no Transformer layers to probe",

@@ -302,28 +302,29 @@ class XLNet(nn.Module):
         """Left-to-right perplexity: each token predicted by the query stream from the content of every
         token before it (the identity factorisation order), each scored exactly once.
 
-        Sliding windows (--max-length, default max_positions; --stride, default half) as for causal LMs;
+        Sliding windows (--max-length, default the training seq_len capped by max_positions; --stride, default half) as for causal LMs;
         with --mem-len / --tgt-len, segments of tgt_len tokens (default: the training seq_len) read in
         order, each attending to mem_len (default: the config's) cached states per layer.
         """
         from plmcli.errors import PlmError
-        from plmcli.eval.perplexity import eval_files, sequence_nll
+        from plmcli.eval.perplexity import eval_files, sequence_nll, window_length
 
         self.to(device).eval()
         if mem_len is None and tgt_len is None:
-            L = max_length or self.max_positions
-            S = stride or max(1, L // 2)
+            L, window_from = window_length(max_length, self.max_positions, cfg.get("seq_len"))
+            S = max(1, L // 2) if stride is None else stride
             if L < 1 or not 1 <= S <= L:
                 raise PlmError(f"--max-length {L} must be ≥ 1 and --stride {S} between 1 and it",
                                "e.g. --max-length 512 --stride 256")
             res = eval_files(files, tok, cfg, lambda seq: sequence_nll(lambda x: self.next_token_logits(x)[0], seq, L, S,
                                                                        batch_size, device),
                              L, S, context=f"windows of {L} tokens every {S}", by_lines=False)
+            res["window_from"] = window_from
         else:
             if max_length is not None or stride is not None:
                 raise PlmError("--max-length / --stride set sliding windows, --mem-len / --tgt-len segments with memory",
                                "use one or the other")
-            tgt = tgt_len or cfg.get("seq_len") or 128
+            tgt = tgt_len if tgt_len is not None else cfg.get("seq_len") or 128
             mem = self.cfg.mem_len if mem_len is None else mem_len
             if tgt < 1 or mem < 0:
                 raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 384")
