@@ -27,6 +27,25 @@ def tiny_recipe(path: Path) -> Path:
     return path
 
 
+def run(*args):
+    """`plm ARGS...` in process, through Typer's CliRunner (stdout and stderr apart)."""
+    from typer.testing import CliRunner
+
+    from plmcli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_clean_error(res, *needles):
+    """Exit 2, exactly one line on stderr starting `error:`, no traceback, and each needle in it."""
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in err, err
+
+
 # A stand-in encoder family for CLI checks that need a run that is not a causal LM.
 from dataclasses import dataclass  # noqa: E402
 

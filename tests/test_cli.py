@@ -9,26 +9,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import save_model
-from typer.testing import CliRunner
 
-from helpers import ToyEncoder, ToyEncoderConfig, reverse_pairs, tiny_corpus, tiny_recipe, tiny_s2s_recipe
-from plmcli.cli import app
-
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_clean_error(res, *needles):
-    """Exit 2, exactly one line on stderr starting `error:`, no traceback."""
-    assert res.exit_code == 2, res.output
-    err = res.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    assert "Traceback" not in res.output
-    for n in needles:
-        assert n in err, err
+from helpers import ToyEncoder, ToyEncoderConfig, assert_clean_error, reverse_pairs, run, tiny_corpus, tiny_recipe, tiny_s2s_recipe
 
 
 @pytest.fixture

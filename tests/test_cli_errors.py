@@ -9,18 +9,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from typer.testing import CliRunner
 
-from helpers import tiny_corpus, tiny_recipe
+from helpers import run, tiny_corpus, tiny_recipe
 from plmcli import api
-from plmcli.cli import app
 from plmcli.errors import Interrupted, PlmError, os_error
-
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def one_line(res, code):

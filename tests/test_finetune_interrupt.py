@@ -9,19 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from helpers import tiny_corpus, tiny_recipe
-from plmcli.cli import app
+from helpers import run, tiny_corpus, tiny_recipe
 from plmcli.errors import PlmError
 
-runner = CliRunner()
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def interrupted_message(res) -> str:

@@ -6,19 +6,12 @@ import errno
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from helpers import tiny_corpus, tiny_recipe
-from plmcli.cli import app
+from helpers import run, tiny_corpus, tiny_recipe
 from plmcli.data.outdir import check_writable
 from plmcli.errors import PlmError
 
-runner = CliRunner()
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

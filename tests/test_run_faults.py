@@ -8,26 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from helpers import tiny_corpus, tiny_recipe
-from plmcli.cli import app
+from helpers import assert_clean_error, run, tiny_corpus, tiny_recipe
 
-runner = CliRunner()
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_clean_error(res, *needles):
-    assert res.exit_code == 2, res.output
-    err = res.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    assert "Traceback" not in res.output
-    for n in needles:
-        assert n in err, err
 
 
 @pytest.fixture(scope="module")
