@@ -29,6 +29,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", nargs="+", default=["100M", "1G"], help="corpus sizes (K, M, G suffixes)")
     p.add_argument("--files", type=int, default=16, help="files per corpus")
     p.add_argument("--num-proc", type=int, default=2, help="plm tokenize --num-proc")
+    p.add_argument("--format", choices=["txt", "jsonl"], default="txt",
+                   help="txt: documents separated by blank lines; jsonl: one {\"text\": document} row each, read through datasets")
     p.add_argument("--tokenizer", default="bytelevel-bpe", help="plm tokenize --tokenizer")
     p.add_argument("--vocab-size", type=int, default=8192, help="plm tokenize --vocab-size")
     p.add_argument("--workdir", type=Path, default=None, help="where corpora and outputs go (default: a temp dir, removed)")
@@ -59,8 +61,8 @@ def word_table():
     return words, p / p.sum(), src.name
 
 
-def generate(out: Path, total: int, n_files: int, seed: int = 0) -> int:
-    """Write about `total` bytes of documents into n_files files; returns the bytes written."""
+def generate(out: Path, total: int, n_files: int, seed: int = 0, fmt: str = "txt") -> int:
+    """Write about `total` bytes of documents into n_files files (text, or JSON Lines rows); returns the bytes written."""
     import numpy as np
 
     words, p, _ = word_table()
@@ -69,7 +71,7 @@ def generate(out: Path, total: int, n_files: int, seed: int = 0) -> int:
     written = 0
     for i in range(n_files):
         target = total * (i + 1) // n_files - written
-        with open(out / f"part-{i:04d}.txt", "w", encoding="utf-8") as f:
+        with open(out / f"part-{i:04d}.{fmt}", "w", encoding="utf-8") as f:
             done = 0
             while done < target:
                 w = words[rng.choice(len(words), 100_000, p=p)]
@@ -80,7 +82,8 @@ def generate(out: Path, total: int, n_files: int, seed: int = 0) -> int:
                     k = int(rng.integers(3, 7))
                     docs.append("\n".join(lines[j : j + k]))
                     j += k
-                chunk = "\n\n".join(docs) + "\n\n"
+                chunk = ("".join(json.dumps({"text": d}) + "\n" for d in docs) if fmt == "jsonl"
+                         else "\n\n".join(docs) + "\n\n")
                 f.write(chunk)
                 done += len(chunk)
         written += done
@@ -145,7 +148,7 @@ def run(args) -> int:
             size = parse_size(size_arg)
             corpus, out = root / f"text-{size_arg}", root / f"tok-{size_arg}"
             t0 = time.perf_counter()
-            n_bytes = generate(corpus, size, args.files)
+            n_bytes = generate(corpus, size, args.files, fmt=args.format)
             print(f"{size_arg}: generated {n_bytes / 1e6:,.0f} MB in {args.files} files ({time.perf_counter() - t0:.0f} s)")
             cmd = [sys.executable, "-m", "plmcli", "tokenize", str(corpus), "--out", str(out), "--tokenizer", args.tokenizer,
                    "--vocab-size", str(args.vocab_size), "--num-proc", str(args.num_proc), "--force"]
@@ -184,5 +187,7 @@ tree** is the largest sum of their resident set sizes (shared pages counted in e
 **RssAnon** the part not backed by a file. MB/s = text bytes / wall time. Goal: peak memory flat in
 corpus size. {verdict}
 """
-    common.publish(NAME, common.section_body("plm tokenize: peak memory vs corpus size", args, text, table, info), args)
+    if args.format != "txt":
+        text = text.replace("generated text:", f"generated {args.format} files (one document a row, read through `datasets`):")
+    common.publish(NAME if args.format == "txt" else f"{NAME}-{args.format}", common.section_body("plm tokenize: peak memory vs corpus size", args, text, table, info), args)
     return 0
