@@ -106,8 +106,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, kee
             (tmp / LOOP_STATE).write_text(json.dumps(loop_state, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-        for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+            for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
