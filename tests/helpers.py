@@ -1,5 +1,6 @@
 """Shared test fixtures: a tiny corpus and a tiny recipe that train in a second or two."""
 
+import contextlib
 from pathlib import Path
 
 TINY_RECIPE = """\
@@ -34,6 +35,25 @@ def run(*args):
     from plmcli.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@contextlib.contextmanager
+def dirs_under(root: Path):
+    """PLM_RUNS and PLM_CACHE under `root`, for module-scoped fixtures (conftest isolates each test)."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLM_RUNS", str(root / "runs"))
+        mp.setenv("PLM_CACHE", str(root / "cache"))
+        yield
+
+
+def tiny_gpt_run(root: Path) -> Path:
+    """root/gpt: the tiny recipe (root/tiny.yaml) pretrained on the tiny corpus (root/c.txt)."""
+    res = run("pretrain", "--recipe", tiny_recipe(root / "tiny.yaml"), "--data", tiny_corpus(root / "c.txt"),
+              "--out", root / "gpt")
+    assert res.exit_code == 0, res.output
+    return root / "gpt"
 
 
 def assert_clean_error(res, *needles):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run, tiny_corpus, tiny_recipe
+from helpers import dirs_under, run, tiny_gpt_run
 from plmcli.errors import PlmError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
@@ -28,13 +28,8 @@ def interrupted_message(res) -> str:
 @pytest.fixture(scope="module")
 def gpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLM_RUNS", str(root / "runs"))
-        mp.setenv("PLM_CACHE", str(root / "cache"))
-        res = run("pretrain", "--recipe", tiny_recipe(root / "tiny.yaml"), "--data", tiny_corpus(root / "c.txt"),
-                  "--out", root / "gpt")
-        assert res.exit_code == 0, res.output
-    return root / "gpt"
+    with dirs_under(root):
+        return tiny_gpt_run(root)
 
 
 def finetune_args(gpt, out, *more):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run, tiny_corpus, tiny_recipe
+from helpers import dirs_under, run, tiny_gpt_run
 from plmcli.data.outdir import check_writable
 from plmcli.errors import PlmError
 
@@ -18,12 +18,9 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
 def made(tmp_path_factory):
     """A tiny GPT run, a tokenized corpus and a transformers directory to feed the commands."""
     root = tmp_path_factory.mktemp("made")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLM_RUNS", str(root / "runs"))
-        mp.setenv("PLM_CACHE", str(root / "cache"))
-        recipe, corpus = tiny_recipe(root / "tiny.yaml"), tiny_corpus(root / "c.txt")
-        assert run("pretrain", "--recipe", recipe, "--data", corpus, "--out", root / "gpt").exit_code == 0
-        assert run("tokenize", corpus, "--out", root / "tok", "--recipe", "bert-mini", "--val-fraction", "0.2").exit_code == 0
+    with dirs_under(root):
+        tiny_gpt_run(root)
+        assert run("tokenize", root / "c.txt", "--out", root / "tok", "--recipe", "bert-mini", "--val-fraction", "0.2").exit_code == 0
         assert run("export", root / "gpt", "--format", "hf", "--out", root / "hf").exit_code == 0
     return root
 

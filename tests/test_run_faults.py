@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import assert_clean_error, run, tiny_corpus, tiny_recipe
+from helpers import assert_clean_error, dirs_under, run, tiny_gpt_run
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
 
@@ -18,12 +18,8 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
 def runs(tmp_path_factory):
     """A tiny GPT run and a GPT-style sst2 finetune of it, made once; tests copy what they damage."""
     root = tmp_path_factory.mktemp("runs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLM_RUNS", str(root / "runs"))
-        mp.setenv("PLM_CACHE", str(root / "cache"))
-        res = run("pretrain", "--recipe", tiny_recipe(root / "tiny.yaml"), "--data", tiny_corpus(root / "c.txt"),
-                  "--out", root / "gpt")
-        assert res.exit_code == 0, res.output
+    with dirs_under(root):
+        tiny_gpt_run(root)
         res = run("finetune", "--task", "sst2", "--data-dir", SAMPLE, "--from", root / "gpt", "--out", root / "ft",
                   "--max-steps", 2, "--max-seq-len", 16)
         assert res.exit_code == 0, res.output
