@@ -45,12 +45,20 @@ def read_table(path: Path | None = None) -> dict:
     return table if isinstance(table, dict) else {}
 
 
-def recipe_params(name: str, raw: dict, table: dict) -> int:
-    """The parameter count of shipped recipe `name` (its YAML `raw`): from `table` while its fingerprint
-    matches, else counted on the meta device (imports torch)."""
+def table_params(name: str, raw: dict, table: dict) -> int | None:
+    """The parameter count `table` holds for recipe `name`, or None when it has none or its entry is stale."""
     entry = table.get(name)
     if isinstance(entry, dict) and entry.get("fingerprint") == fingerprint(raw):
         return int(entry["params"])
+    return None
+
+
+def recipe_params(name: str, raw: dict, table: dict) -> int:
+    """The parameter count of shipped recipe `name` (its YAML `raw`): from `table` while its fingerprint
+    matches, else counted on the meta device (imports torch)."""
+    known = table_params(name, raw, table)
+    if known is not None:
+        return known
     from plmcli.api import count_params
     from plmcli.config import load_recipe
 

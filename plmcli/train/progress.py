@@ -72,14 +72,16 @@ def _smaller_recipe(family: str, params: int) -> tuple[str, int] | None:
     Read from the shipped parameter table; an entry gone stale (its recipe edited) is skipped rather
     than recounted, which would build a model just to word a hint."""
     from plmcli.config import raw_recipe, shipped_recipes
-    from plmcli.recipe_params import fingerprint, read_table
+    from plmcli.recipe_params import read_table, table_params
 
     table, found = read_table(), []
     for name in shipped_recipes():
-        raw, entry = raw_recipe(name), table.get(name)
-        if (raw.get("model") or {}).get("family") == family and isinstance(entry, dict) \
-                and entry.get("fingerprint") == fingerprint(raw) and 0 < entry["params"] < params:
-            found.append((int(entry["params"]), name))
+        raw = raw_recipe(name)
+        if (raw.get("model") or {}).get("family") != family:
+            continue
+        n = table_params(name, raw, table)
+        if n is not None and 0 < n < params:
+            found.append((n, name))
     return (min(found)[1], min(found)[0]) if found else None
 
 
