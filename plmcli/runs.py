@@ -102,7 +102,7 @@ def build_run_model(path: Path, cfg: dict):
 
 def load_weights(module, path: Path, cfg: dict) -> None:
     """Load RUN/model.safetensors into `module` (strictly), refusing a damaged file or weights that
-    hold NaN/inf (a run that diverged): one pass over the tensors, one at a time."""
+    hold NaN/inf (a run that diverged): the file is read once, and the loaded tensors it holds checked."""
     import torch
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_model
@@ -110,20 +110,18 @@ def load_weights(module, path: Path, cfg: dict) -> None:
     file = Path(path) / WEIGHTS
     if not file.is_file():
         raise PlmError(f"run {path} has no {WEIGHTS}", _rewrite_hint(path, cfg))
-    bad = []
     try:
-        with safe_open(str(file), "pt") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    bad.append(name)
-        if not bad:
-            load_model(module, str(file))
+        with safe_open(str(file), "pt") as f:  # the header only: which tensors the file holds
+            names = list(f.keys())
+        load_model(module, str(file))
     except (SafetensorError, OSError) as e:
         raise PlmError(f"{file} is damaged ({_first_line(e)})", _rewrite_hint(path, cfg)) from e
     except (RuntimeError, KeyError) as e:  # readable, but not this config's model: missing / unexpected / shapes
         raise PlmError(f"the weights in {file} do not fit its {RUN_CONFIG} ({_first_line(e)})",
                        _rewrite_hint(path, cfg)) from e
+    # Only what the file holds: a module's unsaved buffers (masks) may be -inf by design.
+    state = module.state_dict()
+    bad = [n for n in names if n in state and state[n].is_floating_point() and not bool(torch.isfinite(state[n]).all())]
     if bad:
         again = "run the finetune again with a lower --lr" if cfg.get("finetune") else \
             "retrain it with a lower learning rate, e.g. --set optim.lr=3e-4"
