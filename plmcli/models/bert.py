@@ -21,6 +21,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, NormPosition, bidirectional,
                                    init_weights, require_vocab)
 
@@ -110,13 +111,14 @@ def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> tor
     return x
 
 
-class MaskedLMEncoder(nn.Module):
+class MaskedLMEncoder(LanguageModel):
     """What objective `mlm` and `plm finetune` call on every BERT-style family (BERT, ALBERT, NEZHA).
 
     A subclass builds `mlm` (an MLMHead) and `nsp` (a 2-way head on the pooled state, or None) and
     implements `encode`; `forward` runs the heads on top.
     """
 
+    traits = Traits(bidirectional=True, masked_lm=True, scoring="pseudo")
     causal = False
     encoder = True
     masked_lm = True

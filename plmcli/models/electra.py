@@ -28,6 +28,7 @@ from torch import nn
 from plmcli.config_sections import Count, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
 from plmcli.models.layers import ACTIVATIONS, Activation, Block, bidirectional, init_weights, require_vocab
 
@@ -144,7 +145,8 @@ class DiscriminatorHead(nn.Module):
         return self.dense_prediction(self.act(self.dense(h))).squeeze(-1)  # (B, T)
 
 
-class Electra(nn.Module):
+class Electra(LanguageModel):
+    traits = Traits(bidirectional=True, replaced_token_detection=True, scoring="pseudo")
     Config = ElectraConfig
     probe_layers = "discriminator.blocks"  # what encode() runs (plmcli.analysis.hidden)
     causal = False

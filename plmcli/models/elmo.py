@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, Probability, Size
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
@@ -169,7 +170,8 @@ class ELMoTaskHead(nn.Module):
         return self.out(self.drop(torch.cat([top, mean], -1)))  # (B, num_labels)
 
 
-class ELMo(nn.Module):
+class ELMo(LanguageModel):
+    traits = Traits(bidirectional=True, bilm=True, scoring="bidirectional_lm")
     Config = ELMoConfig
     causal = False
     encoder = True

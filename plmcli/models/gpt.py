@@ -16,6 +16,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import Activation, Block, NormPosition, init_weights, require_vocab, scale_residual_init
 from plmcli.models.lm_loss import linear_cross_entropy
 
@@ -56,7 +57,8 @@ class GPTConfig:
     """Residual projections start at init_std/√(2·n_layer) (GPT-2)."""
 
 
-class GPT(nn.Module):
+class GPT(LanguageModel):
+    traits = Traits(causal=True, scoring="window")
     Config = GPTConfig
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
     causal = True

@@ -41,6 +41,7 @@ from torch import nn
 
 from plmcli.config_sections import Count
 from plmcli.errors import PlmError
+from plmcli.models.base import LanguageModel, Traits
 
 SMOOTHINGS = ("add-k", "kneser-ney")
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -86,9 +87,10 @@ def kn_discounts(counts: np.ndarray) -> tuple[tuple[float, float, float], bool]:
     return d, False
 
 
-class NGramLM(nn.Module):
+class NGramLM(LanguageModel):
     """An n-gram LM: no parameters, no gradient; `fit` counts, `eval_ppl` scores text line by line."""
 
+    traits = Traits(causal=True, counts=True, scoring="counts")
     Config = NGramConfig
     causal = True
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 
 
@@ -40,7 +41,8 @@ class NNLMConfig:
     """Embeddings start uniform in ±init_range; linear layers use torch's fan-in default."""
 
 
-class NNLM(nn.Module):
+class NNLM(LanguageModel):
+    traits = Traits(causal=True, scoring="fixed_context")
     Config = NNLMConfig
     causal = True
     max_positions = 1 << 20

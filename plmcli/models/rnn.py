@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -54,7 +55,8 @@ class RNNConfig:
     """Every parameter starts uniform in ±init_range (Zaremba: 0.1 small, 0.05 medium, 0.04 large)."""
 
 
-class RNNLM(nn.Module):
+class RNNLM(LanguageModel):
+    traits = Traits(causal=True, stateful=True, scoring="state")
     Config = RNNConfig
     causal = True
     stateful = True

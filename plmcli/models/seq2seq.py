@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -98,7 +99,8 @@ class Attention(nn.Module):
         return weights @ memory, weights
 
 
-class Seq2Seq(nn.Module):
+class Seq2Seq(LanguageModel):
+    traits = Traits(seq2seq=True, scoring="conditional")
     Config = Seq2SeqConfig
     seq2seq = True
 

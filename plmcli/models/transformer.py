@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, Heads, Positive, Probability, Size
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import (Activation, Block, CrossAttention, FeedForward, MultiHeadAttention,
                                    NormPosition, require_vocab)
 
@@ -111,7 +112,8 @@ def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
     return attn.resid_dropout(attn.proj(y.transpose(1, 2).reshape(B, T, C))), (k, v)
 
 
-class Transformer(nn.Module):
+class Transformer(LanguageModel):
+    traits = Traits(seq2seq=True, scoring="conditional")
     Config = TransformerConfig
     seq2seq = True
 

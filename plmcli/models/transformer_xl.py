@@ -32,6 +32,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import FeedForward, NormPosition, require_vocab, sinusoid_table
 
 
@@ -151,7 +152,8 @@ class TXLLayer(nn.Module):
         return x + self.ff(self.ln(x)) if self.pre_norm else self.ln(x + self.ff(x))
 
 
-class TransformerXL(nn.Module):
+class TransformerXL(LanguageModel):
+    traits = Traits(causal=True, stateful=True, has_memory=True, scoring="memory")
     Config = TransformerXLConfig
     causal = True
     stateful = True

@@ -30,6 +30,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
+from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import Activation, FeedForward, init_weights, require_vocab, sinusoid_table
 
 
@@ -159,7 +160,8 @@ class XLNetBlock(nn.Module):
         return h, g
 
 
-class XLNet(nn.Module):
+class XLNet(LanguageModel):
+    traits = Traits(bidirectional=True, permutation_lm=True, has_memory=True, pair_layout="cls_last", scoring="left_to_right")
     Config = XLNetConfig
     probe_layers = "blocks"  # the content stream h of each block (plmcli.analysis.hidden)
     causal = False

@@ -1,0 +1,172 @@
+"""What a model family is and what it can do, declared in one place.
+
+Every family class subclasses `LanguageModel` and declares its `traits` (a frozen `Traits`: a misspelt
+trait is a TypeError at import, not a flag that silently reads as False). Optional abilities — fitting by
+counting, HF conversion, hidden states for transfer, FLOP counts, ... — are `typing.Protocol`s: callers ask
+`isinstance(model, Fits)` or `issubclass(cls, ExportsHF)` instead of probing attributes.
+
+Who reads what:
+- objectives check the pretraining heads a model has (`masked_lm`, `permutation_lm`, ...);
+- plmcli.eval picks the perplexity scorer named by `scoring`;
+- finetuning, export templates, attention and probing build pair inputs by `pair_layout`;
+- task heads are served to `bidirectional` encoders (`encode`) and stateless `causal` LMs (`hidden`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from torch import nn
+
+PairLayout = Literal["cls_first", "cls_last", "causal"]
+"""How a text pair becomes one input: `[CLS] a [SEP] b [SEP]` (BERT), `a <sep> b <sep> <cls>` (XLNet),
+`<s> a $ b <e>` (GPT's transfer)."""
+
+Scoring = Literal["window", "fixed_context", "state", "memory", "counts", "conditional", "pseudo",
+                  "left_to_right", "bidirectional_lm"]
+"""The perplexity protocol plmcli.eval uses for a family:
+window         sliding windows, every token scored once (GPT)
+fixed_context  every token sees exactly its n-1 predecessors (the feed-forward NNLM)
+state          one stream, the hidden state carried across the whole file (RNN/LSTM/GRU)
+memory         segments of tgt_len, each attending to mem_len cached states (Transformer-XL)
+counts         sentence by sentence from count tables (n-gram)
+conditional    target given source, or each line given itself (encoder–decoders)
+pseudo         pseudo-perplexity, one masked token at a time (masked LMs, ELECTRA)
+left_to_right  the identity factorisation order of a permutation LM (XLNet)
+bidirectional_lm  forward, backward and their average (ELMo)"""
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a family is. Defaults describe nothing: a family sets what holds for it."""
+
+    causal: bool = False
+    """Predicts each token from the ones before it (objective clm / bptt; generation)."""
+    bidirectional: bool = False
+    """An encoder: `encode(ids, types, mask) -> (hidden (B, T, C), pooled (B, C) | None)` sees both sides;
+    finetuning puts task heads on it."""
+    stateful: bool = False
+    """forward takes and returns a state (hidden state or memory) that objectives carry across batches."""
+    has_memory: bool = False
+    """Segment memory with mem_len / tgt_len (Transformer-XL, XLNet): eval-ppl's --mem-len / --tgt-len apply."""
+    counts: bool = False
+    """Fit by counting, no gradient (n-gram): trains through `Fits.fit`, not the loop."""
+    seq2seq: bool = False
+    """An encoder–decoder: forward(src, tgt) (objectives seq2seq / denoise; translation)."""
+    masked_lm: bool = False
+    """forward returns BertOutput (mlm_logits at mlm_positions, nsp_logits): objective mlm's model."""
+    replaced_token_detection: bool = False
+    """A generator and a discriminator (ELECTRA): objective rtd's model."""
+    permutation_lm: bool = False
+    """Two-stream attention (XLNet): objective plm's model."""
+    bilm: bool = False
+    """Forward and backward LMs over shared token representations (ELMo): objective bilm's model."""
+    pair_layout: PairLayout | None = None
+    """None: derived — `causal` for causal LMs, `cls_first` for bidirectional encoders."""
+    scoring: Scoring | None = None
+    """The perplexity protocol (see `Scoring`); None: the family has no perplexity."""
+
+    def __post_init__(self):
+        if self.pair_layout is None:
+            derived = "causal" if self.causal and not self.bidirectional else "cls_first" if self.bidirectional else None
+            object.__setattr__(self, "pair_layout", derived)
+
+
+class LanguageModel(nn.Module):
+    """The base of every family class (one per file in plmcli/models, listed in models/registry.py)."""
+
+    Config: ClassVar[type]
+    """The family's typed model section (a dataclass)."""
+    traits: ClassVar[Traits] = Traits()
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    """transformers `model_type`s that `plm import` converts into this family."""
+    probe_layers: ClassVar[str | tuple[str, ...] | None] = None
+    """Where plmcli.analysis.hidden reads each layer's output: a ModuleList's dotted path, or ALBERT's
+    (attention, ffn) pair of shared modules; None: the family has no per-layer states to probe."""
+
+
+# ---------------------------------------------------------------- optional abilities
+
+
+@runtime_checkable
+class Fits(Protocol):
+    """Trained by counting over a tokenized corpus, outside the gradient loop (n-gram)."""
+
+    def fit(self, data_dir, recipe, run_dir, console=None) -> dict: ...
+
+
+@runtime_checkable
+class LoadsRunWeights(Protocol):
+    """Weights whose shapes depend on the data (count tables): loaded from the run directory by the model."""
+
+    def load_run_weights(self, run_dir) -> None: ...
+
+
+@runtime_checkable
+class WritesArpa(Protocol):
+    def write_arpa(self, path): ...
+
+
+@runtime_checkable
+class ExportsHF(Protocol):
+    """Converts to and from a transformers checkpoint (config dict, state dict)."""
+
+    def to_hf(self, run_config: dict) -> tuple[dict, dict]: ...
+
+    @classmethod
+    def from_hf(cls, hf_config: dict, state_dict: dict) -> tuple[Any, dict]: ...
+
+
+@runtime_checkable
+class ExportsHFExtras(Protocol):
+    """Second networks exported beside the main one (ELECTRA's generator), by subdirectory."""
+
+    def hf_extra_exports(self, run_config: dict) -> dict[str, tuple[dict, dict]]: ...
+
+
+@runtime_checkable
+class HasHFExportNotes(Protocol):
+    """What an HF export cannot carry (SpanBERT's SBO head, ...), said to the user."""
+
+    def hf_export_notes(self) -> list[str]: ...
+
+
+@runtime_checkable
+class ExportsHFSequenceClassification(Protocol):
+    def to_hf_sequence_classification(self, run_config: dict, head: nn.Linear) -> tuple[dict, dict]: ...
+
+
+@runtime_checkable
+class CountsFlops(Protocol):
+    """FLOPs per trained token, for the time estimate and MFU."""
+
+    def flops_per_token(self, seq_len: int) -> float: ...
+
+
+@runtime_checkable
+class TakesTokenStrings(Protocol):
+    """Needs the vocabulary's strings (ELMo's character CNN spells each token)."""
+
+    def set_token_strings(self, strings: list[str]) -> None: ...
+
+
+@runtime_checkable
+class HasHidden(Protocol):
+    """A causal LM's last-layer states for transfer: hidden(ids (B, T)) -> (B, T, C)."""
+
+    def hidden(self, input_ids): ...
+
+
+@runtime_checkable
+class Encodes(Protocol):
+    """A bidirectional encoder: encode(ids, types, mask) -> (hidden (B, T, C), pooled (B, C) | None)."""
+
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None): ...
+
+
+@runtime_checkable
+class HasTaskHead(Protocol):
+    """Feature-based transfer: the family builds its own task head over frozen features (ELMo's scalar mix)."""
+
+    def task_head(self, num_labels: int, dropout: float | None = None) -> nn.Module: ...
