@@ -588,3 +588,67 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
                            top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
                            length_penalty=length_penalty, batch_size=batch_size)
     return [{"prompt": p, "output": o} for p, o in zip(texts, outputs)]
+
+
+# ---------------------------------------------------------------- insight, and what the CLI's error line needs
+# Thin doors for plmcli.cli, which reaches nothing below this module.
+
+
+def plot(runs: list[str], out: str | None = None, metrics: list[str] | None = None, x: str = "step") -> dict:
+    """Training curves of runs' metrics.jsonl into a PNG (see plmcli.analysis.plot.plot_runs)."""
+    from plmcli.analysis.plot import plot_runs
+
+    return plot_runs(runs, out, metrics, x)
+
+
+def attention(run: str | None, text: str | None = None, text_pair: str | None = None, corpus: str | None = None,
+              out: str | None = None, max_seq_len: int | None = None, batch_size: int = 16,
+              max_lines: int | None = None) -> dict:
+    """Attention heatmaps and per-head patterns of a run (see plmcli.analysis.attention.attention)."""
+    from plmcli.analysis.attention import attention as run_attention
+
+    return run_attention(run, text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
+
+
+def print_attention(res: dict, console=None) -> None:
+    from plmcli.analysis.attention import print_report
+
+    print_report(res, console)
+
+
+def probe(run: str | None, task: str, out: str, data_dir: str | None = None, train: str | None = None,
+          dev: str | None = None, max_sentences: int | None = 2000, max_dev_sentences: int | None = 500,
+          seed: int = 0, batch_size: int = 32, console=None) -> dict:
+    """A linear probe per layer of a run (see plmcli.analysis.probe.probe)."""
+    from plmcli.analysis.probe import probe as run_probe
+
+    return run_probe(run, task, out, data_dir, train, dev, max_sentences, max_dev_sentences, seed, batch_size,
+                     console=console)
+
+
+def print_probe(res: dict, console=None) -> None:
+    from plmcli.analysis.probe import print_report
+
+    print_report(res, console)
+
+
+def find_plm_error(e: BaseException) -> PlmError | None:
+    """Ours, dug out of the chain of an exception (datasets wraps it in its generators and workers)."""
+    from plmcli.data.outdir import find_plm_error as find
+
+    return find(e)
+
+
+def chosen_places() -> dict:
+    """Directories plm picks for the user (see errors.os_error): a failure inside one names its setting."""
+    import os
+
+    from plmcli.data.corpus import default_cache_dir
+
+    places = {}
+    try:
+        places[str(default_cache_dir(check=False))] = ("PLM_CACHE", "export PLM_CACHE=<a writable directory> to move the cache")
+    except Exception:  # noqa: BLE001 — a hint must never hide the error it explains
+        pass
+    places[os.environ.get("PLM_RUNS", "runs")] = ("PLM_RUNS", "pass --out <a writable directory>, or export PLM_RUNS=<one>")
+    return places

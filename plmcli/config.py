@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal, Optional
 
 import yaml
 
-from plmcli.config_sections import (Count, DataConfig, Divides, Fraction, NonNegative, Positive, Probability, Size,
-                                    TokenizerConfig)
+from plmcli.config_sections import (Count, DataConfig, Divides, Folded, Fraction, NonNegative, OptimizerName, Positive,
+                                    Probability, ScheduleName, Size, TokenizerConfig)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -69,7 +69,7 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: Annotated[OptimizerName, Folded()] = "adamw"
     """adamw | adam | lamb | sgd."""
     lr: Positive = 3e-4
     """Peak learning rate."""
@@ -81,7 +81,7 @@ class OptimConfig:
     """Adam / LAMB denominator epsilon."""
     momentum: Probability = 0.0
     """SGD momentum."""
-    schedule: str = "linear"
+    schedule: Annotated[ScheduleName, Folded()] = "linear"
     """linear | cosine | constant | inverse-sqrt | polynomial | step."""
     warmup_steps: Count = 0
     """Linear warmup steps."""
@@ -375,6 +375,9 @@ def _constraints(tp) -> list:
 def _coerce(value, tp, where: str):
     origin = typing.get_origin(tp)
     if origin is Annotated:  # the constraints are checked once every field is built
+        if any(isinstance(m, Folded) for m in tp.__metadata__) and isinstance(value, str):
+            folded = value.strip().lower()
+            value = folded if folded in typing.get_args(tp.__origin__) else value  # else the error shows it as written
         return _coerce(value, tp.__origin__, where)
     if origin is Literal:
         return _coerce(value, type(typing.get_args(tp)[0]), where)

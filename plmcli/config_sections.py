@@ -2,13 +2,15 @@
 
 A field's allowed values are declared in its type, and config.build_section checks them when a recipe
 (or a run's config.json) is loaded: `Literal[...]` for a choice, `Annotated[int, Range(1)]` for an
-interval, `Divides("d_model")` for a count that must split another field (attention heads).
+interval, `Divides("d_model")` for a count that must split another field (attention heads). The name
+lists of the settings that pick an implementation (optimizer, schedule, tokenizer) live here, at the
+bottom, so a recipe is checked against them before anything is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,12 @@ class Divides:
         return bool(self.unless and values.get(self.unless)) or values[self.other] % v == 0
 
 
+@dataclass(frozen=True)
+class Folded:
+    """A choice also read case-blind and without surrounding spaces ("AdamW" is adamw), as the optimizer
+    and schedule names were before their fields became choices."""
+
+
 Size = Annotated[int, Range(1)]
 """A count or width that must be ≥ 1."""
 Count = Annotated[int, Range(0)]
@@ -54,11 +62,17 @@ Positive = Annotated[float, Range(0, lo_open=True)]
 NonNegative = Annotated[float, Range(0)]
 Heads = Annotated[int, Range(1), Divides("d_model")]
 """Attention heads: each gets d_model / n_head of the hidden size."""
+OptimizerName = Literal["adamw", "adam", "lamb", "sgd"]
+"""optim.name: what train/optim.build_optimizer builds."""
+ScheduleName = Literal["linear", "cosine", "constant", "inverse-sqrt", "polynomial", "step"]
+"""optim.schedule: what train/schedule.build_scheduler builds."""
+TokenizerKind = Literal["wordpiece", "bpe", "bytelevel-bpe", "unigram", "char", "word"]
+"""tokenizer.kind: what data/tokenizers.train_tokenizer trains."""
 
 
 @dataclass
 class TokenizerConfig:
-    kind: str = "bytelevel-bpe"
+    kind: TokenizerKind = "bytelevel-bpe"
     """wordpiece | bpe | bytelevel-bpe | unigram | char | word."""
     vocab_size: Size = 8192
     """Target vocabulary size, special tokens included (char/word: an upper bound)."""

@@ -37,6 +37,12 @@ BAD = [
     ("data.val_fraction=1", "error: data.val_fraction 1.0 must be in [0, 1) — e.g. --set data.val_fraction=0.05"),
     ("optim.lr=0", "error: optim.lr 0.0 must be > 0 — e.g. --set optim.lr=0.0003"),
     ("train.time_budget=-5", "error: train.time_budget -5.0 must be > 0 — e.g. --set train.time_budget=1"),
+    # implementations picked by name: refused at load, not when the optimizer or tokenizer is built
+    ("optim.name=adamz", "error: optim.name 'adamz' is not one of adamw, adam, lamb, sgd — e.g. --set optim.name=adamw"),
+    ("optim.schedule=cosin", "error: optim.schedule 'cosin' is not one of linear, cosine, constant, inverse-sqrt, "
+                             "polynomial, step — e.g. --set optim.schedule=linear"),
+    ("tokenizer.kind=wordpeice", "error: tokenizer.kind 'wordpeice' is not one of wordpiece, bpe, bytelevel-bpe, unigram, "
+                                 "char, word — e.g. --set tokenizer.kind=wordpiece"),
 ]
 
 
@@ -58,10 +64,25 @@ def test_bad_set_fails_before_tokenizing(override, line, tmp_path):
     ("elmo-mini", "model.token_encoder=byte", "model.token_encoder 'byte' is not one of char, word"),
     ("bert-mini", "objective.mask_prob=1", "objective.mask_prob 1.0 must be in (0, 1)"),
     ("transformer-mini", "objective.label_smoothing=1", "objective.label_smoothing 1.0 must be in [0, 1)"),
+    ("albert-mini", "model.share=layers", "model.share 'layers' is not one of all, attention, ffn, none"),
+    ("ngram-bigram-addk", "model.smoothing=witten-bell", "model.smoothing 'witten-bell' is not one of add-k, kneser-ney"),
+    ("bert-mini", "objective.masking=wwn", "objective.masking 'wwn' is not one of token, wwm, ngram, chinese-wwm, span, "
+                                           "knowledge"),
+    ("bert-mini", "objective.pairs=nps", "objective.pairs 'nps' is not one of nsp, sop, none"),
+    ("electra-mini", "objective.pairs=nps", "objective.pairs 'nps' is not one of nsp, sop, none"),
+    ("transformer-mini-denoising", "objective.mask_length=words",
+     "objective.mask_length 'words' is not one of span-poisson, token"),
 ])
 def test_every_family_declares_its_ranges(recipe, override, needle):
     with pytest.raises(PlmError, match=re.escape(needle)):
         load_recipe(recipe, [override])
+
+
+def test_optimizer_and_schedule_names_are_read_case_blind_as_before():
+    r = load_recipe("gpt-mini", ["optim.name= AdamW", "optim.schedule=Cosine"])
+    assert (r.optim.name, r.optim.schedule) == ("adamw", "cosine")
+    with pytest.raises(PlmError, match="optim.name 'LAMBS' is not one of"):  # shown as written
+        load_recipe("gpt-mini", ["optim.name=LAMBS"])
 
 
 def test_heads_with_an_explicit_head_size_need_not_divide():

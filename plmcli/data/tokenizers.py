@@ -9,14 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, get_args
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from plmcli.config_sections import TokenizerConfig
+from plmcli.config_sections import TokenizerConfig, TokenizerKind
 from plmcli.errors import PlmError
 
-KINDS = ("wordpiece", "bpe", "bytelevel-bpe", "unigram", "char", "word")
+KINDS = get_args(TokenizerKind)
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 """Special-token roles; also the order in which distinct special tokens get the lowest ids."""
 

@@ -15,7 +15,7 @@ GELU is the tanh approximation by default: Google's ALBERT code computes it that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ class AlbertConfig(BertConfig):
     """gelu_tanh (Google's ALBERT code; HF's gelu_new) | gelu | relu | silu; also the MLM head's transform."""
     embedding_size: int = 128
     """E: width of the word / position / segment embeddings, projected to d_model (H) by one Linear."""
-    share: str = "all"
+    share: Literal[SHARES] = "all"
     """Cross-layer parameter sharing: all (ALBERT) | attention | ffn | none."""
 
     def __post_init__(self):

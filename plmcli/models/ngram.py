@@ -35,6 +35,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from torch import nn
@@ -54,7 +55,7 @@ WEIGHTS = "model.npz"
 class NGramConfig:
     order: int = 3
     """N: each word is predicted from the N-1 words before it (≥ 1)."""
-    smoothing: str = "kneser-ney"
+    smoothing: Literal[SMOOTHINGS] = "kneser-ney"
     """add-k (Lidstone: (c(h,w)+k)/(c(h)+k|V|)) | kneser-ney (interpolated modified KN, Chen & Goodman 1998)."""
     k: float = 1.0
     """λ of add-k smoothing (> 0): 1 is Laplace's add-one."""

@@ -17,7 +17,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ class MLMConfig:
     """Share of tokens chosen as prediction targets."""
     max_predictions: Count = 20
     """At most this many targets per sequence (BERT: 20 at 128 tokens, 80 at 512); 0 = no cap."""
-    masking: str = "token"
+    masking: Literal[MASKINGS] = "token"
     """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10) | chinese-wwm (jieba words; static) |
     span (SpanBERT: geometric spans of whole words) | knowledge (ERNIE: whole lexicon matches, else words)."""
     ngram_probs: list = field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])
@@ -53,7 +53,7 @@ class MLMConfig:
     lexicon: Optional[str] = None
     """masking knowledge: a file with one phrase or entity per line, or the name of a shipped sample
     (chinese-sample-phrases.txt, chinese-sample-entities.txt). Each match is masked as one unit."""
-    pairs: str = "nsp"
+    pairs: Literal[PAIRS] = "nsp"
     """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
     cross_documents: bool = True
     """pairs none: pack sentences across documents (RoBERTa's FULL-SENTENCES). false: an instance never

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from plmcli.config_sections import NonNegative, Positive
 from plmcli.errors import PlmError
 from plmcli.objectives.base import StepOutput
-from plmcli.objectives.mlm import MaskedLM, MLMConfig
+from plmcli.objectives.mlm import PAIRS, MaskedLM, MLMConfig
 
 _SAMPLE_TAG = 13  # seed-tuple tag: the generator's samples draw a stream of their own
 
@@ -38,7 +39,7 @@ class RTDConfig(MLMConfig):
 
     dynamic: bool = True
     """Mask each batch afresh from the tokenized corpus (as ELECTRA's code does) instead of make-mlm-data instances."""
-    pairs: str = "none"
+    pairs: Literal[PAIRS] = "none"
     """ELECTRA has no sentence-pair loss: full sentences packed (none)."""
     replace_probs: list = field(default_factory=lambda: [0.85, 0.0, 0.15])
     """Of the targets: share shown to the generator as [MASK], as a random token, unchanged (ELECTRA: 85/0/15)."""

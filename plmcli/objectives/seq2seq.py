@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ class TranslationConfig:
 class DenoisingConfig(TranslationConfig):
     mask_ratio: Fraction = 0.3
     """Share of tokens masked (BART: 0.3); 0 turns masking off."""
-    mask_length: str = "span-poisson"
+    mask_length: Literal[MASK_LENGTHS] = "span-poisson"
     """span-poisson: text infilling, spans of Poisson(λ) length each become one mask (0-length spans
     insert one); token: token masking, each chosen token becomes a mask."""
     poisson_lambda: Positive = 3.0

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import get_args
 
 import torch
 from torch import nn
 
+from plmcli.config_sections import OptimizerName
 from plmcli.errors import PlmError
 
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adam", "lamb", "sgd")
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 
 
 class Lamb(torch.optim.Optimizer):

@@ -9,13 +9,15 @@ is called after each `optimizer.step()`.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from plmcli.config_sections import ScheduleName
 from plmcli.errors import PlmError
 
-SCHEDULES: tuple[str, ...] = ("linear", "cosine", "constant", "inverse-sqrt", "polynomial", "step")
+SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 _DECAYING = ("linear", "cosine", "polynomial")
 
 

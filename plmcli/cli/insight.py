@@ -1,7 +1,4 @@
-"""`plm` commands that look inside runs and move them between tools: plot, export, import, attention, probe.
-
-They live apart from plmcli.cli only to keep each file readable; plmcli.cli registers them on the one app.
-"""
+"""`plm` commands that look inside runs and move them between tools: plot, export, import, attention, probe."""
 
 from __future__ import annotations
 
@@ -9,30 +6,15 @@ from typing import List, Optional
 
 import typer
 
-from plmcli.cli import _print_json, _stderr, guarded
+from plmcli.cli._common import Commands, guarded, print_json, stderr
 
-_commands: list = []
-
-
-def command(name: str | None = None):
-    """Like `app.command`, deferred: plmcli.cli adds these to its app once it is built."""
-
-    def add(fn):
-        _commands.append((name, fn))
-        return fn
-
-    return add
-
-
-def register(app: typer.Typer) -> None:
-    for name, fn in _commands:
-        app.command(name)(fn)
+commands = Commands()
 
 
 # ---------------------------------------------------------------- plot
 
 
-@command()
+@commands.command()
 @guarded
 def plot(
     runs: List[str] = typer.Argument(..., help="Run directories (each with a metrics.jsonl); several are overlaid."),
@@ -47,9 +29,9 @@ def plot(
 
     Example: plm plot runs/gpt-mini-a runs/gpt-mini-b --metrics loss,val_loss,lr --x tokens --out curves.png
     """
-    from plmcli.analysis.plot import plot_runs
+    from plmcli import api
 
-    res = plot_runs(runs, out, [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None, x)
+    res = api.plot(runs, out, [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None, x)
     for label, n in res["skipped_lines"].items():
         typer.echo(f"warning: skipped {n} malformed line{'s' * (n > 1)} of {label}/metrics.jsonl", err=True)
     typer.echo(f"wrote {res['out']} ({', '.join(res['metrics'])} by {res['x']}; {len(res['runs'])} run{'s' * (len(res['runs']) > 1)})")
@@ -58,7 +40,7 @@ def plot(
 # ---------------------------------------------------------------- export
 
 
-@command()
+@commands.command()
 @guarded
 def export(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
@@ -82,7 +64,7 @@ def export(
 
     res = api.export(run, format, out, force)
     if as_json:
-        return _print_json(res)
+        return print_json(res)
     what = f": {res['architecture']} ({res['model_type']}), {res['parameters']:,} parameters" if "architecture" in res else ""
     typer.echo(res["out"] + what + "".join(f"; {note}" for note in res.get("notes", [])))
 
@@ -90,7 +72,7 @@ def export(
 # ---------------------------------------------------------------- import
 
 
-@command("import")
+@commands.command("import")
 @guarded
 def import_run(
     hf_dir: str = typer.Argument(..., help="A local transformers model directory (config.json, model.safetensors or "
@@ -110,7 +92,7 @@ def import_run(
 
     res = api.import_hf(hf_dir, out, force)
     if as_json:
-        return _print_json(res)
+        return print_json(res)
     fresh = f"; fresh (not in the checkpoint): {', '.join(res['fresh'])}" if res["fresh"] else ""
     kind = ": ".join([res["model_type"], *res["architectures"][:1]]) if res["architectures"] else res["model_type"]
     typer.echo(f"{res['out']}: {res['family']} run from {hf_dir} ({kind}), {res['parameters']:,} parameters, "
@@ -120,7 +102,7 @@ def import_run(
 # ---------------------------------------------------------------- attention
 
 
-@command()
+@commands.command()
 @guarded
 def attention(
     run: str = typer.Argument(..., help="Run directory (pretrained or finetuned): bert, roberta, albert, electra, spanbert, nezha or gpt."),
@@ -143,18 +125,18 @@ def attention(
 
     Example: plm attention runs/gpt-mini --corpus valid.txt --max-lines 500 --out att/ --json
     """
-    from plmcli.analysis.attention import attention as run_attention, print_report
+    from plmcli import api
 
-    res = run_attention(run, text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
+    res = api.attention(run, text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
     if as_json:
-        return _print_json(res)
-    print_report(res)
+        return print_json(res)
+    api.print_attention(res)
 
 
 # ---------------------------------------------------------------- probe
 
 
-@command()
+@commands.command()
 @guarded
 def probe(
     run: Optional[str] = typer.Argument(None, help="Run directory (pretrained or finetuned; default runs/latest): bert, roberta, "
@@ -178,10 +160,10 @@ def probe(
 
     Example: plm probe runs/bert-mini --task pos --data-dir conll2003/ --out probe-pos/
     """
-    from plmcli.analysis.probe import print_report, probe as run_probe
+    from plmcli import api
 
-    res = run_probe(run, task, out, data_dir, train, dev, max_sentences, max_dev_sentences, seed, batch_size,
-                    console=_stderr())
+    res = api.probe(run, task, out, data_dir, train, dev, max_sentences, max_dev_sentences, seed, batch_size,
+                    console=stderr())
     if as_json:
-        return _print_json(res)
-    print_report(res)
+        return print_json(res)
+    api.print_probe(res)

@@ -1,0 +1,127 @@
+"""What every `plm` command module shares: the error reporting group, json printing, option parsers.
+
+The one private module of plmcli.cli: command modules import it, never plmcli.cli itself or each other.
+It imports plmcli.api only inside functions, and only once something failed, so `plm --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import typer
+from typer.core import TyperGroup
+
+from plmcli.errors import PlmError
+
+state = {"debug": False}
+
+
+def stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def print_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PlmError(f"{name} '{text}' is not a comma-separated list of numbers", f"e.g. {name} 0.4,0.3,0.2,0.1") from None
+
+
+def parse_duration(text: str | None) -> float | None:
+    if text is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except (ValueError, IndexError):
+        raise PlmError(f"--time-budget '{text}' is not a duration", "write seconds or e.g. 90s, 10m, 1.5h") from None
+
+
+def process() -> tuple[int, int]:
+    """(rank, world size) under a multi-process launcher (accelerate launch, torchrun); (0, 1) without one."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def report(e: BaseException, command: str) -> tuple[str, int]:
+    """The one line for an exception that escaped `command`, and the exit code (see `plm --help`)."""
+    from plmcli import api  # only once something failed: keeps startup light
+    from plmcli.errors import Interrupted, os_error
+
+    if isinstance(e, Interrupted):
+        return f"interrupted — {e.message}", 130
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted — nothing was written", 130
+    plm = api.find_plm_error(e)  # datasets wraps ours raised in its generators and workers
+    if plm is not None:
+        return f"error: {plm}", 2
+    cause = e
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return f"error: {os_error(cause, api.chosen_places())}", 2
+    return (f"error: internal error in `{command}`: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f" — this is a bug in plm; `plm --debug {command.removeprefix('plm ')} …` shows the traceback to report"), 1
+
+
+PASS = (typer.Exit, typer.Abort, typer.TyperException)  # Typer's own exits and usage errors
+
+
+class ReportingGroup(TyperGroup):
+    """Catches, once for every command under it, any exception that escapes: one line on stderr and an
+    exit code (see `plm --help`); with --debug the traceback instead."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PASS:
+            raise
+        except (Exception, KeyboardInterrupt) as e:
+            if state["debug"]:
+                raise
+            names, c = [ctx.invoked_subcommand], ctx
+            while c.parent is not None:  # the path below the program, whatever name it was started under
+                names.insert(0, c.info_name)
+                c = c.parent
+            command = " ".join(["plm", *filter(None, names)])
+            line, code = report(e, command)
+            rank, world = process()  # each process says it once: the line may come from only one of them
+            if world > 1:
+                head, _, rest = line.partition(" ")
+                line = f"{head.rstrip(':')} (process {rank} of {world}){':' * head.endswith(':')} {rest}"
+            typer.echo(line, err=True)
+            raise typer.Exit(code) from None
+
+
+def guarded(fn):
+    """Marks a command whose errors the app reports (ReportingGroup does it for every command)."""
+    return fn
+
+
+class Commands:
+    """A command module's commands, added to the one app by plmcli.cli (`register`): a module declares
+    them without importing the app, so no command module imports plmcli.cli or another one."""
+
+    def __init__(self):
+        self.entries: list = []
+
+    def command(self, name: str | None = None):
+        """Like `app.command`, deferred until `register`."""
+
+        def add(fn):
+            self.entries.append((name, fn))
+            return fn
+
+        return add
+
+    def register(self, app: typer.Typer) -> None:
+        for name, fn in self.entries:
+            app.command(name)(fn)

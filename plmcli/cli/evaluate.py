@@ -1,0 +1,118 @@
+"""`plm eval-ppl` and `plm generate`: the commands that use a trained run."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from plmcli.cli._common import Commands, guarded, print_json
+
+commands = Commands()
+
+
+# ---------------------------------------------------------------- eval-ppl
+
+
+@commands.command("eval-ppl")
+@guarded
+def eval_ppl(
+    files: List[str] = typer.Argument(..., help="Text files to score (each one continuous text), or JSON Lines / CSV / "
+                                      "Parquet files, a save_to_disk directory (its test split, else validation) or a Hub "
+                                      "dataset NAME[:CONFIG[:SPLIT]]: rows read as text separated by blank lines."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Run directory (default runs/latest)."),
+    max_length: Optional[int] = typer.Option(None, help="Tokens the model reads per window (default: the run's training "
+                                             "seq_len, capped by the model's positions)."),
+    stride: Optional[int] = typer.Option(None, help="New tokens scored per window (default max_length/2; = max_length: no overlap)."),
+    batch_size: int = typer.Option(8, help="Windows per forward pass (masked LMs: --max-tokens-per-batch)."),
+    mem_len: Optional[int] = typer.Option(None, help="Models with memory (Transformer-XL, XLNet): states kept per layer "
+                                          "(default: the recipe's eval_mem_len, else mem_len)."),
+    tgt_len: Optional[int] = typer.Option(None, help="Models with memory: tokens per segment (default: the recipe's "
+                                          "eval_tgt_len, else the training seq_len)."),
+    max_tokens_per_batch: Optional[int] = typer.Option(None, help="Masked LMs: input tokens per forward pass "
+                                                       "(masked copies × their length; default 8192)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: ppl, nll, tokens, bpb, bytes, words, word_ppl, stride, "
+                                 "max_length, window_from (masked LMs: also pseudo: true)."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
+                                              "saved datasets and Hub datasets (default: text)."),
+):
+    """Perplexity of a causal LM on text, every token scored exactly once (masked LMs: pseudo-perplexity).
+
+    Windows of --max-length tokens move by --stride; each window scores only its new tokens, so every
+    token gets between max_length-stride and max_length tokens of context. The default window is the
+    length the run trained on (config.json's seq_len; gpt-mini: 128 of its 256 positions), since positions
+    it never trained make perplexity worse, not better; the output says which window and why. The first
+    token is scored given the tokenizer's BOS/EOS when it has one (else it is context only; it says which).
+
+    Also reports bits per byte (comparable across tokenizers) and word-level perplexity. Bytes are those
+    of the text as scored: UTF-8, every line ending in one LF (a CRLF file counts as its LF copy, as
+    Python's text mode reads it; a BOM is dropped, a missing final newline added). n-gram runs score
+    each line as a sentence (N-1 <s> before it, </s> scored), ignore the windows and report the OOV rate.
+
+    Transformer-XL reads the text in segments of --tgt-len tokens, each attending to --mem-len cached
+    states per layer (no windows): plm eval-ppl wiki.test.tokens --tgt-len 128 --mem-len 1600
+
+    Masked LMs (BERT, RoBERTa, ALBERT, SpanBERT, NEZHA, ERNIE; ELECTRA's generator) report pseudo-perplexity
+    (Salazar et al. 2020): each line is a sentence, each of its tokens is masked in turn and scored given
+    the rest ([CLS]/[SEP] not scored); a line longer than --max-length is scored in windows centred on
+    each token: plm eval-ppl valid.txt --model runs/bert-mini --json
+
+    Example: plm eval-ppl wiki.test.raw --model runs/latest --max-length 1024 --stride 512 --json
+    """
+    from plmcli import api
+
+    res = api.eval_ppl(files, model, max_length, stride, batch_size, mem_len=mem_len, tgt_len=tgt_len,
+                       max_tokens_per_batch=max_tokens_per_batch, text_column=text_column)
+    if as_json:
+        return print_json({k: v for k, v in res.items() if k != "files"} | {"files": res["files"]})
+    if res.get("pseudo"):
+        return typer.echo(f"pseudo-perplexity (Salazar et al. 2020) {res['ppl']:.3f}  nll {res['nll']:.4f}  "
+                          f"tokens {res['tokens']:,} in {res['sentences']:,} sentences  bpb {res['bpb']:.4f}  "
+                          f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  window ≤ {res['max_length']}, centred "
+                          f"({res['window_from']})")
+    context = (f"segment {res['tgt_len']} memory {res['mem_len']}" if "mem_len" in res
+               else f"window {res['max_length']}/{res['stride']}"
+               + (f" ({res['window_from']})" if "window_from" in res else ""))
+    typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
+               f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  {context}  "
+               f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else "")
+               + (f"  ({res['factorisation']} factorisation)" if "factorisation" in res else ""))
+
+
+# ---------------------------------------------------------------- generate
+
+
+@commands.command()
+@guarded
+def generate(
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
+    prompts: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text (repeatable); for an encoder-decoder run, the source."),
+    input_file: Optional[str] = typer.Option(None, "--input", "-i", help="A file of prompts, one per line (blank lines skipped; '-' = stdin)."),
+    max_new_tokens: int = typer.Option(50, help="Generate at most this many tokens (stops earlier at eos)."),
+    strategy: str = typer.Option("greedy", help="greedy | beam | sample."),
+    num_beams: int = typer.Option(4, help="Beams for --strategy beam."),
+    top_k: int = typer.Option(0, help="sample: only the k most likely tokens (0 = no limit)."),
+    top_p: float = typer.Option(1.0, help="sample: only the smallest set of tokens with probability ≥ p (1 = no limit)."),
+    temperature: float = typer.Option(1.0, help="sample: divide the logits by this first (< 1 sharper, > 1 flatter)."),
+    seed: int = typer.Option(0, help="sample: seed of the sampler (the same seed gives the same text)."),
+    length_penalty: float = typer.Option(1.0, help="beam: hypotheses ranked by log-probability / length^this."),
+    batch_size: int = typer.Option(16, help="Prompts decoded together."),
+    as_json: bool = typer.Option(False, "--json", help="Print [{prompt, output}, ...] as JSON."),
+):
+    """Generate text from a run: a causal LM continues each prompt; an encoder-decoder (seq2seq,
+    transformer) translates it (or, trained with denoising, restores it).
+
+    Greedy, beam search (length-normalized, stops once num_beams hypotheses end), or sampling with
+    temperature, top-k and top-p (nucleus). Prints each output (only the generated text) on its own
+    line; use --json to keep prompts and multi-line outputs apart.
+
+    Example: plm generate runs/latest --prompt "First Citizen:" --strategy sample --top-p 0.9 --max-new-tokens 100
+    """
+    from plmcli import api
+
+    rows = api.generate(run, prompts, input_file, max_new_tokens, strategy, num_beams, top_k, top_p, temperature,
+                        seed, length_penalty, batch_size)
+    if as_json:
+        return print_json(rows)
+    for row in rows:
+        typer.echo(row["output"])

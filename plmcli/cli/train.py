@@ -1,0 +1,128 @@
+"""`plm pretrain` and `plm finetune`: the commands that train."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from plmcli.cli._common import Commands, guarded, parse_duration, print_json, process, stderr
+
+commands = Commands()
+
+
+# ---------------------------------------------------------------- pretrain
+
+
+@commands.command()
+@guarded
+def pretrain(
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
+    data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, a Hub dataset "
+                                         "NAME[:CONFIG[:SPLIT]], or a `plm tokenize` dir. Default: the shipped sample corpus."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<recipe>-<time>)."),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a recipe key: section.key=value (repeatable)."),
+    max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (also the schedule's horizon)."),
+    max_tokens: Optional[int] = typer.Option(None, help="Stop after this many training tokens."),
+    time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time: seconds, or 90s / 10m / 2h."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run at --out (default runs/latest) from its last checkpoint."),
+    stop_after: Optional[int] = typer.Option(None, help="Stop (with a checkpoint) after N steps without changing the schedule."),
+    streaming: bool = typer.Option(False, "--streaming", help="Read, tokenize and pack the --data text files as training goes "
+                                   "(corpora too big to tokenize first; objective clm, or mlm/rtd with dynamic token masking). The tokenizer is tokenizer.path, or trained on up to 256 MB "
+                                   "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
+                                   "--resume continues at the same byte of every file (same processes, train.num_workers, batch)."),
+    compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "
+                                       "faster steps after a first step that compiles for a minute or so."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
+                                              "saved datasets and Hub datasets (= --set data.text_column=…; default: text)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+):
+    """Train a model from a recipe.
+
+    Example: plm pretrain --recipe gpt-mini --data corpus.txt --set train.max_steps=500
+
+    Example: plm pretrain --recipe gpt2-small --data shards/ --streaming --set train.num_workers=4
+
+    Example: plm pretrain --recipe bert-base --compile --set train.num_workers=4
+    """
+    from plmcli import api
+
+    overrides = [*(overrides or []), "train.compile=true"] if compile_model else overrides
+    summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
+                           resume, stop_after, console=stderr(), streaming=streaming, text_column=text_column)
+    if process()[0]:  # one result for N processes
+        return
+    if as_json:
+        return print_json(summary)
+    val = f", val loss {summary['val_loss']:.4f} (ppl {summary['val_ppl']:.2f})" if "val_loss" in summary else ""
+    typer.echo(f"{summary['run_dir']}: {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['elapsed_s']:.1f}s{val}")
+
+
+# ---------------------------------------------------------------- finetune
+
+
+@commands.command()
+@guarded
+def finetune(
+    task: str = typer.Option(..., "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
+                             "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag; own data: "
+                             "classification | regression | pair-classification."),
+    from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
+                                           "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
+                                           "none = --train/--dev/--test, else the Hub."),
+    epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
+    lr: float = typer.Option(2e-5, help="Peak learning rate (10% warmup, linear decay)."),
+    batch_size: int = typer.Option(32, help="Examples per optimizer step."),
+    seed: int = typer.Option(42, help="Seeds the head init, data order and dropout."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
+    max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (default min(128, model positions))."),
+    max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs."),
+    init: str = typer.Option("pretrained", help="pretrained | random (same architecture, fresh weights: the baseline)."),
+    warmup_ratio: float = typer.Option(0.1, help="Share of the steps spent warming the learning rate up."),
+    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (not on biases and norms)."),
+    dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
+                                            "(default: the run's own)."),
+    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (default: the backbone's)."),
+    train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, SQuAD JSON, CoNLL, SWAG CSV)."),
+    dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best weights."),
+    test: Optional[str] = typer.Option(None, "--test", help="Test file: predictions are written for it."),
+    text_col: Optional[str] = typer.Option(None, help="Own data: the text column (header name or JSONL key)."),
+    text_pair_col: Optional[str] = typer.Option(None, help="Own data: the second text of a pair."),
+    label_col: Optional[str] = typer.Option(None, help="Own data: the label column."),
+    doc_stride: int = typer.Option(128, help="Span QA: tokens between consecutive windows over a long passage."),
+    max_query_len: int = typer.Option(64, help="Span QA: question tokens kept."),
+    max_answer_len: int = typer.Option(30, help="Span QA: longest answer, in tokens."),
+    n_best: int = typer.Option(20, help="Span QA: start and end candidates combined per window."),
+    crf: bool = typer.Option(False, "--crf", help="NER: a linear-chain CRF over the tag scores (Viterbi decoding)."),
+    aux_lm_weight: float = typer.Option(0.5, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss."),
+    eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print metrics.json."),
+):
+    """Finetune a run on a task; writes OUT/metrics.json, the best weights and test predictions.
+
+    From encoder runs (BERT family, XLNet, ELMo features) every task; from causal runs (GPT) classification,
+    pairs, similarity and multiple choice GPT-style (<s> x $ y <e>, plus --aux-lm-weight × the LM loss).
+
+    Examples:
+      plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir glue-sample
+      plm finetune --task cmrc2018 --train cmrc2018_train.json --dev cmrc2018_dev.json --max-seq-len 384
+      plm finetune --task conll2003 --data-dir conll2003/ --crf
+      plm finetune --task classification --train a.tsv --dev b.tsv --text-col sentence --label-col label
+      plm finetune --task sst2 --from runs/my-finetuned --eval-only --data-dir glue/
+    """
+    from plmcli import api
+
+    options = dict(train=train, dev=dev, test=test, text_col=text_col, text_pair_col=text_pair_col, label_col=label_col,
+                   doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, n_best=n_best, crf=crf,
+                   aux_lm_weight=aux_lm_weight)
+    res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
+                       console=stderr(), eval_only=eval_only, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
+                       dropout=dropout, classifier_dropout=classifier_dropout, **options)
+    if process()[0]:  # one result for N processes
+        return
+    if as_json:
+        return print_json(res)
+    best = f" (best at epoch {res['best_epoch']})" if res.get("best_epoch") is not None else ""
+    typer.echo(f"{res['out_dir']}: {res['task']} dev " + ", ".join(f"{k} {v:.4f}" for k, v in res["dev"].items())
+               + f"{best}; test predictions: {', '.join(res['test_predictions'].values()) or 'none'}")
