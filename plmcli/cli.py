@@ -103,7 +103,24 @@ def guarded(fn):
     return fn
 
 
-app = typer.Typer(
+class _Program(typer.Typer):
+    """The `plm` process (console script, python -m plmcli): once a command has ended, its exit code is
+    decided and a late Ctrl-C has nothing left to stop. Ignored from then on, it can no longer kill the
+    interpreter's teardown (which would exit by SIGINT, -2, with no message) or print tracebacks from
+    exit handlers. In-process callers (CliRunner) do not pass here, so their Ctrl-C is left alone."""
+
+    def __call__(self, *args, **kwargs):
+        import signal
+        import threading
+
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+app = _Program(
     name="plm",
     help="Pretrain, finetune and evaluate classic language models from one recipe per model.\n\n"
     "Start with: plm pretrain --recipe gpt-mini   then   plm eval-ppl some.txt\n\n"
