@@ -197,7 +197,7 @@ def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, cla
 
     obj_cls = objective_class(task.objective)
     cfg = obj_cls.Config(task=task.name, num_labels=task.num_labels, classifier_dropout=classifier_dropout)
-    layout = getattr(backbone_cls, "pair_layout", None) or ("causal" if getattr(backbone_cls, "causal", False) else "cls_first")
+    layout = backbone_cls.traits.pair_layout or "cls_first"  # none: the objective's backbone_problem says why
     return obj_cls(cfg, tok, special_ids, seq_len, task=task, layout=layout)
 
 

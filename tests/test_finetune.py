@@ -14,6 +14,7 @@ from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
 from plmcli.finetune import finetune, load_encoder, load_finetuned
+from plmcli.models.base import LanguageModel, Traits
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
 SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -27,10 +28,11 @@ class ToyClsEncoderConfig:
     dropout: float = 0.0
 
 
-class ToyClsEncoder(nn.Module):
+class ToyClsEncoder(LanguageModel):
     """A bag of words with segment embeddings and a pooler: learns SST-2 a little in a second."""
 
     Config = ToyClsEncoderConfig
+    traits = Traits(bidirectional=True)
     causal = False
     encoder = True
 
@@ -64,8 +66,9 @@ class ToyCausalConfig:
     max_positions: int = 64
 
 
-class ToyCausal(nn.Module):
+class ToyCausal(LanguageModel):
     Config = ToyCausalConfig
+    traits = Traits(causal=True)
     causal = True
 
     def __init__(self, cfg):

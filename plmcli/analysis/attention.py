@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from plmcli.data.pairs import encode_framed, encoder_frame
 from plmcli.errors import PlmError
+from plmcli.models.base import Encodes, HasHidden, uses_token_types
 
 PATTERNS = ("entropy", "next", "previous", "cls", "sep", "self")
 MAX_SHOWN = 40
@@ -42,9 +44,9 @@ FORMAT = "plm-attention"
 
 def _kind(model_cls) -> str | None:
     """How a model is fed: "encoder" (encode(ids, types, mask)), "causal" (hidden(ids)), or None."""
-    if getattr(model_cls, "encoder", False) and hasattr(model_cls, "encode"):
+    if model_cls.traits.bidirectional and issubclass(model_cls, Encodes):
         return "encoder"
-    if getattr(model_cls, "causal", False) and hasattr(model_cls, "hidden"):
+    if model_cls.traits.causal and issubclass(model_cls, HasHidden):
         return "causal"
     return None
 
@@ -110,9 +112,7 @@ def read_corpus(path: str, max_lines: int | None) -> list[tuple[str, str | None]
 
 
 def encode_examples(tok, special_ids: dict, examples, kind: str, max_seq_len: int, layout: str = "cls_first") -> Encoded:
-    """Encoders: finetuning's encode_pairs ([CLS] a [SEP] (b [SEP])); causal LMs: the plain tokens."""
-    from plmcli.data.tasks import encode_pairs
-
+    """Encoders: finetuning's rows ([CLS] a [SEP] (b [SEP]) in the encoder's layout); causal LMs: the plain tokens."""
     rows, starts, truncated = [None] * len(examples), [0] * len(examples), 0
     if kind == "causal":
         enc = tok.encode_batch([a if b is None else f"{a}\t{b}" for a, b in examples], add_special_tokens=False)
@@ -121,13 +121,14 @@ def encode_examples(tok, special_ids: dict, examples, kind: str, max_seq_len: in
             starts[i] = len(rows[i])
             truncated += len(e.ids) > max_seq_len
         return Encoded(rows, starts, truncated)
-    for paired in (False, True):  # encode_pairs takes all singles or all pairs
+    frame = encoder_frame(layout, special_ids["cls"], special_ids["sep"])
+    for paired in (False, True):  # encode_framed takes all singles or all pairs
         idx = [i for i, (_, b) in enumerate(examples) if (b is not None) == paired]
         if not idx:
             continue
         a = [examples[i][0] for i in idx]
         b = [examples[i][1] for i in idx] if paired else None
-        enc = encode_pairs(tok, special_ids, a, b, max_seq_len, layout=layout)
+        enc = encode_framed(tok, frame, a, b, max_seq_len)
         off = enc["offsets"]
         for k, i in enumerate(idx):
             rows[i] = enc["ids"][off[k]:off[k + 1]].tolist()
@@ -307,7 +308,7 @@ def _open_run(run: str | None, text_pair: str | None):
     if kind == "encoder" and not {"cls", "sep"} <= set(special_ids):
         raise PlmError(f"run {label}'s tokenizer has no cls / sep token to build [CLS] a [SEP] inputs from",
                        "use an encoder run whose tokenizer defines the cls and sep roles (bert recipes do)")
-    return path, cfg, kind, getattr(cls, "pair_layout", None) or "cls_first"
+    return path, cfg, kind, cls.traits.pair_layout or "cls_first"
 
 
 def _read_meta(d: Path) -> dict | None:
@@ -326,8 +327,8 @@ class Recorder:
         self.model, self.causal, self.special_ids = model, kind == "causal", special_ids
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model.to(self.device)
-        # One segment embedding (RoBERTa) or none: as SequenceClassifier, no segment ids then.
-        self.use_types = getattr(model.cfg, "type_vocab_size", 2) >= 2
+        # One segment embedding (RoBERTa) or none: as the task heads, no segment ids then.
+        self.use_types = uses_token_types(model)
         self.pad = special_ids.get("pad", 0)
         self.boundary = [special_ids[r] for r in ("bos", "eos") if r in special_ids]
 

@@ -94,12 +94,13 @@ def load_data(task: str, data_dir: str | None = None, train: str | None = None, 
 
 def row_layout(model_cls, special_ids: dict) -> tuple[list[int], list[int]]:
     """(ids before the words, ids after them) as the model reads a text."""
+    from plmcli.data.pairs import encoder_frame
     from plmcli.data.tasks import require_roles
 
-    if getattr(model_cls, "encoder", False):
+    if model_cls.traits.bidirectional:
         require_roles(special_ids, ("cls", "sep"))
-        cls, sep = special_ids["cls"], special_ids["sep"]
-        return ([], [sep, cls]) if getattr(model_cls, "pair_layout", "cls_first") == "cls_last" else ([cls], [sep])
+        frame = encoder_frame(model_cls.traits.pair_layout, special_ids["cls"], special_ids["sep"])
+        return list(frame.before), list(frame.after)
     # A causal LM reads a document after its boundary token, as eval-ppl conditions its first token.
     start = special_ids.get("bos", special_ids.get("eos"))
     return ([start] if start is not None else []), []
@@ -264,7 +265,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     majority = majority_baseline(y["train"], y["dev"])
     majority = {"tag": names[majority.pop("tag_id")], **majority}
 
-    causal = not getattr(cls, "encoder", False)
+    causal = not cls.traits.bidirectional
     best = max(layers, key=lambda r: r["accuracy"])
     counts = {s: {"file": data[s]["file"], "sentences": len(data[s]["sentences"]), "of": data[s]["total"],
                   "words": int(len(y[s]))} for s in ("train", "dev")}

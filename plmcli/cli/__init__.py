@@ -11,9 +11,9 @@ from __future__ import annotations
 import typer
 
 from plmcli.cli import data, evaluate, insight, recipes, train
-from plmcli.cli._common import ReportingGroup, state
+from plmcli.cli._common import Program, ReportingGroup, state
 
-app = typer.Typer(
+app = Program(
     name="plm",
     help="Pretrain, finetune and evaluate classic language models from one recipe per model.\n\n"
     "Start with: plm pretrain --recipe gpt-mini   then   plm eval-ppl some.txt\n\n"

@@ -125,3 +125,20 @@ class Commands:
     def register(self, app: typer.Typer) -> None:
         for name, fn in self.entries:
             app.command(name)(fn)
+
+
+class Program(typer.Typer):
+    """The `plm` process (console script, python -m plmcli): once a command has ended, its exit code is
+    decided and a late Ctrl-C has nothing left to stop. Ignored from then on, it can no longer kill the
+    interpreter's teardown (which would exit by SIGINT, -2, with no message) or print tracebacks from
+    exit handlers. In-process callers (CliRunner) do not pass here, so their Ctrl-C is left alone."""
+
+    def __call__(self, *args, **kwargs):
+        import signal
+        import threading
+
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -125,22 +125,23 @@ def _export_model(src: Path, cfg: dict):
 def hf_tokenizer_files(tok, run_config: dict, model) -> dict[str, str]:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json that AutoTokenizer loads as a
     PreTrainedTokenizerFast. An encoder's tokenizer gets a template that adds [CLS]/[SEP] as plm's
-    finetuning lays them out (plmcli.data.tasks.encode_pairs), so HF pipelines feed the model what it saw."""
+    finetuning lays them out (plmcli.data.pairs), so HF pipelines feed the model what it saw."""
     from tokenizers import Tokenizer, processors
+
+    from plmcli.data.pairs import encoder_frame
+    from plmcli.models.base import uses_token_types
 
     tok_meta = run_config.get("tokenizer", {})
     ids = tok_meta.get("special_token_ids", {})
     roles = tok_meta.get("special_tokens") or {role: tok.id_to_token(i) for role, i in ids.items()}
     roles = {r: t for r, t in roles.items() if r in ids}
     tok = Tokenizer.from_str(tok.to_str())
-    causal = getattr(type(model), "causal", False)
-    types = not causal and getattr(getattr(model, "cfg", None), "type_vocab_size", 2) >= 2  # RoBERTa's 1: all type 0
+    traits = type(model).traits
+    causal = traits.causal
+    types = not causal and uses_token_types(model)  # RoBERTa's 1: all type 0
     if not causal and "cls" in roles and "sep" in roles:
-        c, s, t = roles["cls"], roles["sep"], 1 if types else 0
-        if getattr(type(model), "pair_layout", "cls_first") == "cls_last":
-            single, pair = f"$A:0 {s}:0 {c}:0", f"$A:0 {s}:0 $B:{t} {s}:{t} {c}:{t}"
-        else:
-            single, pair = f"{c}:0 $A:0 {s}:0", f"{c}:0 $A:0 {s}:0 $B:{t} {s}:{t}"
+        c, s = roles["cls"], roles["sep"]
+        single, pair = encoder_frame(traits.pair_layout or "cls_first", c, s).hf_template(1 if types else 0)
         template = processors.TemplateProcessing(single=single, pair=pair, special_tokens=[(c, ids["cls"]), (s, ids["sep"])])
         tok.post_processor = processors.Sequence([tok.post_processor, template]) if tok.post_processor else template
     names = {f"{role}_token": token for role, token in roles.items()}

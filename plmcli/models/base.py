@@ -170,3 +170,24 @@ class HasTaskHead(Protocol):
     """Feature-based transfer: the family builds its own task head over frozen features (ELMo's scalar mix)."""
 
     def task_head(self, num_labels: int, dropout: float | None = None) -> nn.Module: ...
+
+
+# ---------------------------------------------------------------- what task heads read from a model
+
+
+def head_dropout(model: nn.Module) -> float:
+    """Dropout before a task head when the task sets none: the family's own `dropout`; 0.1 (BERT's) for a
+    family whose config has none."""
+    return getattr(model.cfg, "dropout", 0.1)
+
+
+def head_init_std(model: nn.Module) -> float:
+    """The std of a task head's N(0, std) weights: the family's `init_std`; 0.02 (BERT's initializer_range)
+    for a family whose config has none."""
+    return getattr(model.cfg, "init_std", 0.02)
+
+
+def uses_token_types(model: nn.Module) -> bool:
+    """Whether segment ids reach the model: a `type_vocab_size` of 2 or more (families without one count as
+    2). RoBERTa's 1 (or 0): pairs are told apart by [SEP] alone, every token is segment 0."""
+    return getattr(model.cfg, "type_vocab_size", 2) >= 2

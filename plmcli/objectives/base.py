@@ -86,6 +86,11 @@ class Objective:
     def tokens_in(self, batch: dict) -> int:
         return int(batch["input_ids"].numel())
 
+    def evaluate(self, accelerator, model, stream, max_batches: int) -> dict | None:
+        """Validation metrics that need every prediction (MCC, F1, span matches), or None: the loop then
+        reports the token-weighted means of `step`'s metrics."""
+        return None
+
 
 def eval_batches(stream, max_batches: int, device):
     """This process's evaluation batches on `device`: one pass over the stream (the first `max_batches`

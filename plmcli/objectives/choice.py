@@ -18,9 +18,9 @@ from typing import Optional
 from torch import nn
 
 from plmcli.config_sections import Probability, Size
-from plmcli.data.tasks import encode_pairs
+from plmcli.data.pairs import encode_framed
 from plmcli.errors import PlmError
-from plmcli.objectives.classify import CAUSAL, Classify, SequenceClassifier, encode_transformed
+from plmcli.objectives.classify import CAUSAL, Classify, SequenceClassifier
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Choice(Classify):
         """The backbone with a one-output head: a score per (context, ending) sequence."""
         if self.layout == CAUSAL:
             return self._causal_model(backbone, 1)
-        if not getattr(type(backbone), "encoder", False):
+        if not type(backbone).traits.bidirectional:
             raise PlmError(f"{type(backbone).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
         model = SequenceClassifier(backbone, 1, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
@@ -62,9 +62,7 @@ class Choice(Classify):
                                "every example of a run needs the same number of choices")
         contexts = [e.context for e in examples for _ in range(k)]
         endings = [x for e in examples for x in e.endings]
-        if self.layout == CAUSAL:
-            return encode_transformed(self.tokenizer, self.transfer, contexts, endings, self.seq_len), k
-        return encode_pairs(self.tokenizer, self.special_ids, contexts, endings, self.seq_len, layout=self.layout), k
+        return encode_framed(self.tokenizer, self.frame, contexts, endings, self.seq_len), k
 
     def _logits(self, model, batch, with_lm: bool = False):
         """The model scores each of the B·K rows (B·K, 1); regrouped as (B, K) choice scores."""

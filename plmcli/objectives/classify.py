@@ -31,22 +31,15 @@ from torch import nn
 
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
-from plmcli.data.tasks import encode_pairs, load_split, require_roles, save_split, truncate_pair, write_meta
+from plmcli.data.pairs import Frame, causal_frame, encode_framed, encoder_frame
+from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
+from plmcli.models.base import HasHidden, HasTaskHead
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
+from plmcli.objectives.heads import TaskHead, encoder_problem, freeze_unreached  # noqa: F401  (encoder_problem: its old home)
 
 CAUSAL = "causal"
-"""The `layout` finetune passes for a backbone class with `causal = True` (and no pair_layout): GPT's transforms."""
-
-
-def encoder_problem(model_cls) -> str | None:
-    """Why runs of `model_cls` are not encoders, or None when they are: for objectives that need every
-    token's bidirectional state (tagging, span QA), which GPT-style transfer does not give."""
-    if getattr(model_cls, "encoder", False):
-        return None
-    if getattr(model_cls, "causal", False):
-        return "is a causal LM; it needs an encoder run"
-    return "has no encoder to finetune; it needs an encoder run"
+"""The `layout` of a causal LM (its class's traits.pair_layout): GPT's transforms."""
 
 
 @dataclass
@@ -59,50 +52,22 @@ class ClassifyConfig:
     """Dropout before the head; None = the encoder's own dropout (BERT: 0.1)."""
 
 
-class SequenceClassifier(nn.Module):
+class SequenceClassifier(TaskHead):
     """encoder -> pooled [CLS] (B, C) -> dropout -> Linear -> (B, num_labels)."""
 
     def __init__(self, encoder: nn.Module, num_labels: int, dropout: float | None = None):
-        super().__init__()
-        self.encoder = encoder
-        self.num_labels = num_labels
-        self.frozen: list[str] = []
-        cfg = encoder.cfg
-        # One segment embedding (RoBERTa) or none: pairs are told apart by [SEP] alone.
-        self.use_types = getattr(cfg, "type_vocab_size", 2) >= 2
         # A family with its own transfer recipe (ELMo: frozen biLM + mix + BiLSTM) supplies the head.
-        self.feature_based = hasattr(encoder, "task_head")
-        if self.feature_based:
-            self.head = encoder.task_head(num_labels, dropout)
-            return
-        self.dropout = nn.Dropout(getattr(cfg, "dropout", 0.1) if dropout is None else dropout)
-        self.head = nn.Linear(cfg.d_model, num_labels)
-        nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))  # as BERT's classifier
-        nn.init.zeros_(self.head.bias)
-
-    @property
-    def max_positions(self) -> int:
-        return self.encoder.max_positions
+        own = encoder.task_head(num_labels, dropout) if isinstance(encoder, HasTaskHead) else None
+        super().__init__(encoder, num_labels, dropout, head=own)
+        self.feature_based = own is not None
+        self.num_labels = num_labels
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
         if self.feature_based:
             return self.head(self.encoder, input_ids, attention_mask)
-        types = token_type_ids if self.use_types else None
-        hidden, pooled = self.encoder.encode(input_ids, types, attention_mask)  # (B, T, C), (B, C)|None
+        hidden, pooled = self.encoded(input_ids, token_type_ids, attention_mask)  # (B, T, C), (B, C)|None
         rep = pooled if pooled is not None else hidden[:, 0]
         return self.head(self.dropout(rep))  # (B, num_labels)
-
-    def freeze_unused(self, cls_id: int, sep_id: int) -> list[str]:
-        """Freeze the parameters a classification pass never reaches (MLM/NSP heads) and name them.
-
-        They get no gradient anyway; frozen, the optimizer holds no state for them and DDP does not
-        wait for their gradients. They stay in the saved weights, so the file loads back as is.
-        """
-        p0 = next(self.parameters())
-        x = torch.tensor([[cls_id, sep_id, sep_id], [cls_id, sep_id, sep_id]], device=p0.device)
-        types = torch.tensor([[0, 0, 1], [0, 0, 0]], device=p0.device)
-        mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=p0.device)
-        return _freeze_unreached(self, lambda: self(x, types, mask).float().sum())
 
 
 # ------------------------------------------------------------------ GPT-style transfer (causal LMs)
@@ -115,6 +80,10 @@ class TransferTokens:
     start: int
     delimiter: tuple
     extract: int
+
+    @property
+    def frame(self) -> Frame:
+        return causal_frame(self.start, self.delimiter, self.extract)
 
 
 def transfer_tokens(tokenizer, special_ids: dict) -> TransferTokens:
@@ -153,55 +122,24 @@ def encode_transformed(tokenizer, tokens: TransferTokens, texts_a: list[str], te
     The same flat arrays as encode_pairs: `ids`, `offsets` (n+1), `type_start` (where b begins; the
     row length for single texts), `truncated`.
     """
-    s, d, e = tokens.start, list(tokens.delimiter), tokens.extract
-    ids, lengths, type_start, truncated = [], [], [], []
-    for lo in range(0, len(texts_a), chunk):
-        enc_a = [x.ids for x in tokenizer.encode_batch(texts_a[lo:lo + chunk], add_special_tokens=False)]
-        la = np.array([len(x) for x in enc_a], dtype=np.int64)
-        if texts_b is None:
-            na = np.minimum(la, max_seq_len - 2)
-            rows = [[s, *a[:n], e] for a, n in zip(enc_a, na)]
-            truncated.append(na < la)
-        else:
-            enc_b = [x.ids for x in tokenizer.encode_batch(texts_b[lo:lo + chunk], add_special_tokens=False)]
-            lb = np.array([len(x) for x in enc_b], dtype=np.int64)
-            na, nb = truncate_pair(la, lb, max_seq_len - 2 - len(d))
-            rows = [[s, *a[:n], *d, *b[:m], e] for a, b, n, m in zip(enc_a, enc_b, na, nb)]
-            truncated.append((na < la) | (nb < lb))
-        n_tok = np.array([len(r) for r in rows], dtype=np.int64)
-        ids.append(np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(n_tok.sum())))
-        lengths.append(n_tok)
-        type_start.append(n_tok if texts_b is None else na + 1 + len(d))
-    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dtype=dt)  # noqa: E731
-    lengths = cat(lengths, np.int64)
-    return {"ids": cat(ids, np.int32), "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            "type_start": cat(type_start, np.int64), "truncated": cat(truncated, bool)}
+    return encode_framed(tokenizer, tokens.frame, texts_a, texts_b, max_seq_len, chunk)
 
 
-class CausalTransfer(nn.Module):
+class CausalTransfer(TaskHead):
     """decoder -> final state of each row's last real token (<e>) (B, C) -> dropout -> Linear -> (B, num_labels).
 
     A (B, R, T) input holds R orderings of one example (similarity: both orders); their final states are
     added element-wise before the head. Rows are right-padded: attention_mask gives each row's length
     (causal attention, so the padding never reaches a real position). With `return_lm` the decoder's
-    next-token logits (N, T, V) over the same rows come too, for the auxiliary LM loss. Backbone and
-    head live in this one module, so the loop, best-weight selection and load_finetuned handle it whole.
+    next-token logits (N, T, V) over the same rows come too, for the auxiliary LM loss. The dropout
+    defaults to the backbone's (GPT: clf_pdrop 0.1).
     """
 
-    def __init__(self, backbone: nn.Module, num_labels: int, dropout: float | None = None):
-        super().__init__()
-        self.backbone = backbone
-        self.num_labels = num_labels
-        self.frozen: list[str] = []
-        cfg = backbone.cfg
-        self.dropout = nn.Dropout(getattr(cfg, "dropout", 0.1) if dropout is None else dropout)  # GPT: clf_pdrop 0.1
-        self.head = nn.Linear(cfg.d_model, num_labels)
-        nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))
-        nn.init.zeros_(self.head.bias)
+    network_name = "backbone"
 
-    @property
-    def max_positions(self) -> int:
-        return self.backbone.max_positions
+    def __init__(self, backbone: nn.Module, num_labels: int, dropout: float | None = None):
+        super().__init__(backbone, num_labels, dropout)
+        self.num_labels = num_labels
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, return_lm: bool = False):
         lead, T = input_ids.shape[:-1], input_ids.shape[-1]
@@ -229,7 +167,7 @@ class CausalTransfer(nn.Module):
             out = self(x, return_lm=with_lm)
             return out[0].float().sum() + out[1].float().sum() if with_lm else out.float().sum()
 
-        return _freeze_unreached(self, probe)
+        return freeze_unreached(self, probe)
 
 
 def lm_loss(lm_logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -244,30 +182,14 @@ def lm_loss(lm_logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: to
     return F.cross_entropy(lm_logits[:, :-1][keep].float(), ids[:, 1:][keep])
 
 
-def _freeze_unreached(model: nn.Module, probe) -> list[str]:
-    """Backpropagate `probe()` once (eval mode: no dropout, nothing drawn from the RNG) and freeze the
-    parameters it never reaches; returns their names."""
-    was_training = model.training
-    model.eval()
-    model.zero_grad(set_to_none=True)
-    probe().backward()
-    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    for n, p in model.named_parameters():
-        if p.grad is None:
-            p.requires_grad_(False)
-    model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    return unused
-
-
 class Classify(Objective):
     Config = ClassifyConfig
     stack_rows = True
     """Batches of examples with several rows (similarity's two orders) come as (B, R, T); Choice flattens them."""
 
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
-        """`layout`: where the encoder wants [CLS] (its class's `pair_layout`; see encode_pairs), or
-        "causal" (CAUSAL) for GPT's transforms on a causal LM."""
+        """`layout`: the backbone class's `traits.pair_layout` (plmcli.data.pairs): where the encoder wants
+        [CLS], or "causal" (CAUSAL) for GPT's transforms on a causal LM."""
         super().__init__(cfg, tokenizer, special_ids, seq_len)
         self.layout = layout
         self.transfer = None
@@ -299,22 +221,23 @@ class Classify(Objective):
         (n-gram counts), encoder-decoders (a sentence representation is not what they learn).
         """
         need = "; it needs an encoder run (bert) or a GPT-style decoder run (gpt)"
-        if getattr(model_cls, "encoder", False):
+        traits = model_cls.traits
+        if traits.bidirectional:
             return None
-        if getattr(model_cls, "causal", False):
-            if getattr(model_cls, "stateful", False):
+        if traits.causal:
+            if traits.stateful:
                 return "is a recurrent LM that carries its state from batch to batch, not one example at a time" + need
-            if not callable(getattr(model_cls, "hidden", None)):
+            if not issubclass(model_cls, HasHidden):
                 return "is a causal LM without per-position hidden states to transfer" + need
             return None
-        if getattr(model_cls, "seq2seq", False):
+        if traits.seq2seq:
             return "is an encoder-decoder (sequence-to-sequence) model with no sentence representation to finetune" + need
         return "has no encoder to finetune" + need
 
     def build_model(self, encoder: nn.Module) -> nn.Module:
         if self.layout == CAUSAL:
             return self._causal_model(encoder, self.cfg.num_labels)
-        if not getattr(type(encoder), "encoder", False):
+        if not type(encoder).traits.bidirectional:
             raise PlmError(f"{type(encoder).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
         model = SequenceClassifier(encoder, self.cfg.num_labels, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
@@ -322,7 +245,7 @@ class Classify(Objective):
 
     def _causal_model(self, backbone: nn.Module, num_outputs: int) -> CausalTransfer:
         kind = type(backbone)
-        if self.backbone_problem(kind) or not getattr(kind, "causal", False):
+        if self.backbone_problem(kind) or not kind.traits.causal:
             raise PlmError(f"{kind.__name__} is not a causal LM with hidden states", "finetune from a gpt run")
         if self.aux_lm_weight > 0 and not isinstance(getattr(backbone, "lm_head", None), nn.Module):
             raise PlmError(f"{kind.__name__} has no lm_head for the auxiliary LM loss", "pass --aux-lm-weight 0")
@@ -359,13 +282,22 @@ class Classify(Objective):
         """(encode_pairs-style arrays, rows per example): example i is rows i·R .. i·R + R-1."""
         pair = any(e.text_b is not None for e in examples)
         a, b = [e.text_a for e in examples], [e.text_b or "" for e in examples] if pair else None
-        if self.layout != CAUSAL:
-            return encode_pairs(self.tokenizer, self.special_ids, a, b, self.seq_len, layout=self.layout), 1
-        if pair and self.regression:  # similarity has no natural order: both, <s> a $ b <e> and <s> b $ a <e>
+        if pair and self.regression and self.layout == CAUSAL:
+            # similarity has no natural order: both, <s> a $ b <e> and <s> b $ a <e>
             both_a = [t for x, y in zip(a, b) for t in (x, y)]
             both_b = [t for x, y in zip(a, b) for t in (y, x)]
-            return encode_transformed(self.tokenizer, self.transfer, both_a, both_b, self.seq_len), 2
-        return encode_transformed(self.tokenizer, self.transfer, a, b, self.seq_len), 1
+            return encode_framed(self.tokenizer, self.frame, both_a, both_b, self.seq_len), 2
+        return encode_framed(self.tokenizer, self.frame, a, b, self.seq_len), 1
+
+    @property
+    def frame(self) -> Frame:
+        """How a row lays out its texts: the run's transfer tokens for a causal LM, else [CLS] and [SEP]
+        where the encoder's layout puts them (plmcli.data.pairs)."""
+        if self.layout == CAUSAL:
+            return self.transfer.frame
+        frame = encoder_frame(self.layout, self.special_ids.get("cls"), self.special_ids.get("sep"))
+        require_roles(self.special_ids, ("cls", "sep"))
+        return frame
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         d = load_split(Path(corpus_dir) / f"{split}.npz")

@@ -36,10 +36,11 @@ from torch import nn
 
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
-from plmcli.data.tasks import LAYOUTS, load_split, require_roles, save_split, write_meta
+from plmcli.data.pairs import encoder_frame
+from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
-from plmcli.objectives.classify import SequenceClassifier, encoder_problem
+from plmcli.objectives.heads import TaskHead, encoder_problem
 
 NEG = -1e9
 """Logit of padding positions: never a start or an end, and exp() is exactly 0 in fp32."""
@@ -55,34 +56,21 @@ class SpanQAConfig:
     """Dropout on the hidden states before the span head; None = none (BERT's run_squad has none)."""
 
 
-class SpanExtractor(nn.Module):
-    """encoder -> hidden states (B, T, C) -> Linear -> (B, T, 2) start / end logits; padding gets NEG."""
+class SpanExtractor(TaskHead):
+    """encoder -> hidden states (B, T, C) -> Linear -> (B, T, 2) start / end logits; padding gets NEG.
+    No dropout unless the task sets one (BERT's run_squad has none)."""
+
+    default_dropout = 0.0
 
     def __init__(self, encoder: nn.Module, dropout: float | None = None):
-        super().__init__()
-        self.encoder = encoder
-        self.frozen: list[str] = []
-        cfg = encoder.cfg
-        self.use_types = getattr(cfg, "type_vocab_size", 2) >= 2  # as SequenceClassifier
-        self.dropout = nn.Dropout(dropout or 0.0)
-        self.head = nn.Linear(cfg.d_model, 2)
-        nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))  # as BERT's output layer
-        nn.init.zeros_(self.head.bias)
-
-    @property
-    def max_positions(self) -> int:
-        return self.encoder.max_positions
+        super().__init__(encoder, 2, dropout)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
-        types = token_type_ids if self.use_types else None
-        hidden, _ = self.encoder.encode(input_ids, types, attention_mask)  # (B, T, C)
+        hidden, _ = self.encoded(input_ids, token_type_ids, attention_mask)  # (B, T, C)
         logits = self.head(self.dropout(hidden)).float()  # (B, T, 2)
         if attention_mask is not None:
             logits = logits.masked_fill(attention_mask[..., None] == 0, NEG)
         return logits
-
-    # The same probe as classification: one forward + backward finds the heads QA never reaches.
-    freeze_unused = SequenceClassifier.freeze_unused
 
 
 # ------------------------------------------------------------------ windows
@@ -136,24 +124,21 @@ def make_windows(questions: Sequence[Sequence[int]], contexts: Sequence[Sequence
     `question`. Per token: `ids`, `char_start` / `char_end` (the passage characters a token covers;
     -1 outside the passage) and `max_context` (the token's best window is this one).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-    last = layout == "cls_last"
+    frame = encoder_frame(layout, cls, sep)
+    before, middle, after = (np.array(part, dtype=np.int32) for part in (frame.before, frame.middle, frame.after))
     rows: dict[str, list] = {k: [] for k in ("ids", "char_start", "char_end", "max_context")}
     lengths, type_start, starts, ends, question = [], [], [], [], []
-    cls_a, sep_a = np.array([cls], dtype=np.int32), np.array([sep], dtype=np.int32)
     for i, q in enumerate(questions):
         c = context_of[i]
         doc, off = np.asarray(contexts[c], dtype=np.int32), np.asarray(context_offsets[c], dtype=np.int32).reshape(-1, 2)
         q = np.asarray(q, dtype=np.int32)
-        spans = window_spans(len(doc), max_seq_len - len(q) - 3, doc_stride)
+        spans = window_spans(len(doc), max_seq_len - len(q) - frame.extra, doc_stride)
         best = max_context_window(spans, len(doc))
         ans = answers[i]
-        p0 = len(q) + (1 if last else 2)  # first passage token in a row
+        p0 = frame.second_start(len(q))  # first passage token in a row
         for w, (st, ln) in enumerate(spans):
-            parts = (q, sep_a, doc[st:st + ln], sep_a, cls_a) if last else (cls_a, q, sep_a, doc[st:st + ln], sep_a)
-            row = np.concatenate(parts)
-            cls_pos = len(row) - 1 if last else 0
+            row = np.concatenate((before, q, middle, doc[st:st + ln], after))  # frame.pair, in numpy
+            cls_pos = frame.cls_position(len(row))
             cs, ce = np.full(len(row), -1, dtype=np.int32), np.full(len(row), -1, dtype=np.int32)
             cs[p0:p0 + ln], ce[p0:p0 + ln] = off[st:st + ln, 0], off[st:st + ln, 1]
             mc = np.zeros(len(row), dtype=bool)
@@ -273,7 +258,7 @@ class SpanQA(Objective):
         return encoder_problem(model_cls)
 
     def build_model(self, encoder: nn.Module) -> SpanExtractor:
-        if not getattr(type(encoder), "encoder", False):
+        if not type(encoder).traits.bidirectional:
             raise PlmError(f"{type(encoder).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
         model = SpanExtractor(encoder, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])

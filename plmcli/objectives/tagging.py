@@ -39,10 +39,12 @@ from torch import nn
 
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
+from plmcli.data.pairs import encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.models.crf import LinearChainCRF, bio_constraints
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
+from plmcli.objectives.heads import TaskHead, encoder_problem
 
 IGNORE = -100
 """Label of a sub-token that is not a word's first (and of special tokens): no loss, no prediction."""
@@ -58,7 +60,7 @@ class TaggingConfig:
     """Dropout before the tag layer; None = the encoder's own dropout (BERT: 0.1)."""
 
 
-class TokenClassifier(nn.Module):
+class TokenClassifier(TaskHead):
     """encoder -> hidden states at each word's first sub-token (B, W, C) -> dropout -> Linear -> (B, W, num_tags).
 
     `crf` (a LinearChainCRF or None) is held here so its transitions train and save with the model;
@@ -66,15 +68,8 @@ class TokenClassifier(nn.Module):
     """
 
     def __init__(self, encoder: nn.Module, num_tags: int, dropout: float | None = None, crf: LinearChainCRF | None = None):
-        super().__init__()
-        self.encoder = encoder
+        super().__init__(encoder, num_tags, dropout, width=self._hidden_size(encoder))
         self.num_tags = num_tags
-        self.frozen: list[str] = []
-        cfg = encoder.cfg
-        self.dropout = nn.Dropout(getattr(cfg, "dropout", 0.1) if dropout is None else dropout)
-        self.head = nn.Linear(self._hidden_size(encoder), num_tags)
-        nn.init.normal_(self.head.weight, std=getattr(cfg, "init_std", 0.02))  # as BERT's token classifier
-        nn.init.zeros_(self.head.bias)
         self.crf = crf
 
     @staticmethod
@@ -88,10 +83,6 @@ class TokenClassifier(nn.Module):
                                        torch.ones(1, 2, dtype=torch.long, device=p0.device))
         encoder.train(was_training)
         return hidden.shape[-1]
-
-    @property
-    def max_positions(self) -> int:
-        return self.encoder.max_positions
 
     def forward(self, input_ids, attention_mask, first) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids, mask and first-sub-token flags -> (tag scores (B, W, K), word mask (B, W)).
@@ -177,18 +168,14 @@ class Tagging(Objective):
     @classmethod
     def backbone_problem(cls, model_cls) -> str | None:
         """Encoders only: a word's tag needs its bidirectional state (GPT-style transfer reads one token)."""
-        if getattr(model_cls, "encoder", False):
-            return None
-        if getattr(model_cls, "causal", False):
-            return "is a causal LM; it needs an encoder run"
-        return "has no encoder to finetune; it needs an encoder run"
+        return encoder_problem(model_cls)
 
     @property
     def use_crf(self) -> bool:
         return bool(self.task.options.crf)
 
     def build_model(self, encoder: nn.Module) -> TokenClassifier:
-        if not getattr(type(encoder), "encoder", False):
+        if not type(encoder).traits.bidirectional:
             raise PlmError(f"{type(encoder).__name__} has no encoder interface",
                            "finetune from an encoder run (bert recipes)")
         crf = None
@@ -204,10 +191,11 @@ class Tagging(Objective):
     def encode_sentences(self, sentences, group: int = 0) -> tuple[dict[str, np.ndarray], dict]:
         """Arrays of one split (windows: ids/offsets/first/labels/sentence; sentences: example_id,
         word_offsets/word_tags (-1 unlabeled), group) and its counts."""
-        cls, sep = self.special_ids["cls"], self.special_ids["sep"]
+        frame = encoder_frame(self.layout, self.special_ids["cls"], self.special_ids["sep"])
         unk = self.special_ids.get("unk", self.pad_id)
-        budget = self.seq_len - 2
-        last = self.layout == "cls_last"
+        budget = self.seq_len - len(frame.before) - len(frame.after)
+        pad_before, pad_after = [False] * len(frame.before), [False] * len(frame.after)
+        ignore_before, ignore_after = [IGNORE] * len(frame.before), [IGNORE] * len(frame.after)
         pieces = word_pieces(self.tokenizer, [s.words for s in sentences], unk)
         ids, first, labels, lengths, win_sent, win_start = [], [], [], [], [], []
         truncated = windowed = 0
@@ -225,10 +213,10 @@ class Tagging(Objective):
                     if w == a and a > 0 and tag != IGNORE:
                         tag = self._window_start_tag(tag)
                     lab += [tag] + [IGNORE] * (len(p) - 1)
-                row = [*toks, sep, cls] if last else [cls, *toks, sep]
+                row = frame.single(toks)
                 ids += row
-                first += flag + [False, False] if last else [False] + flag + [False]
-                labels += lab + [IGNORE, IGNORE] if last else [IGNORE] + lab + [IGNORE]
+                first += pad_before + flag + pad_after
+                labels += ignore_before + lab + ignore_after
                 lengths.append(len(row))
                 win_sent.append(k)
                 win_start.append(a)

@@ -110,18 +110,19 @@ def _to(batch, device):
 def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
     """Token-weighted mean of the objective's metrics over the validation stream.
 
-    An objective with its own `evaluate(accelerator, model, stream, max_batches)` (task metrics that
-    need all predictions, such as MCC or F1) is asked instead. `max_batches` counts micro-batches over
-    all processes (rounded up to a multiple of their number): N processes score the samples one does.
+    An objective's own `evaluate` (task metrics that need all predictions, such as MCC or F1) answers
+    instead when it has one. `max_batches` counts micro-batches over all processes (rounded up to a
+    multiple of their number): N processes score the samples one does.
     """
     if max_batches:
         max_batches = -(-max_batches // accelerator.num_processes)
-    if hasattr(objective, "evaluate"):
-        model.eval()
-        try:
-            return objective.evaluate(accelerator, model, stream, max_batches)
-        finally:
-            model.train()
+    model.eval()
+    try:
+        own = objective.evaluate(accelerator, model, stream, max_batches)
+    finally:
+        model.train()
+    if own is not None:
+        return own
     model.eval()
     sums: dict = {}
     count = torch.zeros((), device=accelerator.device)
@@ -151,7 +152,7 @@ def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
         return {}
     vec = accelerator.reduce(torch.stack([sums[k] for k in keys] + [count]), reduction="sum")
     res = {f"val_{k}": (vec[i] / vec[-1]).item() for i, k in enumerate(keys)}
-    key = f"val_{getattr(objective, 'ppl_metric', 'loss')}"
+    key = f"val_{objective.ppl_metric}"
     if key in res:
         res["val_ppl"] = math.exp(min(res[key], 50.0))
     return res
@@ -168,202 +169,251 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
 
     Ctrl-C stops at the next optimizer-step boundary with a checkpoint of that step and raises
     Interrupted; `continue_with` is the command its message (and a write failure's) gives to continue.
+    A Ctrl-C after the last step has nothing left to stop: the run ends as it would have, weights written.
     An optimizer step whose loss (or, with clipping, gradient norm) is not finite is skipped: it
     counts as a step (its data is consumed, so a resume stays exact) but neither the weights nor the
     schedule move; train.max_nonfinite_steps of them in a row stop the run (checkpoint.RunStopped).
     """
-    t, o = recipe.train, recipe.optim
-    run_dir = Path(run_dir)
-    dist = process_state(t.dist_timeout)
-    world, rank = dist.num_processes, dist.process_index
-    micro, accum = batch_sizes(t.global_batch_size, t.micro_batch_size, world)
-    accelerator = make_accelerator(t.mixed_precision, t.dist_timeout, accum)
-    loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
-    notice = None
-    if resume_from is not None:  # checked before anything is built: a refusal costs nothing
-        loop = ckpt.read_loop_state(resume_from)
-        notice = _resumable(loop, resume_from, accelerator, world, accum, t.global_batch_size)
+    run = _Training(recipe, objective, Path(run_dir), resume_from, stop_after, select_metric, continue_with)
+    run.prepare(model, corpus_dir)
+    return run.run(console)
 
-    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
-    # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
-    scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio, o.power,
-                                decay_factor=o.decay_factor, decay_every=o.decay_every, decay_start=o.decay_start)
-    train_stream = objective.stream(corpus_dir, "train", micro, t.seed, rank, world, shuffle=True)
-    val_stream = objective.stream(corpus_dir, "validation", micro, t.seed, rank, world, shuffle=False) \
-        if _has_split(corpus_dir, "validation") else None
-    tied = tied_names(model)
-    configure_backend(accelerator, model, t, o.name, micro, accum)
-    if world > 1 and not sharded(accelerator):
-        if not getattr(train_stream, "sequential", False):
-            probe = train_stream[loop["micro_batches"]]
-        else:  # a stream read in order has no batch k to look at; a validation batch serves
-            probe = val_stream[0] if val_stream is not None else None
-        accelerator.ddp_handler = _ddp_settings(accelerator, model, objective, probe)
-    with warnings.catch_warnings():
-        # torch calls broadcast_buffers deprecated, yet names it the way to keep buffers out of DDP's syncs
-        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
-        model, optimizer = accelerator.prepare(model, optimizer)
-    # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
-    accelerator.register_for_checkpointing(scheduler)
-    if t.compile:
-        # In place, not torch.compile(model): its wrapper's state dict prefixes every key with `_orig_mod.`,
-        # and model.safetensors would no longer load into the model.
-        model.compile()
-    if rank:
-        # Every process built the model from one seed; from here each draws its own dropout masks
-        # (rank 0 keeps the single-process stream, so a 1-process run is unchanged).
-        torch.manual_seed(t.seed + rank)
-    if resume_from is not None:
-        ckpt.load_checkpoint(accelerator, resume_from)
-        accelerator.step = 0  # accumulate()'s micro-step counter: a checkpoint is always at an optimizer step
 
-    main = accelerator.is_main_process
-    log = MetricsLog(run_dir, enabled=main)
-    unwrapped = accelerator.unwrap_model(model)
-    fpt = unwrapped.flops_per_token(t.seq_len) if hasattr(unwrapped, "flops_per_token") else None
-    peak = peak_flops(accelerator.device)
+class _Training:
+    """One call of `train`, in named steps: prepare (accelerator, optimizer, data, resume), then optimizer
+    steps, each followed by its logging, evaluation and checkpoint, until a stop reason."""
 
-    # Streaming seam (issue 8): a sequential stream (data/streaming.py) has no random access; it keeps its
-    # own data position, restored here and saved with every checkpoint, and serves its batches in order.
-    sequential = getattr(train_stream, "sequential", False)
-    if sequential and "data_position" in loop:
-        train_stream.load_state_dict(loop["data_position"])
-    loader = train_stream.loader() if sequential else torch.utils.data.DataLoader(
-        train_stream, batch_size=None, sampler=CountFrom(loop["micro_batches"]), num_workers=t.num_workers,
-        pin_memory=accelerator.device.type == "cuda", persistent_workers=False,
-        # Its own generator: creating the iterator would otherwise draw from the global RNG after a
-        # resume restored it, shifting every later dropout mask.
-        generator=torch.Generator().manual_seed(t.seed), worker_init_fn=_ignore_sigint,
-    )
-    batches = iter(loader)
-    state = objective.init_state()
+    def __init__(self, recipe, objective, run_dir: Path, resume_from, stop_after, select_metric, continue_with):
+        self.recipe, self.t, self.o, self.objective, self.run_dir = recipe, recipe.train, recipe.optim, objective, run_dir
+        self.resume_from, self.stop_after = resume_from, stop_after
+        self.select_metric, self.continue_with = select_metric, continue_with
+        dist = process_state(self.t.dist_timeout)
+        self.world, self.rank = dist.num_processes, dist.process_index
+        self.micro, self.accum = batch_sizes(self.t.global_batch_size, self.t.micro_batch_size, self.world)
+        self.accelerator = make_accelerator(self.t.mixed_precision, self.t.dist_timeout, self.accum)
+        self.loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
+        self.notice = None
+        if resume_from is not None:  # checked before anything is built: a refusal costs nothing
+            self.loop = ckpt.read_loop_state(resume_from)
+            self.notice = _resumable(self.loop, resume_from, self.accelerator, self.world, self.accum,
+                                     self.t.global_batch_size)
 
-    def stop_reason() -> str | None:
+    def prepare(self, model, corpus_dir) -> None:
+        """Optimizer, schedule, streams and the accelerate-wrapped model, in the order that fixes the RNG's draws."""
+        t, o, accelerator, objective = self.t, self.o, self.accelerator, self.objective
+        optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
+        # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
+        self.scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio,
+                                         o.power, decay_factor=o.decay_factor, decay_every=o.decay_every,
+                                         decay_start=o.decay_start)
+        self.train_stream = objective.stream(corpus_dir, "train", self.micro, t.seed, self.rank, self.world, shuffle=True)
+        self.val_stream = objective.stream(corpus_dir, "validation", self.micro, t.seed, self.rank, self.world,
+                                           shuffle=False) if _has_split(corpus_dir, "validation") else None
+        # Streaming seam (issue 8): an iterable stream (data/streaming.py) has no random access; it keeps its own
+        # data position, restored here and saved with every checkpoint, and serves its batches in order.
+        self.sequential = isinstance(self.train_stream, torch.utils.data.IterableDataset)
+        self.tied = tied_names(model)
+        configure_backend(accelerator, model, t, o.name, self.micro, self.accum)
+        if self.world > 1 and not sharded(accelerator):
+            if not self.sequential:
+                probe = self.train_stream[self.loop["micro_batches"]]
+            else:  # a stream read in order has no batch k to look at; a validation batch serves
+                probe = self.val_stream[0] if self.val_stream is not None else None
+            accelerator.ddp_handler = _ddp_settings(accelerator, model, objective, probe)
+        with warnings.catch_warnings():
+            # torch calls broadcast_buffers deprecated, yet names it the way to keep buffers out of DDP's syncs
+            warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+            self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
+        accelerator.register_for_checkpointing(self.scheduler)
+        if t.compile:
+            # In place, not torch.compile(model): its wrapper's state dict prefixes every key with `_orig_mod.`,
+            # and model.safetensors would no longer load into the model.
+            self.model.compile()
+        if self.rank:
+            # Every process built the model from one seed; from here each draws its own dropout masks
+            # (rank 0 keeps the single-process stream, so a 1-process run is unchanged).
+            torch.manual_seed(t.seed + self.rank)
+        if self.resume_from is not None:
+            ckpt.load_checkpoint(accelerator, self.resume_from)
+            accelerator.step = 0  # accumulate()'s micro-step counter: a checkpoint is always at an optimizer step
+
+    def _batches(self):
+        """The training micro-batches from the loop's data position on."""
+        t, loop, stream = self.t, self.loop, self.train_stream
+        if self.sequential and "data_position" in loop:
+            stream.load_state_dict(loop["data_position"])
+        loader = stream.loader() if self.sequential else torch.utils.data.DataLoader(
+            stream, batch_size=None, sampler=CountFrom(loop["micro_batches"]), num_workers=t.num_workers,
+            pin_memory=self.accelerator.device.type == "cuda", persistent_workers=False,
+            # Its own generator: creating the iterator would otherwise draw from the global RNG after a
+            # resume restored it, shifting every later dropout mask.
+            generator=torch.Generator().manual_seed(t.seed), worker_init_fn=_ignore_sigint,
+        )
+        return iter(loader)
+
+    def run(self, console) -> dict:
+        """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
+        t, accelerator = self.t, self.accelerator
+        self.main = accelerator.is_main_process
+        self.log = MetricsLog(self.run_dir, enabled=self.main)
+        unwrapped = accelerator.unwrap_model(self.model)
+        fpt = unwrapped.flops_per_token(t.seq_len) if hasattr(unwrapped, "flops_per_token") else None
+        self.fpt, self.peak = fpt, peak_flops(accelerator.device)
+        self.batches = self._batches()
+        self.state = self.objective.init_state()
+        # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
+        self.progress = TrainProgress(console, t.max_steps, self.loop["step"], enabled=self.main, accum=self.accum)
+        self.progress.begin(self.run_dir, self.recipe, unwrapped, fpt, accelerator.device, self.world,
+                            accelerator.mixed_precision)
+        if self.notice and self.main:
+            self.progress.console.print(self.notice, highlight=False, soft_wrap=True)
+        self.window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
+        # A finished run resumed reports what it reported then: its last evaluation and logged loss.
+        self.last_eval, self.reason = self.loop.get("last_eval", {}), self.stop_reason()
+        self.best = self.loop.get("best") or {}
+        self.bad = {"run": 0, "first": 0, "loss": None}  # the current streak of skipped non-finite steps
+        self.check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
+        self.model.train()
+        self.start = time.perf_counter() - self.loop["elapsed"]
+        self.interrupt = DeferredInterrupt().install()
+        try:
+            while self.reason is None:
+                stop_asked = self.optimizer_step()
+                self.after_step(stop_asked)
+            return self.finish()
+        except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step; the last complete checkpoint stays
+            raise Interrupted(f"stopped at once (a second Ctrl-C) after step {self.loop['step']}; {self.saved()}") from None
+        finally:
+            self.batches = None  # the DataLoader's workers stop here, while a Ctrl-C is still deferred
+            self.interrupt.restore()
+            self.progress.close()
+            self.log.close()
+
+    def stop_reason(self) -> str | None:
+        t, loop = self.t, self.loop
         if loop["step"] >= t.max_steps:
             return "max_steps"
         if t.max_tokens and loop["tokens"] >= t.max_tokens:
             return "max_tokens"
         if t.time_budget and loop["elapsed"] >= t.time_budget:
             return "time_budget"
-        if stop_after and loop["step"] >= stop_after:
+        if self.stop_after and loop["step"] >= self.stop_after:
             return "stop_after"
         return None
 
-    def snapshot():
-        if sequential:  # streaming seam: every process takes part (the positions are gathered)
-            loop["data_position"] = train_stream.state_dict()
-        return ckpt.save_checkpoint(accelerator, run_dir, loop["step"], {**loop, "world_size": world,
-                                    "global_batch_size": t.global_batch_size}, t.keep_checkpoints, continue_with)
+    def micro_batches(self) -> tuple[int, object, dict, object]:
+        """The accumulated forward/backward passes of one optimizer step: (tokens, summed loss, metric sums, count)."""
+        accelerator, objective, model = self.accelerator, self.objective, self.model
+        step_tokens, step_loss, step_sums, step_count = 0, 0.0, {}, 0.0
+        for _ in range(self.accum):
+            batch = _to(next(self.batches), accelerator.device)
+            # accumulate(): no gradient all-reduce until the last micro-batch, and the loss scaled
+            # by 1/accum in backward (DeepSpeed does both inside its engine).
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    out = objective.step(model, batch, self.state)
+                accelerator.backward(out.loss)
+            self.state = out.state
+            self.loop["micro_batches"] += 1
+            self.progress.micro_batch()  # progress: host-side; on a GPU one sync in the whole run, timing the first
+            step_tokens += objective.tokens_in(batch)
+            step_loss = step_loss + out.loss.detach().float()
+            for name, v in out.metrics.items():
+                step_sums[name] = step_sums.get(name, 0) + v.float()
+            step_count = step_count + out.count
+        return step_tokens, step_loss, step_sums, step_count
 
-    def weights():
-        with ckpt.writing("model.safetensors", run_dir / ".model.safetensors.tmp", continue_with):
-            save_weights(accelerator, model, run_dir, tied)
+    def optimizer_step(self) -> bool:
+        """One optimizer step (skipped, no update, when its loss or gradient is not finite); whether a Ctrl-C
+        on any process asks to stop after it."""
+        t, accelerator, loop, bad, window = self.t, self.accelerator, self.loop, self.bad, self.window
+        step_tokens, step_loss, step_sums, step_count = self.micro_batches()
+        self.grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
+        step_tokens, elapsed, stop_asked, loss, finite = _agree(accelerator, step_tokens, time.perf_counter() - self.start,
+                                                                self.interrupt.requested, step_loss / self.accum,
+                                                                self.grad_norm if self.check_grads else None)
+        if finite or accelerator.scaler is not None:
+            self.optimizer.step()
+            if not accelerator.optimizer_step_was_skipped:
+                self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loop["step"] += 1
+        if finite:
+            bad["run"] = 0
+            for name, v in step_sums.items():
+                window["sums"][name] = window["sums"].get(name, 0) + v
+            window["count"] = window["count"] + step_count
+        else:
+            bad.update(run=bad["run"] + 1, first=bad["first"] if bad["run"] else loop["step"],
+                       loss=bad["loss"] if bad["run"] else loss)
+            loop["nonfinite_steps"] = loop.get("nonfinite_steps", 0) + 1
+        loop["tokens"] += step_tokens
+        window["tokens"] += step_tokens
+        loop["elapsed"] = elapsed
+        self.reason = self.stop_reason()
+        if bad["run"] and (bad["run"] >= t.max_nonfinite_steps or self.reason):
+            raise ckpt.RunStopped(*_diverged(self.recipe, bad, loop["step"], self.saved()))
+        self.progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
+        return stop_asked
 
-    def saved() -> str:
+    def after_step(self, stop_asked: bool) -> None:
+        """The step's log row, evaluation (best weights) and checkpoint, as the recipe schedules them; then a
+        Ctrl-C's stop."""
+        t, loop, reason = self.t, self.loop, self.reason
+        if (loop["step"] % t.log_every == 0 or reason) and self.window["sums"]:
+            row = _log_row(self.accelerator, loop, self.window, self.scheduler, self.grad_norm, self.fpt, self.peak)
+            self.log.write(row)
+            loop["train_loss"] = row.get("loss", loop.get("train_loss"))
+            self.progress.update(loop["step"], row, self.last_eval)
+        if self.val_stream is not None and ((t.eval_every and loop["step"] % t.eval_every == 0) or reason):
+            self.last_eval = loop["last_eval"] = evaluate(self.accelerator, self.model, self.objective, self.val_stream,
+                                                          t.eval_batches)
+            self.log.write({"step": loop["step"], "tokens": loop["tokens"], **self.last_eval})
+            self.progress.update(loop["step"], None, self.last_eval)
+            # Every process reaches the same verdict (the metrics are reduced over all of them).
+            if self.select_metric and (not self.best or self.last_eval[self.select_metric] > self.best[self.select_metric]):
+                self.best = loop["best"] = {"step": loop["step"], **self.last_eval}
+                self.weights()
+        # A checkpoint while the loss is not finite would not be a good one to go back to.
+        if ((t.save_every and loop["step"] % t.save_every == 0) or reason or stop_asked) and not self.bad["run"]:
+            self.snapshot()
+        if stop_asked:  # Ctrl-C: this step is complete and (unless its loss was not finite) saved
+            raise Interrupted(f"stopped after step {loop['step']}; {self.saved()}")
+
+    def finish(self) -> dict:
+        """The summary, after the last weights are written (unless the best evaluated ones already were)."""
+        loop = self.loop
+        summary = {"steps": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 2),
+                   "stop_reason": self.reason, "train_loss": loop.get("train_loss"), **self.last_eval}
+        if loop.get("nonfinite_steps"):
+            summary["nonfinite_steps"] = loop["nonfinite_steps"]
+        if self.select_metric and self.best:
+            summary["best"] = self.best
+        else:
+            self.weights()
+        self.accelerator.wait_for_everyone()
+        return summary
+
+    def snapshot(self):
+        if self.sequential:  # streaming seam: every process takes part (the positions are gathered)
+            self.loop["data_position"] = self.train_stream.state_dict()
+        return ckpt.save_checkpoint(self.accelerator, self.run_dir, self.loop["step"],
+                                    {**self.loop, "world_size": self.world, "global_batch_size": self.t.global_batch_size},
+                                    self.t.keep_checkpoints, self.continue_with)
+
+    def weights(self) -> None:
+        with ckpt.writing("model.safetensors", self.run_dir / ".model.safetensors.tmp", self.continue_with):
+            save_weights(self.accelerator, self.model, self.run_dir, self.tied)
+
+    def saved(self) -> str:
         """Where the run can continue from, for the messages of a stop."""
-        found = ckpt.list_checkpoints(run_dir) if main else []
+        found = ckpt.list_checkpoints(self.run_dir) if self.main else []
+        then = f"; continue with `{self.continue_with}`" if self.continue_with else ""
         if not found:
-            return "no checkpoint was written yet" + (f"; `{continue_with}` starts it again from step 0" if continue_with else "")
-        then = f"; continue with `{continue_with}`" if continue_with else ""
+            return "no checkpoint was written yet" + (f"; `{self.continue_with}` starts it again from step 0"
+                                                      if self.continue_with else "")
         return f"the checkpoint of step {found[-1].name.split('-')[1]} is in {found[-1]}{then}"
-
-    # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
-    progress = TrainProgress(console, t.max_steps, loop["step"], enabled=main, accum=accum)
-    progress.begin(run_dir, recipe, unwrapped, fpt, accelerator.device, world, accelerator.mixed_precision)
-    if notice and main:
-        progress.console.print(notice, highlight=False, soft_wrap=True)
-    window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
-    # A finished run resumed reports what it reported then: its last evaluation and logged loss.
-    last_eval, last_saved, reason = loop.get("last_eval", {}), -1, stop_reason()
-    best = loop.get("best") or {}
-    bad = {"run": 0, "first": 0, "loss": None}  # the current streak of skipped non-finite steps
-    check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
-    model.train()
-    start = time.perf_counter() - loop["elapsed"]
-    interrupt = DeferredInterrupt().install()
-    try:
-        while reason is None:
-            step_tokens, step_loss, step_sums, step_count = 0, 0.0, {}, 0.0
-            for _ in range(accum):
-                batch = _to(next(batches), accelerator.device)
-                # accumulate(): no gradient all-reduce until the last micro-batch, and the loss scaled
-                # by 1/accum in backward (DeepSpeed does both inside its engine).
-                with accelerator.accumulate(model):
-                    with accelerator.autocast():
-                        out = objective.step(model, batch, state)
-                    accelerator.backward(out.loss)
-                state = out.state
-                loop["micro_batches"] += 1
-                progress.micro_batch()  # progress: host-side; on a GPU one sync in the whole run, timing the first
-                step_tokens += objective.tokens_in(batch)
-                step_loss = step_loss + out.loss.detach().float()
-                for name, v in out.metrics.items():
-                    step_sums[name] = step_sums.get(name, 0) + v.float()
-                step_count = step_count + out.count
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
-            step_tokens, elapsed, stop_asked, loss, finite = _agree(accelerator, step_tokens, time.perf_counter() - start,
-                                                                    interrupt.requested, step_loss / accum,
-                                                                    grad_norm if check_grads else None)
-            if finite or accelerator.scaler is not None:
-                optimizer.step()
-                if not accelerator.optimizer_step_was_skipped:
-                    scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            loop["step"] += 1
-            if finite:
-                bad["run"] = 0
-                for name, v in step_sums.items():
-                    window["sums"][name] = window["sums"].get(name, 0) + v
-                window["count"] = window["count"] + step_count
-            else:
-                bad.update(run=bad["run"] + 1, first=bad["first"] if bad["run"] else loop["step"],
-                           loss=bad["loss"] if bad["run"] else loss)
-                loop["nonfinite_steps"] = loop.get("nonfinite_steps", 0) + 1
-            loop["tokens"] += step_tokens
-            window["tokens"] += step_tokens
-            loop["elapsed"] = elapsed
-            reason = stop_reason()
-            if bad["run"] and (bad["run"] >= t.max_nonfinite_steps or reason):
-                raise ckpt.RunStopped(*_diverged(recipe, bad, loop["step"], saved()))
-            progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
-
-            if (loop["step"] % t.log_every == 0 or reason) and window["sums"]:
-                row = _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak)
-                log.write(row)
-                loop["train_loss"] = row.get("loss", loop.get("train_loss"))
-                progress.update(loop["step"], row, last_eval)
-            if val_stream is not None and ((t.eval_every and loop["step"] % t.eval_every == 0) or reason):
-                last_eval = loop["last_eval"] = evaluate(accelerator, model, objective, val_stream, t.eval_batches)
-                log.write({"step": loop["step"], "tokens": loop["tokens"], **last_eval})
-                progress.update(loop["step"], None, last_eval)
-                # Every process reaches the same verdict (the metrics are reduced over all of them).
-                if select_metric and (not best or last_eval[select_metric] > best[select_metric]):
-                    best = {"step": loop["step"], **last_eval}
-                    loop["best"] = best
-                    weights()
-            # A checkpoint while the loss is not finite would not be a good one to go back to.
-            if ((t.save_every and loop["step"] % t.save_every == 0) or reason or stop_asked) and not bad["run"]:
-                snapshot()
-                last_saved = loop["step"]
-            if stop_asked:  # Ctrl-C: this step is complete and (unless its loss was not finite) saved
-                raise Interrupted(f"stopped after step {loop['step']}; {saved()}")
-    except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step; the last complete checkpoint stays
-        raise Interrupted(f"stopped at once (a second Ctrl-C) after step {loop['step']}; {saved()}") from None
-    finally:
-        interrupt.restore()
-        progress.close()
-        log.close()
-
-    summary = {"steps": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 2),
-               "stop_reason": reason, "train_loss": loop.get("train_loss"), **last_eval}
-    if loop.get("nonfinite_steps"):
-        summary["nonfinite_steps"] = loop["nonfinite_steps"]
-    if select_metric and best:
-        summary["best"] = best
-    else:
-        weights()
-    accelerator.wait_for_everyone()
-    return summary
 
 
 def _agree(accelerator, tokens: int, elapsed: float, stop_asked: bool, loss, grad_norm):

@@ -38,15 +38,17 @@ def _check_checkpoints(run):
 def test_sigint_at_random_moments_resumes_bitwise(reference):
     root, recipe, corpus, want = reference
     rng = random.Random(17)
-    # (delay after the first logged step, DataLoader workers): with a worker, Ctrl-C reaches the whole
-    # process group, as a terminal sends it.
-    moments = [(rng.uniform(0.0, 0.4), 0), (rng.uniform(0.0, 0.4), 0), (rng.uniform(0.0, 0.4), 1)]
+    # (a logged step, a delay after it, DataLoader workers): anchored to a step at most halfway through
+    # the 40, so the moment falls inside the run however fast the machine is; the delay lands it anywhere
+    # in the next steps (mid-step, mid-evaluation, mid-checkpoint). With a worker, Ctrl-C reaches the
+    # whole process group, as a terminal sends it.
+    moments = [(rng.choice((5, 10, 15, 20)), rng.uniform(0.0, 0.05), w) for w in (0, 0, 1)]
     interrupted = 0
-    for i, (delay, workers) in enumerate(moments):
+    for i, (step, delay, workers) in enumerate(moments):
         run = root / f"int{i}"
         proc = start(root, "pretrain", "--recipe", recipe, "--data", corpus, "--out", run,
                      "--set", f"train.num_workers={workers}", start_new_session=True)
-        if wait_for_step(run, proc):
+        if wait_for_step(run, proc, step=step):
             time.sleep(delay)
             if workers:
                 os.killpg(proc.pid, signal.SIGINT)
@@ -62,7 +64,7 @@ def test_sigint_at_random_moments_resumes_bitwise(reference):
             p = plm(root, "pretrain", "--resume", "--out", run)
             assert p.returncode == 0, p.stderr
         _check_checkpoints(run)
-        assert sha256(run / "model.safetensors") == want, (i, delay, workers)
+        assert sha256(run / "model.safetensors") == want, (i, step, delay, workers)
     assert interrupted >= 2  # the moments fall inside the run, not after it
 
 
@@ -120,3 +122,24 @@ def test_sigint_inside_a_step_waits_for_its_end(tiny, tmp_path, monkeypatch):
     api.pretrain(out=str(cut), resume=True)
     a, b = load_file(str(tmp_path / "full" / "model.safetensors")), load_file(str(cut / "model.safetensors"))
     assert all((a[k] == b[k]).all() for k in a)
+
+
+def test_sigint_after_the_last_step_ends_cleanly(reference):
+    """A Ctrl-C that comes once the run has written its weights (final writes, the DataLoader's shutdown,
+    the interpreter's exit) has nothing left to stop: exit 0, no traceback, the run whole."""
+    root, recipe, corpus, want = reference
+    for i, delay in enumerate((0.0, 0.05, 0.3)):
+        run = root / f"late{i}"
+        proc = start(root, "pretrain", "--recipe", recipe, "--data", corpus, "--out", run,
+                     "--set", "train.num_workers=1", start_new_session=True)
+        deadline = time.monotonic() + 240
+        while not (run / "model.safetensors").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(delay)
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:  # already gone: nothing to interrupt
+            pass
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0 and "Traceback" not in err and "Exception" not in err, (delay, proc.returncode, err)
+        assert sha256(run / "model.safetensors") == want

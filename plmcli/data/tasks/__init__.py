@@ -2,7 +2,8 @@
 
 A task knows how to read its data into splits of `Example`s, which objective trains it, how it is
 scored and how its test predictions are written. Encoding to ids lives here too, shared by every
-task that feeds [CLS] a [SEP] (b [SEP]) to an encoder (or a [SEP] (b [SEP]) [CLS], XLNet's layout).
+task that feeds [CLS] a [SEP] (b [SEP]) to an encoder (or a [SEP] (b [SEP]) [CLS], XLNet's layout; the
+layouts themselves live in plmcli.data.pairs).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plmcli.data.pairs import encode_framed, encoder_frame, truncate_pair  # noqa: F401  (truncate_pair: its old home)
 from plmcli.errors import PlmError
 
 
@@ -111,57 +113,14 @@ def require_roles(special_ids: dict, roles=("cls", "sep")) -> None:
                        "finetune from an encoder run whose tokenizer defines the cls and sep roles (bert recipes)")
 
 
-def truncate_pair(len_a: np.ndarray, len_b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
-    """Longest-first truncation (BERT's _truncate_seq_pair) in closed form.
-
-    Popping one token at a time from the longer side (from b on ties) leaves the shorter side whole
-    when it fits in half the budget, else a = ⌈budget/2⌉ and b = ⌊budget/2⌋.
-    """
-    new_a = np.minimum(len_a, np.maximum(budget - len_b, -(-budget // 2)))
-    new_b = np.minimum(len_b, budget - new_a)
-    return new_a, new_b
-
-
-LAYOUTS = ("cls_first", "cls_last")
-
-
 def encode_pairs(tokenizer, special_ids: dict, texts_a: list[str], texts_b: list[str] | None,
                  max_seq_len: int, chunk: int = 8192, layout: str = "cls_first") -> dict[str, np.ndarray]:
     """Each example as its encoder reads it, truncated longest-first to `max_seq_len`:
     layout "cls_first" (BERT) [CLS] a [SEP] (b [SEP]); "cls_last" (XLNet) a [SEP] (b [SEP]) [CLS].
-
-    Returns flat arrays: `ids` (all tokens), `offsets` (n+1), `type_start` (where segment 1 begins
-    in each row; = row length for single sentences), `truncated` (bool per row). Encodes in chunks,
-    so memory stays at the size of the result (MNLI: 393k pairs).
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    The arrays of plmcli.data.pairs.encode_framed."""
+    frame = encoder_frame(layout, special_ids.get("cls"), special_ids.get("sep"))  # a bad layout: ValueError first
     require_roles(special_ids, ("cls", "sep"))
-    cls, sep = special_ids["cls"], special_ids["sep"]
-    last = layout == "cls_last"
-    ids, lengths, type_start, truncated = [], [], [], []
-    for lo in range(0, len(texts_a), chunk):
-        enc_a = [e.ids for e in tokenizer.encode_batch(texts_a[lo:lo + chunk], add_special_tokens=False)]
-        la = np.array([len(x) for x in enc_a], dtype=np.int64)
-        if texts_b is None:
-            na = np.minimum(la, max_seq_len - 2)
-            rows = [[*a[:n], sep, cls] if last else [cls, *a[:n], sep] for a, n in zip(enc_a, na)]
-            truncated.append(na < la)
-        else:
-            enc_b = [e.ids for e in tokenizer.encode_batch(texts_b[lo:lo + chunk], add_special_tokens=False)]
-            lb = np.array([len(x) for x in enc_b], dtype=np.int64)
-            na, nb = truncate_pair(la, lb, max_seq_len - 3)
-            rows = [[*a[:n], sep, *b[:m], sep, cls] if last else [cls, *a[:n], sep, *b[:m], sep]
-                    for a, b, n, m in zip(enc_a, enc_b, na, nb)]
-            truncated.append((na < la) | (nb < lb))
-        n_tok = np.array([len(r) for r in rows], dtype=np.int64)
-        ids.append(np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(n_tok.sum())))
-        lengths.append(n_tok)
-        type_start.append(n_tok if texts_b is None else na + (1 if last else 2))
-    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dtype=dt)  # noqa: E731
-    lengths = cat(lengths, np.int64)
-    return {"ids": cat(ids, np.int32), "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            "type_start": cat(type_start, np.int64), "truncated": cat(truncated, bool)}
+    return encode_framed(tokenizer, frame, texts_a, texts_b, max_seq_len, chunk)
 
 
 def save_split(path: Path, arrays: dict[str, np.ndarray]) -> None:
