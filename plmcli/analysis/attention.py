@@ -42,9 +42,11 @@ FORMAT = "plm-attention"
 
 def _kind(model_cls) -> str | None:
     """How a model is fed: "encoder" (encode(ids, types, mask)), "causal" (hidden(ids)), or None."""
-    if getattr(model_cls, "encoder", False) and hasattr(model_cls, "encode"):
+    from plmcli.models.base import Encodes, HasHidden
+
+    if model_cls.traits.bidirectional and issubclass(model_cls, Encodes):
         return "encoder"
-    if getattr(model_cls, "causal", False) and hasattr(model_cls, "hidden"):
+    if model_cls.traits.causal and issubclass(model_cls, HasHidden):
         return "causal"
     return None
 
@@ -218,7 +220,7 @@ def attention(run: str | None, text: str | None = None, text_pair: str | None = 
     patterns per head (OUT/attention.tsv, OUT/attention.json) over `text` or every line of `corpus`."""
     from plmcli.data.outdir import build_atomically
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.finetune import load_encoder
+    from plmcli.runs import load_encoder
 
     _check_options(text, text_pair, corpus, out, batch_size, max_lines)
     path, cfg, kind, layout = _open_run(run, text_pair)
@@ -307,7 +309,7 @@ def _open_run(run: str | None, text_pair: str | None):
     if kind == "encoder" and not {"cls", "sep"} <= set(special_ids):
         raise PlmError(f"run {label}'s tokenizer has no cls / sep token to build [CLS] a [SEP] inputs from",
                        "use an encoder run whose tokenizer defines the cls and sep roles (bert recipes do)")
-    return path, cfg, kind, getattr(cls, "pair_layout", None) or "cls_first"
+    return path, cfg, kind, cls.traits.pair_layout or "cls_first"
 
 
 def _read_meta(d: Path) -> dict | None:

@@ -96,10 +96,10 @@ def row_layout(model_cls, special_ids: dict) -> tuple[list[int], list[int]]:
     """(ids before the words, ids after them) as the model reads a text."""
     from plmcli.data.tasks import require_roles
 
-    if getattr(model_cls, "encoder", False):
+    if model_cls.traits.bidirectional:
         require_roles(special_ids, ("cls", "sep"))
         cls, sep = special_ids["cls"], special_ids["sep"]
-        return ([], [sep, cls]) if getattr(model_cls, "pair_layout", "cls_first") == "cls_last" else ([cls], [sep])
+        return ([], [sep, cls]) if model_cls.traits.pair_layout == "cls_last" else ([cls], [sep])
     # A causal LM reads a document after its boundary token, as eval-ppl conditions its first token.
     start = special_ids.get("bos", special_ids.get("eos"))
     return ([start] if start is not None else []), []
@@ -215,9 +215,8 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
 
     from plmcli.analysis.hidden import families_with_layers, layer_spec
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.finetune import load_encoder
     from plmcli.models.registry import model_class
-    from plmcli.runs import resolve_run, run_config
+    from plmcli.runs import load_encoder, resolve_run, run_config
 
     started = time.monotonic()
     out_dir = Path(out)
@@ -247,7 +246,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     model = load_encoder(path, cfg).eval()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    max_len = min(getattr(model, "max_positions", MAX_SEQ_LEN), MAX_SEQ_LEN)
+    max_len = min(model.max_positions, MAX_SEQ_LEN)  # every family with probe_layers has a position bound
 
     with _Progress(console) as bar:
         feats = {}
@@ -264,7 +263,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     majority = majority_baseline(y["train"], y["dev"])
     majority = {"tag": names[majority.pop("tag_id")], **majority}
 
-    causal = not getattr(cls, "encoder", False)
+    causal = not cls.traits.bidirectional
     best = max(layers, key=lambda r: r["accuracy"])
     counts = {s: {"file": data[s]["file"], "sentences": len(data[s]["sentences"]), "of": data[s]["total"],
                   "words": int(len(y[s]))} for s in ("train", "dev")}
