@@ -66,7 +66,7 @@ def _data(args, root: Path):
     from plmcli.config import load_recipe
     from plmcli.data.tasks.registry import get_task
     from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
-    from plmcli.finetune import task_objective
+    from plmcli.runs import task_objective
     from plmcli.models.registry import model_class
 
     glue = common.shared_or_sample("glue/SST-2", common.REPO_ROOT / "data" / "glue-sample" / "SST-2")

@@ -2,43 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import time
-from dataclasses import asdict, replace
-from importlib import resources
+from dataclasses import replace
 from pathlib import Path
 
 from plmcli.errors import PlmError
-
+from plmcli.pipelines.common import SAMPLE_DATA_DIRS, default_corpus, quiet_datasets_off_terminal, sample_data_dir  # noqa: F401
 from plmcli.runs import RUN_CONFIG  # noqa: F401  (where callers have long imported it from)
-
-
-def _quiet_datasets_off_terminal() -> None:
-    """datasets' progress bars help on a terminal and only clutter logs elsewhere."""
-    import sys
-
-    if not sys.stderr.isatty():
-        import datasets
-
-        datasets.disable_progress_bars()
-
-
-def default_corpus(name: str = "shakespeare-sample.txt") -> str:
-    """A small corpus shipped inside the package, so the first `plm pretrain` needs no data."""
-    return str(resources.files("plmcli") / "corpus" / name)
-
-
-SAMPLE_DATA_DIRS = ("glue-sample",)
-"""Task samples shipped in plmcli/corpus/ (data/ in the repository), named by `--data-dir NAME` anywhere."""
-
-
-def sample_data_dir(data_dir: str | None) -> str | None:
-    """`data_dir`, or the shipped sample it names when no such directory exists here (`--data-dir glue-sample`
-    works after `pip install`, outside the repository)."""
-    if data_dir and not Path(data_dir).exists() and Path(data_dir).name in SAMPLE_DATA_DIRS:
-        return default_corpus(Path(data_dir).name)
-    return data_dir
 
 
 # ---------------------------------------------------------------- recipes
@@ -64,16 +33,9 @@ def list_recipes() -> list[dict]:
 
 def count_params(recipe) -> int:
     """Parameter count of the recipe's model (built on the meta device: no memory, no time)."""
-    import torch
+    from plmcli.recipe_params import count_params as count
 
-    from plmcli.models.registry import build_model
-
-    cfg = replace(recipe.model)
-    if getattr(cfg, "vocab_size", 1) == 0:
-        cfg.vocab_size = recipe.tokenizer.vocab_size
-    with torch.device("meta"):
-        model = build_model(recipe.family, cfg)
-    return sum(p.numel() for p in model.parameters())
+    return count(recipe)
 
 
 def show_recipe(name: str, overrides: list[str] | None = None) -> str:
@@ -105,7 +67,7 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     from plmcli.data.tokenizers import default_special_tokens
 
     check_writable(out)
-    _quiet_datasets_off_terminal()
+    quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
     if tokenizer and tokenizer.endswith(".json"):
         base = replace(base, path=tokenizer)
@@ -137,7 +99,7 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
     from plmcli.data.outdir import check_writable
 
     check_writable(out)
-    _quiet_datasets_off_terminal()
+    quiet_datasets_off_terminal()
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
                  num_proc=num_proc, force=force, span_p=span_p, span_max=span_max, lexicon=lexicon,
@@ -160,268 +122,11 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     from step 0 (its recipe, tokenizer and config are there). One process at a time trains into a run.
     `text_column` (= data.text_column): the text column of `datasets` inputs (data/tables.py).
     """
-    from contextlib import ExitStack
+    from plmcli.pipelines.pretrain import pretrain as run_pretrain
 
-    from plmcli.config import load_recipe
-    from plmcli.train import checkpoint as ckpt
-
-    _quiet_datasets_off_terminal()
-    if max_steps is not None and max_steps < 1:
-        raise PlmError(f"--max-steps {max_steps} must be ≥ 1", "e.g. --max-steps 100, or leave it out for the recipe's train.max_steps")
-    restart = False
-    if resume:
-        run_dir = Path(out) if out else ckpt.runs_root() / "latest"
-        if not (run_dir / "recipe.yaml").is_file():
-            raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN, the directory of the run to continue")
-        run_dir = run_dir.resolve()
-        if not (run_dir / RUN_CONFIG).is_file():  # stopped between its first two files: nothing to restart from
-            raise PlmError(f"no checkpoint to resume in {run_dir}, nor its {RUN_CONFIG} to start it again",
-                           f"delete {run_dir} and start the run again without --resume")
-        restart = not _has_progress(run_dir)
-        r = load_recipe(str(run_dir / "recipe.yaml"), overrides)
-        prev = json.loads((run_dir / RUN_CONFIG).read_text())
-        if streaming and not prev.get("streaming"):
-            raise PlmError(f"--resume --streaming: {run_dir} was trained from a tokenized corpus", "resume without --streaming")
-        streaming = prev.get("streaming", False)  # a streamed run resumes streaming its text files
-        if not data:  # the same corpus as the interrupted run: its tokenized dir if still there, else its inputs
-            data = [prev["corpus"]] if (Path(prev["corpus"]) / "meta.json").is_file() and not streaming else prev["inputs"]
-    else:
-        if not recipe:
-            raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
-        r = load_recipe(recipe, overrides)
-        run_dir = Path(out) if out else ckpt.runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        _check_new_run_dir(run_dir)  # before any tokenizing; again when it is made
-    if text_column is not None:
-        r.data.text_column = text_column
-    names = [ph["name"] for ph in r.phases] or [None]
-    stages = [r.phase(i) for i in range(len(r.phases))] or [r]
-    for st in stages:
-        st.train.max_steps = max_steps if max_steps is not None else st.train.max_steps
-        st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
-    with ExitStack() as held:  # the run's lock, released however this ends
-        return _pretrain_run(r, names, stages, data, run_dir, resume, restart, streaming, time_budget, stop_after,
-                             console, held)
-
-
-def _pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: bool, streaming: bool, time_budget,
-                  stop_after, console, held) -> dict:
-    """pretrain() once its recipe and run directory are known: prepare the data, lock and fill the run
-    directory, train every phase, write the summary."""
-    import shlex
-
-    import torch
-
-    from plmcli.data.corpus import default_cache_dir
-    from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.errors import Interrupted
-    from plmcli.models.registry import build_model, model_class
-    from plmcli.objectives.registry import objective_class
-    from plmcli.train import checkpoint as ckpt
-    from plmcli.train.distributed import process_state
-    from plmcli.train.loop import batch_sizes
-
-    continue_with = f"plm pretrain --resume --out {shlex.quote(str(run_dir))}"
-    state = process_state(r.train.dist_timeout)  # on N processes (accelerate launch, torchrun) they all get here
-    if resume and state.is_main_process:  # before any work: a second trainer of this run refuses at once
-        held.enter_context(ckpt.RunLock(run_dir))
-    shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
-    inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
-    fits = hasattr(model_class(r.family), "fit")
-    for st in stages if not fits else []:  # a batch that does not split over the processes fails before tokenizing
-        batch_sizes(st.train.global_batch_size, st.train.micro_batch_size, state.num_processes)
-    with state.main_process_first():  # one process tokenizes; the others then read its cache
-        if streaming:  # only a tokenizer and the validation tail are prepared; training text is read as it goes
-            from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
-
-            corpus_dir = prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name),
-                                               objective_cfg=r.objective)
-        else:
-            corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
-    meta = json.loads((corpus_dir / "meta.json").read_text())
-    tok = load_tokenizer(corpus_dir / "tokenizer.json")
-    special_ids = meta["tokenizer"]["special_token_ids"]
-    objectives = [_objective(st, tok, special_ids) for st in stages]
-    if streaming:
-        objectives = [StreamingObjective(obj, st.train.num_workers) for obj, st in zip(objectives, stages)]
-    objectives[0].configure_model(r.model, tok.get_vocab_size())
-    _check_sizes(r, stages, tok.get_vocab_size())
-    torch.manual_seed(r.train.seed)
-    model = build_model(r.family, r.model)
-    objectives[0].check_model(model)
-    # Every phase's training data (make-mlm-data instances, cached) before the run directory exists, so a
-    # corpus that cannot make them leaves no run behind (nor runs/latest pointing at one).
-    data_dirs = []
-    for obj in objectives:
-        with state.main_process_first():
-            data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
-
-    previous_latest, made_dir = _latest_target(), not run_dir.exists()
-    if state.is_main_process:
-        if restart:  # stopped before its first checkpoint: what it left goes, and it starts as a fresh run would
-            _clear_progress(run_dir)
-            ckpt.write_text(run_dir / "recipe.yaml", r.to_yaml())
-        if not resume:
-            _check_new_run_dir(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            held.enter_context(ckpt.RunLock(run_dir))
-            ckpt.write_text(run_dir / "recipe.yaml", r.to_yaml())
-            shutil.copyfile(corpus_dir / "tokenizer.json", run_dir / "tokenizer.json")
-            ckpt.write_json(run_dir / RUN_CONFIG, {
-                "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
-                "tokenizer": meta["tokenizer"], "seq_len": r.train.seq_len, "corpus": str(Path(corpus_dir).resolve()),
-                "inputs": [str(Path(i).resolve()) if Path(i).exists() else str(i) for i in inputs],  # Hub names as given
-                "streaming": streaming,
-            })
-        ckpt.point_latest(run_dir)
-    state.wait_for_everyone()
-
-    try:
-        summary, last_phase = _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume,
-                                            time_budget, stop_after, console, continue_with)
-    except ckpt.RunStopped:  # it trained, and stopped resumable (non-finite loss, a write that failed): the run stays
-        raise
-    except PlmError:
-        if state.is_main_process and not resume and not _trained(run_dir):
-            _discard_run(run_dir, previous_latest, made_dir)  # bad data found by the loop: nothing half-made stays
-        raise
-    except KeyboardInterrupt:  # before a phase's loop took charge of Ctrl-C (it raises Interrupted itself)
-        raise Interrupted(f"stopped before the next checkpoint of {run_dir}; `{continue_with}` continues from the "
-                          "last one (or from step 0 if there is none)") from None
-    summary["run_dir"] = str(run_dir)
-    if state.is_main_process:
-        if names[0] is not None:  # the run's weights are its last phase's
-            tmp = run_dir / ".model.safetensors.tmp"
-            with ckpt.writing("model.safetensors", tmp, continue_with):
-                shutil.copyfile(last_phase / "model.safetensors", tmp)
-                tmp.replace(run_dir / "model.safetensors")
-        ckpt.write_json(run_dir / "summary.json", summary, continue_with)
-    return summary
-
-
-def _train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume, time_budget,
-                  stop_after, console, continue_with=None) -> tuple[dict, Path]:
-    """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); (the last phase's summary, its dir)."""
-    from plmcli.train import checkpoint as ckpt
-
-    summary: dict = {}
-    started = time.monotonic()
-    for name, st, obj, data_dir in zip(names, stages, objectives, data_dirs):
-        sub = run_dir if name is None else run_dir / "phases" / name
-        if name is not None and (sub / "summary.json").is_file():  # finished before an interruption
-            _load_weights(model, sub)
-            summary = json.loads((sub / "summary.json").read_text())  # a finished run resumed reports it again
-            continue
-        sub.mkdir(parents=True, exist_ok=True)
-        resume_from = ckpt.list_checkpoints(sub)[-1:] if resume else []
-        if time_budget is not None:
-            st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
-        if fits:  # no gradient (n-gram counts): the main process fits the model and writes RUN/model.*
-            from accelerate.utils import broadcast_object_list
-
-            summary = [model.fit(data_dir, st, sub, console=console) if state.is_main_process else None]
-            summary = broadcast_object_list(summary)[0] if state.num_processes > 1 else summary[0]
-        else:
-            summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
-                                 stop_after=stop_after, console=console, continue_with=continue_with)
-        if summary["stop_reason"] not in ("max_steps", "max_tokens"):
-            break  # stopped early: the next --resume continues this phase
-        if name is not None and state.is_main_process:
-            ckpt.write_json(sub / "summary.json", summary, continue_with)
-    return summary, sub
-
-
-def _latest_target() -> str | None:
-    import os
-
-    from plmcli.train import checkpoint as ckpt
-
-    latest = ckpt.runs_root() / "latest"
-    return os.readlink(latest) if latest.is_symlink() else None
-
-
-def _trained(run_dir: Path) -> bool:
-    """Whether a run directory holds anything of training: a logged step, a checkpoint or weights."""
-    metrics = list(run_dir.glob("metrics.jsonl")) + list(run_dir.glob("phases/*/metrics.jsonl"))
-    return any(m.stat().st_size for m in metrics) or any(run_dir.glob("**/checkpoints/step-*")) \
-        or any(run_dir.glob("**/model.safetensors"))
-
-
-def _has_progress(run_dir: Path) -> bool:
-    """Whether a run has something to resume from: a complete checkpoint or a finished phase (else, or
-    for a fitted run without checkpoints, --resume starts it again from step 0)."""
-    from plmcli.train import checkpoint as ckpt
-
-    subs = [run_dir, *(p for p in run_dir.glob("phases/*") if p.is_dir())]
-    return any(ckpt.list_checkpoints(sub) for sub in subs) or any(run_dir.glob("phases/*/summary.json"))
-
-
-def _clear_progress(run_dir: Path) -> None:
-    """What a run wrote while training (logs, partial checkpoints, weights), keeping the files it was made with."""
-    keep = {"recipe.yaml", "tokenizer.json", RUN_CONFIG, ".lock"}
-    for child in run_dir.iterdir():
-        if child.name in keep:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
-
-
-def _discard_run(run_dir: Path, previous_latest: str | None, made_dir: bool) -> None:
-    """Remove what this call wrote into run_dir (the directory too if it made it), and point runs/latest
-    back where it pointed before."""
-    import os
-
-    from plmcli.data.outdir import discard
-    from plmcli.train import checkpoint as ckpt
-
-    discard(run_dir, made_dir)
-    latest = ckpt.runs_root() / "latest"
-    if latest.is_symlink() and not latest.exists():  # it points at the removed run
-        latest.unlink()
-        if previous_latest is not None:
-            os.symlink(previous_latest, latest, target_is_directory=True)
-
-
-def loop_train(*args, **kwargs):
-    from plmcli.train.loop import train
-
-    return train(*args, **kwargs)
-
-
-def _check_new_run_dir(run_dir: Path) -> None:
-    from plmcli.data.outdir import check_writable
-
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise PlmError(f"run directory {run_dir} already exists and is not empty",
-                       "choose another --out, delete it, or add --resume to continue it (a run stopped before its "
-                       "first checkpoint starts again from step 0)")
-    check_writable(run_dir)
-
-
-def _objective(recipe, tok, special_ids):
-    from plmcli.objectives.registry import objective_class
-
-    return objective_class(recipe.objective_name)(recipe.objective, tok, special_ids, recipe.train.seq_len)
-
-
-def _check_sizes(r, stages, vocab: int) -> None:
-    """The tokenizer must fit the model's vocabulary and every phase's sequences its positions."""
-    model_vocab = getattr(r.model, "vocab_size", vocab)
-    if model_vocab < vocab:
-        raise PlmError(f"the tokenizer has {vocab} tokens but model.vocab_size is {model_vocab}",
-                       f"--set model.vocab_size={vocab} (or 0 to follow the tokenizer), or use a smaller tokenizer")
-    max_pos = getattr(r.model, "max_positions", None)
-    for st in stages:
-        if max_pos and st.train.seq_len > max_pos:
-            raise PlmError(f"train.seq_len {st.train.seq_len} exceeds the model's max_positions {max_pos}",
-                           f"--set train.seq_len={max_pos} (longer texts are chunked into sequences of seq_len)")
-
-
-def _load_weights(model, run_dir: Path) -> None:
-    from safetensors.torch import load_model
-
-    load_model(model, str(Path(run_dir) / "model.safetensors"))
+    return run_pretrain(recipe, data, out, overrides, max_steps=max_steps, max_tokens=max_tokens, time_budget=time_budget,
+                        resume=resume, stop_after=stop_after, console=console, streaming=streaming,
+                        text_column=text_column)
 
 
 # ---------------------------------------------------------------- finetune
@@ -432,20 +137,20 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
              max_steps: int | None = None, init: str = "pretrained", console=None, eval_only: bool = False,
              warmup_ratio: float = 0.1, weight_decay: float = 0.01, dropout: float | None = None,
              classifier_dropout: float | None = None, **options) -> dict:
-    """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.finetune).
+    """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
 
     `options`: the task settings of plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
     """
     from dataclasses import fields
 
     from plmcli.data.tasks import TaskOptions
-    from plmcli.finetune import finetune as run_finetune
+    from plmcli.pipelines.finetune import finetune as run_finetune
 
     known = {f.name for f in fields(TaskOptions)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise PlmError(f"unknown finetune option(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
-    _quiet_datasets_off_terminal()
+    quiet_datasets_off_terminal()
     return run_finetune(task, from_run=from_run, data_dir=sample_data_dir(data_dir), epochs=epochs, lr=lr, batch_size=batch_size,
                         seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console,
                         warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,

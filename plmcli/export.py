@@ -11,13 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from plmcli.errors import PlmError
+from plmcli.interop.hf import USAGE
 
 
 def _arpa(run: str | None, out: str, force: bool) -> dict:
+    from plmcli.models.base import WritesArpa
     from plmcli.runs import load_run
 
     model, _, cfg = load_run(run, USAGE, "export")
-    if not hasattr(model, "write_arpa"):
+    if not isinstance(model, WritesArpa):
         raise PlmError(f"run {run or 'runs/latest'} ({cfg['family']}) cannot be exported as arpa",
                        "ARPA holds n-gram models only: export a run trained with an ngram-* recipe")
     return {"out": str(model.write_arpa(Path(out)))}
@@ -28,9 +30,6 @@ def _hf(run: str | None, out: str, force: bool) -> dict:
 
     return export_hf(run, out, force)
 
-
-USAGE = "plm export RUN"
-"""How export takes its run, for the run reader's hints."""
 
 FORMATS = {"arpa": _arpa, "hf": _hf}
 """Format name -> its writer (run, out, force) -> report dict with at least "out"."""

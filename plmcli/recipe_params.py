@@ -53,13 +53,28 @@ def table_params(name: str, raw: dict, table: dict) -> int | None:
     return None
 
 
+def count_params(recipe) -> int:
+    """Parameter count of the recipe's model (built on the meta device: no memory, no time)."""
+    from dataclasses import replace
+
+    import torch
+
+    from plmcli.models.registry import build_model
+
+    cfg = replace(recipe.model)
+    if getattr(cfg, "vocab_size", 1) == 0:
+        cfg.vocab_size = recipe.tokenizer.vocab_size
+    with torch.device("meta"):
+        model = build_model(recipe.family, cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
 def recipe_params(name: str, raw: dict, table: dict) -> int:
     """The parameter count of shipped recipe `name` (its YAML `raw`): from `table` while its fingerprint
     matches, else counted on the meta device (imports torch)."""
     known = table_params(name, raw, table)
     if known is not None:
         return known
-    from plmcli.api import count_params
     from plmcli.config import load_recipe
 
     return count_params(load_recipe(name))
@@ -67,7 +82,6 @@ def recipe_params(name: str, raw: dict, table: dict) -> int:
 
 def build_table() -> dict:
     """Count every shipped recipe afresh (builds each model on the meta device: seconds)."""
-    from plmcli.api import count_params
     from plmcli.config import load_recipe, raw_recipe, shipped_recipes
 
     return {name: {"params": count_params(load_recipe(name)), "fingerprint": fingerprint(raw_recipe(name))}

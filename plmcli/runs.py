@@ -1,6 +1,9 @@
-"""Reading a run directory: the one place that decides whether a run is complete, intact and of the
-kind a command needs, so eval-ppl, finetune --from, generate and export refuse a damaged or unfinished
-run with the same one-line error instead of a traceback.
+"""The run directory: the one module that reads and writes one (its config, tokenizer, language model,
+finetuned task model, checkpoints, runs/latest, creation and discard). It decides whether a run is
+complete, intact and of the kind a command needs, so eval-ppl, finetune --from, generate and export
+refuse a damaged or unfinished run with the same one-line error instead of a traceback.
+
+`Run` is the object; the functions below are the same operations for callers that hold a path.
 
 A caller names how its user passes a run (`usage`: "--model RUN", "--from RUN", "plm generate RUN", ...),
 and every hint is written with it: each command takes its run differently.
@@ -9,6 +12,8 @@ and every hint is written with it: each command takes its run differently.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 from plmcli.errors import PlmError
@@ -17,6 +22,52 @@ RUN_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 FINISHED_FINETUNE = "metrics.json"
 """Written last by `plm finetune` (atomically): a finetuned run without it was interrupted or killed."""
+TOKENIZER = "tokenizer.json"
+RECIPE = "recipe.yaml"
+LOCK = ".lock"
+LOOP_STATE = "loop_state.json"
+"""Written last into a checkpoint: a checkpoint directory without it is incomplete."""
+LATEST = "latest"
+FROM = "--from RUN"
+"""How finetune takes its run, for the hints."""
+
+
+# ---------------------------------------------------------------- where runs live
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("PLM_RUNS", "runs"))
+
+
+def point_latest(run_dir: Path) -> None:
+    """runs/latest -> run_dir, swapped atomically so readers never see a missing link."""
+    root = runs_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = Path(os.path.relpath(Path(run_dir).resolve(), root.resolve()))
+    tmp = root / ".latest.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, root / LATEST)
+
+
+def latest_target() -> str | None:
+    """Where runs/latest points now (to point it back there if a new run is discarded)."""
+    latest = runs_root() / LATEST
+    return os.readlink(latest) if latest.is_symlink() else None
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step}"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [p for p in root.glob("step-*") if (p / LOOP_STATE).is_file()]
+    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
 def _label(run: str | None, path: Path) -> str:
@@ -31,9 +82,7 @@ def _pass(usage: str, path="RUN") -> str:
 
 def resolve_run(run: str | None, usage: str = "--model RUN") -> Path:
     """The directory of a finished run (None: runs/latest) whose config.json is sound; PlmError otherwise."""
-    from plmcli.train.checkpoint import runs_root
-
-    path = Path(run) if run else runs_root() / "latest"
+    path = Path(run) if run else runs_root() / LATEST
     if not (path / RUN_CONFIG).is_file():
         if run is None:
             raise PlmError("no run given and runs/latest does not exist",
@@ -131,8 +180,10 @@ def load_weights(module, path: Path, cfg: dict) -> None:
 
 def load_run_model(path: Path, cfg: dict):
     """The run's model with its weights, in eval mode."""
+    from plmcli.models.base import LoadsRunWeights
+
     model = build_run_model(path, cfg)
-    if hasattr(model, "load_run_weights"):  # state whose shapes depend on the data (n-gram count tables)
+    if isinstance(model, LoadsRunWeights):  # state whose shapes depend on the data (n-gram count tables)
         try:
             model.load_run_weights(path)
         except PlmError:
@@ -148,18 +199,215 @@ def load_run_tokenizer(path: Path, cfg: dict | None = None):
     from plmcli.data.tokenizers import load_tokenizer
 
     try:
-        return load_tokenizer(Path(path) / "tokenizer.json")
+        return load_tokenizer(Path(path) / TOKENIZER)
     except PlmError as e:
         raise PlmError(e.message, _rewrite_hint(path, cfg)) from e
 
 
 def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it"):
     """(model in eval mode, tokenizer, run config) of a finished language-model run."""
-    path = resolve_run(run, usage)
+    found = Run.open(run, usage)
+    model = found.model(doing)
+    return model, found.tokenizer(), found.config
+
+
+# ---------------------------------------------------------------- finetuned runs: backbone + task head
+
+
+def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, classifier_dropout=None):
+    """The objective that trains `task` on a backbone of class `backbone_cls` (its declared pair layout
+    decides where [CLS] goes; a causal LM's is "causal": GPT's input transforms). Every finetuning
+    objective's Config takes task, num_labels and classifier_dropout."""
+    from plmcli.objectives.registry import objective_class
+
+    obj_cls = objective_class(task.objective)
+    cfg = obj_cls.Config(task=task.name, num_labels=task.num_labels, classifier_dropout=classifier_dropout)
+    layout = backbone_cls.traits.pair_layout or "cls_first"
+    return obj_cls(cfg, tok, special_ids, seq_len, task=task, layout=layout)
+
+
+def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
+    """The run's backbone (encoder, or decoder for GPT-style transfer), with its weights (`pretrained`)
+    or freshly initialised under `seed`. A finetuned run holds backbone + task head weights: its
+    backbone part is taken.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    encoder = build_run_model(run, cfg)
+    if pretrained:
+        target = finetuned_model(run, cfg, None, encoder)[0] if cfg.get("finetune") else encoder
+        load_weights(target, run, cfg)
+    return encoder
+
+
+def finetuned_model(run: Path, cfg: dict, tok=None, backbone=None):
+    """(task model, objective) of a finetuned run as its config.json describes it: the weights loaded
+    unless a `backbone` is given (then the caller loads them into the returned model)."""
+    from plmcli.data.tasks import TaskOptions
+    from plmcli.data.tasks.registry import get_task
+
+    ft = cfg["finetune"]
+    task = get_task(ft["task"], TaskOptions(**ft.get("options", {})))
+    task.restore(ft.get("task_state", {}))
+    tok = tok or load_run_tokenizer(run, cfg)
+    special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
+    given = backbone is not None
+    if not given:
+        backbone = load_encoder(run, {**cfg, "finetune": None}, pretrained=False)
+    obj = task_objective(task, tok, special_ids, ft["max_seq_len"], type(backbone), ft.get("classifier_dropout"))
+    model = obj.build_model(backbone)
+    if not given:
+        load_weights(model, run, cfg)
+        model.eval()
+    return model, obj
+
+
+def load_finetuned(run_dir: str, usage: str = FROM):
+    """(task model in eval mode, tokenizer, config) of a `plm finetune` output directory."""
+    path = resolve_run(run_dir, usage)
     cfg = run_config(path)
-    refuse_task_model(path, cfg, run, usage, doing)
-    model = load_run_model(path, cfg)
-    return model, load_run_tokenizer(path, cfg), cfg
+    if not cfg.get("finetune"):
+        raise PlmError(f"{path} is not a finetuned run (its config.json has no 'finetune' section)",
+                       "pass a directory written by `plm finetune`")
+    tok = load_run_tokenizer(path, cfg)
+    model, _ = finetuned_model(path, cfg, tok)
+    return model, tok, cfg
+
+
+# ---------------------------------------------------------------- a run being trained
+
+
+def check_new_run_dir(run_dir: Path, what: str = "run directory",
+                      hint: str = "choose another --out, delete it, or add --resume to continue it (a run stopped "
+                                  "before its first checkpoint starts again from step 0)") -> None:
+    """A new run goes into a missing or empty directory that can be written."""
+    from plmcli.data.outdir import check_writable
+
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise PlmError(f"{what} {run_dir} already exists and is not empty", hint)
+    check_writable(run_dir)
+
+
+def trained(run_dir: Path) -> bool:
+    """Whether a run directory holds anything of training: a logged step, a checkpoint or weights."""
+    metrics = list(run_dir.glob("metrics.jsonl")) + list(run_dir.glob("phases/*/metrics.jsonl"))
+    return any(m.stat().st_size for m in metrics) or any(run_dir.glob("**/checkpoints/step-*")) \
+        or any(run_dir.glob(f"**/{WEIGHTS}"))
+
+
+def has_progress(run_dir: Path) -> bool:
+    """Whether a run has something to resume from: a complete checkpoint or a finished phase (else, or
+    for a fitted run without checkpoints, --resume starts it again from step 0)."""
+    subs = [run_dir, *(p for p in run_dir.glob("phases/*") if p.is_dir())]
+    return any(list_checkpoints(sub) for sub in subs) or any(run_dir.glob("phases/*/summary.json"))
+
+
+def clear_progress(run_dir: Path) -> None:
+    """What a run wrote while training (logs, partial checkpoints, weights), keeping the files it was made with."""
+    keep = {RECIPE, TOKENIZER, RUN_CONFIG, LOCK}
+    for child in run_dir.iterdir():
+        if child.name in keep:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def discard_run(run_dir: Path, previous_latest: str | None, made_dir: bool) -> None:
+    """Remove what this call wrote into run_dir (the directory too if it made it), and point runs/latest
+    back where it pointed before."""
+    from plmcli.data.outdir import discard
+
+    discard(run_dir, made_dir)
+    latest = runs_root() / LATEST
+    if latest.is_symlink() and not latest.exists():  # it points at the removed run
+        latest.unlink()
+        if previous_latest is not None:
+            os.symlink(previous_latest, latest, target_is_directory=True)
+
+
+def load_phase_weights(model, run_dir: Path) -> None:
+    """A finished phase's weights (RUN/phases/NAME/model.safetensors), which the next phase continues."""
+    from safetensors.torch import load_model
+
+    load_model(model, str(Path(run_dir) / WEIGHTS))
+
+
+# ---------------------------------------------------------------- the object
+
+
+class Run:
+    """One run directory. `Run.open(run, usage)` is a finished run (None: runs/latest), checked as
+    resolve_run checks it; `Run(path)` is any directory, e.g. one being created."""
+
+    def __init__(self, path: Path, name: str | None = None, usage: str = "--model RUN"):
+        self.path, self.name, self.usage = Path(path), name, usage
+        self._config: dict | None = None
+
+    @classmethod
+    def open(cls, run: str | None, usage: str = "--model RUN") -> "Run":
+        return cls(resolve_run(run, usage), run, usage)
+
+    @classmethod
+    def latest(cls) -> "Run":
+        return cls(runs_root() / LATEST)
+
+    @property
+    def label(self) -> str:
+        return _label(self.name, self.path)
+
+    @property
+    def config(self) -> dict:
+        """config.json, checked (see run_config)."""
+        if self._config is None:
+            self._config = run_config(self.path)
+        return self._config
+
+    @property
+    def finetuned(self) -> bool:
+        return bool(self.config.get("finetune"))
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    def checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.path)
+
+    def tokenizer(self):
+        return load_run_tokenizer(self.path, self.config)
+
+    def model(self, doing: str = "use it"):
+        """The language model in eval mode; a finetuned run is refused (its weights are a task model)."""
+        refuse_task_model(self.path, self.config, self.name, self.usage, doing)
+        return load_run_model(self.path, self.config)
+
+    def task_model(self, tok=None):
+        """(task model in eval mode, objective) of a finetuned run."""
+        return finetuned_model(self.path, self.config, tok)
+
+    def encoder(self, pretrained: bool = True, seed: int = 0):
+        return load_encoder(self.path, self.config, pretrained, seed)
+
+    def check_new(self) -> None:
+        check_new_run_dir(self.path)
+
+    def trained(self) -> bool:
+        return trained(self.path)
+
+    def has_progress(self) -> bool:
+        return has_progress(self.path)
+
+    def clear_progress(self) -> None:
+        clear_progress(self.path)
+
+    def discard(self, previous_latest: str | None, made_dir: bool) -> None:
+        discard_run(self.path, previous_latest, made_dir)
+
+    def point_latest(self) -> None:
+        point_latest(self.path)
 
 
 def _rewrite_hint(path: Path, cfg: dict | None = None) -> str:

@@ -71,6 +71,8 @@ from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
+from plmcli.models.base import LanguageModel  # noqa: E402
+
 
 @dataclass
 class ToyEncoderConfig:
@@ -79,7 +81,7 @@ class ToyEncoderConfig:
     d_model: int = 8
 
 
-class ToyEncoder(torch.nn.Module):
+class ToyEncoder(LanguageModel):
     Config = ToyEncoderConfig
     causal = False
 

@@ -13,8 +13,9 @@ from torch import nn
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.finetune import finetune, load_encoder, load_finetuned
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.pipelines.finetune import finetune
+from plmcli.runs import load_encoder, load_finetuned
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
 SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -270,7 +271,7 @@ def test_bad_settings(toy_run, tmp_path, tokenizer):
 
 
 def test_from_runs_latest_by_default(toy_run, tmp_path, monkeypatch):
-    from plmcli.train.checkpoint import point_latest
+    from plmcli.runs import point_latest
 
     point_latest(toy_run)
     res = finetune("sst2", data_dir=str(SAMPLE), max_steps=1)
@@ -323,7 +324,7 @@ def test_dropout_warmup_and_weight_decay_settings(tmp_path, tokenizer):
 def test_training_batches_are_grouped_by_length_and_evaluation_is_in_order(tokenizer, tmp_path):
     from plmcli.data.batching import EpochOrder
     from plmcli.data.tasks.registry import get_task
-    from plmcli.finetune import task_objective
+    from plmcli.runs import task_objective
 
     tok, meta = tokenizer
     task = get_task("sst2")

@@ -85,7 +85,7 @@ def test_ctrl_c_before_the_first_step(gpt, tmp_path, monkeypatch):
 
 
 def test_a_failure_mid_finetune_leaves_nothing(gpt, tmp_path, monkeypatch):
-    import plmcli.finetune as ft
+    import plmcli.pipelines.finetune as ft
 
     def broken(*args, **kwargs):
         raise PlmError("the test file is broken", "fix it")

@@ -219,7 +219,7 @@ def attention(run: str | None, text: str | None = None, text_pair: str | None = 
     patterns per head (OUT/attention.tsv, OUT/attention.json) over `text` or every line of `corpus`."""
     from plmcli.data.outdir import build_atomically
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.finetune import load_encoder
+    from plmcli.runs import load_encoder
 
     _check_options(text, text_pair, corpus, out, batch_size, max_lines)
     path, cfg, kind, layout = _open_run(run, text_pair)

@@ -20,7 +20,7 @@ from torch import nn
 
 def layer_spec(model_cls) -> tuple[str, str] | None:
     """(module list a layer starts at, module list a layer ends at), or None: the family declares none."""
-    spec = getattr(model_cls, "probe_layers", None)
+    spec = model_cls.probe_layers
     if spec is None:
         return None
     return (spec, spec) if isinstance(spec, str) else tuple(spec)
@@ -39,9 +39,11 @@ def run_backbone(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
 
     A causal LM takes no mask: with padding on the right, no real position ever attends to it.
     """
-    if getattr(type(model), "encoder", False):
+    from plmcli.models.base import HasHidden
+
+    if type(model).traits.bidirectional:
         model.encode(input_ids, None, attention_mask)
-    elif hasattr(model, "hidden"):
+    elif isinstance(model, HasHidden):
         model.hidden(input_ids)
     else:
         model(input_ids)

@@ -216,9 +216,8 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
 
     from plmcli.analysis.hidden import families_with_layers, layer_spec
     from plmcli.data.tokenizers import load_tokenizer
-    from plmcli.finetune import load_encoder
     from plmcli.models.registry import model_class
-    from plmcli.runs import resolve_run, run_config
+    from plmcli.runs import load_encoder, resolve_run, run_config
 
     started = time.monotonic()
     out_dir = Path(out)
@@ -248,7 +247,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     model = load_encoder(path, cfg).eval()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    max_len = min(getattr(model, "max_positions", MAX_SEQ_LEN), MAX_SEQ_LEN)
+    max_len = min(model.max_positions, MAX_SEQ_LEN)  # every family with probe_layers has a position bound
 
     with _Progress(console) as bar:
         feats = {}

@@ -22,6 +22,9 @@ from typing import Callable
 
 from plmcli.errors import PlmError
 
+USAGE = "plm export RUN"
+"""How export takes its run, for the run reader's hints."""
+
 SPECIAL_INSERTERS = ("TemplateProcessing", "BertProcessing", "RobertaProcessing")
 """tokenizers post-processors that add [CLS]/[SEP]-style tokens: stripped on import, because plm's
 objectives add special tokens themselves (plmcli.data.tokenizers)."""
@@ -40,16 +43,17 @@ def hf_families() -> dict[str, str]:
 
     found: dict[str, str] = {}
     for family in FAMILIES:
-        for model_type in getattr(model_class(family), "hf_model_types", ()):
+        for model_type in model_class(family).hf_model_types:
             found.setdefault(model_type, family)
     return found
 
 
 def exportable_families() -> list[str]:
-    """Families whose model class has `to_hf`."""
+    """Families whose model class converts to transformers (`ExportsHF`)."""
+    from plmcli.models.base import ExportsHF
     from plmcli.models.registry import FAMILIES, model_class
 
-    return [f for f in FAMILIES if hasattr(model_class(f), "to_hf")]
+    return [f for f in FAMILIES if issubclass(model_class(f), ExportsHF)]
 
 
 # ---------------------------------------------------------------- export
@@ -60,20 +64,20 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
     model.safetensors and tokenizer files AutoTokenizer reads. Returns a report (architecture, notes)."""
     from safetensors.torch import save_file
 
-    from plmcli.export import USAGE
+    from plmcli.models.base import ExportsHF, ExportsHFExtras, ExportsHFSequenceClassification, HasHFExportNotes
     from plmcli.models.registry import model_class
     from plmcli.runs import load_run_tokenizer, resolve_run, run_config
 
     src = resolve_run(run, USAGE)
     cfg = run_config(src)
     family = cfg["family"]
-    if not hasattr(model_class(family), "to_hf"):
+    if not issubclass(model_class(family), ExportsHF):
         raise PlmError(f"run {run or 'runs/latest'} ({family}) cannot be exported for transformers",
                        f"families that can: {', '.join(exportable_families())}")
     dest = _check_out(out, force, src)
     model, head, notes = _export_model(src, cfg)
     hf_config, state_dict = None, None
-    if head is not None and hasattr(model, "to_hf_sequence_classification"):
+    if head is not None and isinstance(model, ExportsHFSequenceClassification):
         try:
             hf_config, state_dict = model.to_hf_sequence_classification(cfg, head)
         except PlmError as e:
@@ -82,12 +86,12 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
         notes.append(f"classifier not exported, encoder only: {family} has no transformers sequence-classification mapping")
     if hf_config is None:
         hf_config, state_dict = model.to_hf(cfg)
-        notes += model.hf_export_notes() if hasattr(model, "hf_export_notes") else []
+        notes += model.hf_export_notes() if isinstance(model, HasHFExportNotes) else []
     if not hf_config.get("model_type") or not hf_config.get("architectures"):
         raise ValueError(f"{type(model).__name__}.to_hf must return model_type and architectures")
     # Second networks a family ships beside the main one (ELECTRA's generator in generator/), each a
     # directory of its own that AutoModel… and AutoTokenizer load; built before anything is written.
-    extras = model.hf_extra_exports(cfg) if head is None and hasattr(model, "hf_extra_exports") else {}
+    extras = model.hf_extra_exports(cfg) if head is None and isinstance(model, ExportsHFExtras) else {}
     files = hf_tokenizer_files(load_run_tokenizer(src, cfg), cfg, model)
 
     def write(tmp: Path) -> None:
@@ -106,12 +110,10 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
 
 def _export_model(src: Path, cfg: dict):
     """(backbone model in eval mode, the classifier's Linear head or None, notes) of a run."""
-    from plmcli.runs import load_run_model
+    from plmcli.runs import load_encoder, load_finetuned, load_run_model
 
     if not cfg.get("finetune"):
         return load_run_model(src, cfg), None, []
-    from plmcli.export import USAGE
-    from plmcli.finetune import load_encoder, load_finetuned
     from plmcli.objectives.classify import SequenceClassifier
 
     task = cfg["finetune"].get("task")
@@ -145,7 +147,7 @@ def hf_tokenizer_files(tok, run_config: dict, model) -> dict[str, str]:
         template = processors.TemplateProcessing(single=single, pair=pair, special_tokens=[(c, ids["cls"]), (s, ids["sep"])])
         tok.post_processor = processors.Sequence([tok.post_processor, template]) if tok.post_processor else template
     names = {f"{role}_token": token for role, token in roles.items()}
-    longest = getattr(model, "max_positions", None)  # none: relative positions (XLNet) read any length
+    longest = model.max_positions  # every exportable family has a position bound (XLNet's: its config's)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **({"model_max_length": longest} if longest else {}),
               "clean_up_tokenization_spaces": False,
               "model_input_names": ["input_ids", *(["token_type_ids"] if types else []), "attention_mask"],
@@ -167,6 +169,7 @@ def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
 
     from plmcli.config_sections import TokenizerConfig
     from plmcli.data.tokenizers import special_token_ids, tokenizer_hash, tokenizer_kind
+    from plmcli.models.base import ExportsHFExtras
     from plmcli.models.registry import model_class
 
     src = Path(hf_dir)
@@ -184,7 +187,7 @@ def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     weights = _read_weights(src)
     tok, roles = _read_tokenizer(src, hf)
     dest = _check_out(out, force, src)
-    if hasattr(cls, "hf_extra_exports"):  # the family's second networks, from the subdirectories export wrote
+    if issubclass(cls, ExportsHFExtras):  # the family's second networks, from the subdirectories export wrote
         extras = {d.name: (_read_json(d / "config.json"), _read_weights(d))
                   for d in sorted(src.iterdir()) if (d / "config.json").is_file()}
         cfg, state_dict = cls.from_hf(hf, weights, extras=extras)
@@ -199,7 +202,7 @@ def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     ids = special_token_ids(tok, roles)
     entry = {**asdict(TokenizerConfig(special_tokens=roles)), "kind": tokenizer_kind(tok), "hash": tokenizer_hash(tok),
              "vocab_size": tok.get_vocab_size(), "special_tokens": roles, "special_token_ids": ids}
-    objective = "clm" if getattr(cls, "causal", False) else "mlm" if getattr(cls, "masked_lm", False) else None
+    objective = "clm" if cls.traits.causal else "mlm" if cls.traits.masked_lm else None
     run_config = {"family": family, "model": asdict(cfg), "objective": objective, "tokenizer": entry,
                   "imported_from": {"path": str(src.resolve()), "model_type": model_type,
                                     "architectures": hf.get("architectures")}}

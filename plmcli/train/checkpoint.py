@@ -10,9 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from plmcli.errors import PlmError
-
-LOOP_STATE = "loop_state.json"
-LOCK = ".lock"
+from plmcli.runs import LOCK, LOOP_STATE, checkpoint_dir, list_checkpoints  # noqa: F401  (a run's layout lives in runs)
 
 
 class RunStopped(PlmError):
@@ -63,18 +61,6 @@ def _write_failure(e: BaseException, where: Path) -> str:
     except OSError:
         pass
     return (getattr(e, "strerror", None) or str(e)).lower()
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step}"
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    done = [p for p in root.glob("step-*") if (p / LOOP_STATE).is_file()]
-    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -174,18 +160,3 @@ class RunLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-
-def runs_root() -> Path:
-    return Path(os.environ.get("PLM_RUNS", "runs"))
-
-
-def point_latest(run_dir: Path) -> None:
-    """runs/latest -> run_dir, swapped atomically so readers never see a missing link."""
-    root = runs_root()
-    root.mkdir(parents=True, exist_ok=True)
-    target = Path(os.path.relpath(Path(run_dir).resolve(), root.resolve()))
-    tmp = root / ".latest.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(target, target_is_directory=True)
-    os.replace(tmp, root / "latest")

@@ -181,7 +181,7 @@ def test_layer_zero_reads_the_word_and_beats_the_majority(tmp_path, family):
 
 
 def test_a_finetuned_run_is_probed_through_its_encoder(tmp_path):
-    from plmcli.finetune import finetune
+    from plmcli.pipelines.finetune import finetune
 
     data = conll_dir(tmp_path / "conll")
     run = tiny_bert_run(tmp_path, [" ".join(WORD_TAGS)])

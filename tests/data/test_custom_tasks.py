@@ -22,7 +22,8 @@ from plmcli.data.tasks import TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.finetune import finetune, load_finetuned
+from plmcli.pipelines.finetune import finetune
+from plmcli.runs import load_finetuned
 from test_finetune import SPECIALS, ToyClsEncoder, ToyClsEncoderConfig, make_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

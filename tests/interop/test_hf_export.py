@@ -257,7 +257,7 @@ def test_imported_bert_finetunes_and_the_classifier_exports(corpus, tmp_path):
     assert rep["architecture"] == "BertForSequenceClassification" and rep["notes"] == []
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls").eval()
     assert hf.config.id2label == {0: "negative", 1: "positive"}
-    from plmcli.finetune import load_finetuned
+    from plmcli.runs import load_finetuned
 
     ours = load_finetuned(str(tmp_path / "ft"))[0]
     batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "cls")(SENTENCES, SENTENCES[::-1], padding=True,
@@ -273,7 +273,7 @@ def test_finetuned_gpt_exports_its_backbone_and_says_so(corpus, tmp_path):
     rep = api.export(str(tmp_path / "ft"), "hf", str(tmp_path / "hf"))
     assert rep["architecture"] == "GPT2LMHeadModel" and rep["notes"] == [
         "sst2 head not exported, only the network it finetuned (transformers has no class for the head)"]
-    from plmcli.finetune import load_finetuned
+    from plmcli.runs import load_finetuned
 
     backbone = load_finetuned(str(tmp_path / "ft"))[0].backbone
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

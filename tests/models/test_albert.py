@@ -168,7 +168,8 @@ def test_albert_mini_pretrains_with_sop_and_ngrams_then_finetunes_sst2(tmp_path)
     from safetensors.torch import load_file
 
     from plmcli import api
-    from plmcli.finetune import finetune, load_finetuned
+    from plmcli.pipelines.finetune import finetune
+    from plmcli.runs import load_finetuned
 
     r = load_recipe("albert-mini")
     assert (r.objective.pairs, r.objective.masking, r.objective.dynamic) == ("sop", "ngram", False)

@@ -166,7 +166,8 @@ train: {seq_len: 32, global_batch_size: 4, max_steps: 4, eval_every: 2, eval_bat
 
 def test_pretrain_tiny_electra_then_finetune_sst2(tmp_path):
     from plmcli import api
-    from plmcli.finetune import finetune, load_encoder, load_finetuned
+    from plmcli.pipelines.finetune import finetune
+    from plmcli.runs import load_encoder, load_finetuned
 
     (tmp_path / "r.yaml").write_text(TINY_ELECTRA)
     s = api.pretrain(str(tmp_path / "r.yaml"), [str(tiny_corpus(tmp_path / "c.txt", 40))], str(tmp_path / "run"))

@@ -169,7 +169,7 @@ def test_finetune_runs_from_an_elmo_run(tmp_path):
     """Feature-based transfer: the biLM stays frozen, the task's own scalar mix and BiLSTM head train."""
     from pathlib import Path
 
-    from plmcli.finetune import finetune
+    from plmcli.pipelines.finetune import finetune
 
     corpus = str(tiny_corpus(tmp_path / "c.txt"))
     over = ["model.d_proj=8", "model.d_hidden=16", "model.max_chars=8", "model.filters=[[1,4],[2,4]]",
@@ -183,7 +183,7 @@ def test_finetune_runs_from_an_elmo_run(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from plmcli.finetune import load_finetuned
+    from plmcli.runs import load_finetuned
 
     pre, tuned = load_file(str(tmp_path / "run" / "model.safetensors")), load_file(str(tmp_path / "ft" / "model.safetensors"))
     assert all(torch.equal(v, tuned[f"encoder.{k}"]) for k, v in pre.items())  # frozen biLM

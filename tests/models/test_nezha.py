@@ -176,7 +176,8 @@ def test_interface_and_tied_decoder():
 
 def test_nezha_mini_pretrains_then_finetunes_sst2(tmp_path):
     from plmcli import api
-    from plmcli.finetune import finetune, load_finetuned
+    from plmcli.pipelines.finetune import finetune
+    from plmcli.runs import load_finetuned
 
     r = load_recipe("nezha-mini")
     assert (r.family, r.objective.masking, r.objective.pairs) == ("nezha", "wwm", "nsp")

@@ -21,7 +21,8 @@ from plmcli.data.tasks import TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.finetune import finetune, load_finetuned
+from plmcli.pipelines.finetune import finetune
+from plmcli.runs import load_finetuned
 from plmcli.objectives.choice import Choice, ChoiceConfig
 
 SCENES = [  # (sent1, sent2, the ending that fits) — synthetic, written for these tests

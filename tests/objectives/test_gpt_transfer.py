@@ -17,7 +17,8 @@ from plmcli.data.tasks import Example, TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.finetune import finetune, load_encoder, load_finetuned
+from plmcli.pipelines.finetune import finetune
+from plmcli.runs import load_encoder, load_finetuned
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.objectives.choice import Choice, ChoiceConfig
 from plmcli.objectives.classify import (CAUSAL, CausalTransfer, Classify, ClassifyConfig, TransferTokens, encoder_problem,

@@ -352,7 +352,9 @@ def test_ernie_three_stages_end_to_end(tmp_path, monkeypatch):
     sample = (Path(api.default_corpus("chinese-sample.txt")).read_text(encoding="utf-8").split("\n\n"))[:40]
     (tmp_path / "zh.txt").write_text("\n\n".join(sample) + "\n", encoding="utf-8")
     asked = []
-    monkeypatch.setattr(api, "default_corpus", lambda name: asked.append(name) or str(tmp_path / "zh.txt"))
+    from plmcli.pipelines import pretrain as pipeline
+
+    monkeypatch.setattr(pipeline, "default_corpus", lambda name: asked.append(name) or str(tmp_path / "zh.txt"))
     s = api.pretrain("ernie-chinese-mini", None, str(tmp_path / "run"), ERNIE_TINY, max_steps=2)
     assert asked == ["chinese-sample.txt"] and s["steps"] == 2 and np.isfinite(s["val_mlm_loss"])
     run = tmp_path / "run"

@@ -319,7 +319,7 @@ def test_cli_squad_end_to_end(tmp_path, english):
 
 
 def test_causal_run_is_refused(tmp_path, english):
-    from plmcli.finetune import finetune
+    from plmcli.pipelines.finetune import finetune
     from plmcli.models.gpt import GPT, GPTConfig
 
     tok, meta = english
@@ -333,7 +333,7 @@ def test_causal_run_is_refused(tmp_path, english):
 
 
 def test_xlnet_cls_last(tmp_path, english):
-    from plmcli.finetune import finetune
+    from plmcli.pipelines.finetune import finetune
     from plmcli.models.xlnet import XLNet, XLNetConfig
 
     tok, meta = english
@@ -354,7 +354,7 @@ def test_xlnet_cls_last(tmp_path, english):
 
 
 def test_cmrc2018_slice_end_to_end(tmp_path, shared_data):
-    from plmcli.finetune import finetune
+    from plmcli.pipelines.finetune import finetune
 
     d = shared_data / "chinese" / "cmrc2018"
 

@@ -100,7 +100,7 @@ TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_ff=64"
 
 def test_spanbert_mini_pretrains_and_finetunes_sst2(tmp_path):
     from plmcli import api
-    from plmcli.finetune import load_finetuned
+    from plmcli.runs import load_finetuned
 
     run = tmp_path / "run"
     s = api.pretrain("spanbert-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(run), TINY, max_steps=4)

@@ -17,7 +17,8 @@ from plmcli.data.tasks.conll import Sentence
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.finetune import finetune, load_finetuned
+from plmcli.pipelines.finetune import finetune
+from plmcli.runs import load_finetuned
 from plmcli.objectives.tagging import IGNORE, Tagging, TaggingConfig, TokenClassifier, plan_windows
 
 SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}

@@ -15,18 +15,16 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
-from plmcli.data.outdir import check_writable, discard
+from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
+from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
+                         load_encoder, load_run_tokenizer, resolve_run, run_config, runs_root, task_objective)
 
 INITS = ("pretrained", "random")
-FROM = "--from RUN"
-"""How finetune takes its run, for the run reader's hints."""
 
 
 def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3,
@@ -45,34 +43,14 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     CRF, auxiliary LM weight). eval_only: `from_run` is a finetuned run of this task; its dev split is
     scored and its test split predicted, nothing is trained.
     """
-    import torch
-    from safetensors.torch import load_model
-
-    from plmcli.config import OptimConfig, TrainConfig
     from plmcli.data.tasks.registry import get_task
-    from plmcli.runs import RUN_CONFIG, load_run_tokenizer, resolve_run, run_config
-    from plmcli.train import checkpoint as ckpt
     from plmcli.train.distributed import process_state
-    from plmcli.train.loop import train
 
     _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout, dropout)
     t = get_task(task, options)
-    run = resolve_run(from_run, FROM).resolve()
-    cfg = run_config(run)
-    run_label = from_run or f"runs/latest ({run.name})"
-    what = "eval" if eval_only else t.name
-    out_dir = Path(out) if out else ckpt.runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out_dir.exists() and any(out_dir.iterdir()):  # every process checks, before any work
-        raise PlmError(f"output directory {out_dir} already exists and is not empty", "choose another --out, or delete it")
-    check_writable(out_dir)
-    prev = cfg.get("finetune")
+    run, cfg, run_label, out_dir = _source_and_out(from_run, out, t, eval_only)
     if eval_only:
-        if not prev or prev.get("task") != t.name:
-            raise PlmError(f"--eval-only needs a run finetuned on {t.name}, and {run_label} is "
-                           + (f"finetuned on {prev.get('task')}" if prev else "not finetuned"),
-                           f"pass --from a directory written by `plm finetune --task {t.name}`")
-        t.restore(prev.get("task_state", {}))
-        classifier_dropout = prev.get("classifier_dropout")
+        classifier_dropout = _restore_finetuned(t, cfg, run_label)
     _check_backbone(cfg["family"], run_label, t)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
     tok = load_run_tokenizer(run, cfg)
@@ -80,23 +58,17 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     # its labels from the data (own data, CoNLL tags), which sizes the head.
     splits = t.load(data_dir)
     if eval_only:
-        model, obj = _finetuned(run, cfg, tok)
+        model, obj = finetuned_model(run, cfg, tok)
         L = obj.seq_len
     else:
         cfg = _with_dropout(cfg, dropout, run_label)
         encoder = load_encoder(run, cfg, pretrained=init == "pretrained", seed=seed)
-        positions = encoder.max_positions
-        L = max_seq_len if max_seq_len is not None else min(128, positions)
-        if not 8 <= L <= positions:
-            raise PlmError(f"--max-seq-len {L} is outside 8..{positions} (the model's positions)",
-                           f"use --max-seq-len ≤ {positions}")
+        L = _seq_len(max_seq_len, encoder.max_positions)
         obj = task_objective(t, tok, special_ids, L, type(encoder), classifier_dropout)
 
     state = process_state()  # on N processes (accelerate launch, torchrun) they all get here
-    if not eval_only and batch_size % state.num_processes:  # fail before encoding anything
-        fit = -(-batch_size // state.num_processes) * state.num_processes
-        raise PlmError(f"--batch-size {batch_size} cannot be split evenly over {state.num_processes} processes",
-                       f"pick a multiple of the process count, e.g. --batch-size {fit}")
+    if not eval_only:  # fail before encoding anything
+        _check_batch_split(batch_size, state.num_processes)
     state.wait_for_everyone()
     made_dir = not out_dir.exists()
     if state.is_main_process:
@@ -108,57 +80,125 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
             obj.encode_splits(splits, data)
         state.wait_for_everyone()
         meta = json.loads((data / "meta.json").read_text())
-        counts = {k: v["documents"] for k, v in meta["counts"].items()}
         if eval_only:
-            return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
+            return _eval_only(t, obj, model, data, _counts(meta), meta, run, out_dir, batch_size, seed, state)
+        settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
+                    "max_steps": max_steps, "init": init, "warmup_ratio": warmup_ratio, "weight_decay": weight_decay,
+                    "classifier_dropout": classifier_dropout, "dropout": dropout, "data_dir": data_dir}
+        return _train(t, obj, encoder, cfg, run, out_dir, data, meta, settings, state, console)
 
-        torch.manual_seed(seed)
-        model = obj.build_model(encoder)
-        steps_per_epoch = math.ceil(counts["train"] / batch_size)
-        total = max_steps or epochs * steps_per_epoch
-        warmup = int(warmup_ratio * total)
-        recipe = SimpleNamespace(
-            train=TrainConfig(seq_len=L, global_batch_size=batch_size, max_steps=total, eval_every=steps_per_epoch,
-                              eval_batches=0, save_every=0, keep_checkpoints=1, log_every=max(1, min(50, steps_per_epoch // 4)),
-                              seed=seed),
-            optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, schedule="linear", warmup_steps=warmup),
-        )
-        finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
-                         "label_names": list(t.label_names), "from_run": str(run), "init": init, "max_seq_len": L,
-                         "classifier_dropout": classifier_dropout, "dropout": dropout, "task_state": t.state(),
-                         "options": asdict(t.options)}
-        if state.is_main_process:
-            ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
-                                                   "objective": t.objective, "finetune": finetune_info})
-            shutil.copyfile(run / "tokenizer.json", out_dir / "tokenizer.json")
 
-        select = f"val_{t.main_metric}"
-        summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
-        best = summary.get("best") or {}
+def _source_and_out(from_run: str | None, out: str | None, t, eval_only: bool):
+    """(the run finetuned from, its config, its label for messages, the output directory, checked to be new)."""
+    import time
 
-        written = {}
-        if state.is_main_process:
-            load_model(model, str(out_dir / "model.safetensors"))  # the best dev weights, for the test predictions
-            written = _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed)
-            shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
-        result = {
-            "task": t.name, "from_run": str(run), "init": init, "out_dir": str(out_dir),
-            "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
-            "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
-            "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
-            "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
-            "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
-            "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
-            "settings": {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
-                         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch, "total_steps": total,
-                         "warmup_steps": warmup, "weight_decay": weight_decay, "classifier_dropout": classifier_dropout,
-                         "dropout": dropout,
-                         "data_dir": str(Path(data_dir).resolve()) if data_dir else _data_source(t)},
-        }
-        if state.is_main_process:
-            ckpt.write_json(out_dir / "metrics.json", result)
-        state.wait_for_everyone()
-        return result
+    run = resolve_run(from_run, FROM).resolve()
+    cfg = run_config(run)
+    run_label = from_run or f"runs/latest ({run.name})"
+    what = "eval" if eval_only else t.name
+    out_dir = Path(out) if out else runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # every process checks, before any work
+    check_new_run_dir(out_dir, "output directory", "choose another --out, or delete it")
+    return run, cfg, run_label, out_dir
+
+
+def _restore_finetuned(t, cfg: dict, run_label: str):
+    """--eval-only: the run must be finetuned on this task; its task state comes back, and its classifier dropout."""
+    prev = cfg.get("finetune")
+    if not prev or prev.get("task") != t.name:
+        raise PlmError(f"--eval-only needs a run finetuned on {t.name}, and {run_label} is "
+                       + (f"finetuned on {prev.get('task')}" if prev else "not finetuned"),
+                       f"pass --from a directory written by `plm finetune --task {t.name}`")
+    t.restore(prev.get("task_state", {}))
+    return prev.get("classifier_dropout")
+
+
+def _seq_len(max_seq_len: int | None, positions: int) -> int:
+    L = max_seq_len if max_seq_len is not None else min(128, positions)
+    if not 8 <= L <= positions:
+        raise PlmError(f"--max-seq-len {L} is outside 8..{positions} (the model's positions)",
+                       f"use --max-seq-len ≤ {positions}")
+    return L
+
+
+def _check_batch_split(batch_size: int, processes: int) -> None:
+    if batch_size % processes:
+        fit = -(-batch_size // processes) * processes
+        raise PlmError(f"--batch-size {batch_size} cannot be split evenly over {processes} processes",
+                       f"pick a multiple of the process count, e.g. --batch-size {fit}")
+
+
+def _counts(meta: dict) -> dict:
+    return {k: v["documents"] for k, v in meta["counts"].items()}
+
+
+def _loop_recipe(s: dict, steps_per_epoch: int, total: int, warmup: int):
+    """THE loop's recipe for a finetune: the train and optim sections it reads, as Devlin et al. set them."""
+    from types import SimpleNamespace
+
+    from plmcli.config import OptimConfig, TrainConfig
+
+    return SimpleNamespace(
+        train=TrainConfig(seq_len=s["max_seq_len"], global_batch_size=s["batch_size"], max_steps=total,
+                          eval_every=steps_per_epoch, eval_batches=0, save_every=0, keep_checkpoints=1,
+                          log_every=max(1, min(50, steps_per_epoch // 4)), seed=s["seed"]),
+        optim=OptimConfig(name="adamw", lr=s["lr"], weight_decay=s["weight_decay"], schedule="linear",
+                          warmup_steps=warmup),
+    )
+
+
+def _train(t, obj, encoder, cfg: dict, run: Path, out_dir: Path, data: Path, meta: dict, s: dict, state, console) -> dict:
+    """Build the task model on `encoder`, train it with THE loop keeping the best dev weights, predict the
+    test split with them, and write OUT/metrics.json."""
+    import torch
+    from safetensors.torch import load_model
+
+    from plmcli.train import checkpoint as ckpt
+    from plmcli.train.loop import train
+
+    counts = _counts(meta)
+    torch.manual_seed(s["seed"])
+    model = obj.build_model(encoder)
+    steps_per_epoch = math.ceil(counts["train"] / s["batch_size"])
+    total = s["max_steps"] or s["epochs"] * steps_per_epoch
+    warmup = int(s["warmup_ratio"] * total)
+    recipe = _loop_recipe(s, steps_per_epoch, total, warmup)
+    finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
+                     "label_names": list(t.label_names), "from_run": str(run), "init": s["init"],
+                     "max_seq_len": s["max_seq_len"], "classifier_dropout": s["classifier_dropout"],
+                     "dropout": s["dropout"], "task_state": t.state(), "options": asdict(t.options)}
+    if state.is_main_process:
+        ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
+                                               "objective": t.objective, "finetune": finetune_info})
+        shutil.copyfile(run / TOKENIZER, out_dir / TOKENIZER)
+
+    select = f"val_{t.main_metric}"
+    summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
+    best = summary.get("best") or {}
+
+    written = {}
+    if state.is_main_process:
+        load_model(model, str(out_dir / WEIGHTS))  # the best dev weights, for the test predictions
+        written = _predict_tests(t, obj, model, data, counts, out_dir, s["batch_size"], s["seed"])
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
+    result = {
+        "task": t.name, "from_run": str(run), "init": s["init"], "out_dir": str(out_dir),
+        "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
+        "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
+        "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
+        "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
+        "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
+        "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
+        "settings": {"epochs": s["epochs"], "lr": s["lr"], "batch_size": s["batch_size"], "seed": s["seed"],
+                     "max_seq_len": s["max_seq_len"], "max_steps": s["max_steps"], "steps_per_epoch": steps_per_epoch,
+                     "total_steps": total, "warmup_steps": warmup, "weight_decay": s["weight_decay"],
+                     "classifier_dropout": s["classifier_dropout"], "dropout": s["dropout"],
+                     "data_dir": str(Path(s["data_dir"]).resolve()) if s["data_dir"] else _data_source(t)},
+    }
+    if state.is_main_process:
+        ckpt.write_json(out_dir / FINISHED_FINETUNE, result)
+    state.wait_for_everyone()
+    return result
 
 
 @contextmanager
@@ -187,18 +227,6 @@ def _last_step(metrics_file: Path) -> int | None:
         return json.loads(lines[-1]).get("step") if lines else None
     except (OSError, ValueError):
         return None
-
-
-def task_objective(task, tok, special_ids: dict, seq_len: int, backbone_cls, classifier_dropout=None):
-    """The objective that trains `task` on a backbone of class `backbone_cls` (its `pair_layout` decides
-    where [CLS] goes; a causal LM gets layout "causal": GPT's input transforms). Every finetuning
-    objective's Config takes task, num_labels and classifier_dropout."""
-    from plmcli.objectives.registry import objective_class
-
-    obj_cls = objective_class(task.objective)
-    cfg = obj_cls.Config(task=task.name, num_labels=task.num_labels, classifier_dropout=classifier_dropout)
-    layout = backbone_cls.traits.pair_layout or "cls_first"  # none: the objective's backbone_problem says why
-    return obj_cls(cfg, tok, special_ids, seq_len, task=task, layout=layout)
 
 
 def _data_source(task) -> str:
@@ -236,60 +264,6 @@ def _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed
     if state.is_main_process:
         ckpt.write_json(out_dir / "metrics.json", result)
     return result
-
-
-def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
-    """The run's backbone (encoder, or decoder for GPT-style transfer), with its weights (`pretrained`)
-    or freshly initialised under `seed`. A finetuned run holds backbone + task head weights: its
-    backbone part is taken.
-    """
-    import torch
-
-    from plmcli.runs import build_run_model, load_weights
-
-    torch.manual_seed(seed)
-    encoder = build_run_model(run, cfg)
-    if pretrained:
-        target = _finetuned(run, cfg, None, encoder)[0] if cfg.get("finetune") else encoder
-        load_weights(target, run, cfg)
-    return encoder
-
-
-def _finetuned(run: Path, cfg: dict, tok=None, backbone=None):
-    """(task model, objective) of a finetuned run as its config.json describes it: the weights loaded
-    unless a `backbone` is given (then the caller loads them into the returned model)."""
-    from plmcli.data.tasks import TaskOptions
-    from plmcli.data.tasks.registry import get_task
-    from plmcli.runs import load_run_tokenizer, load_weights
-
-    ft = cfg["finetune"]
-    task = get_task(ft["task"], TaskOptions(**ft.get("options", {})))
-    task.restore(ft.get("task_state", {}))
-    tok = tok or load_run_tokenizer(run, cfg)
-    special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    given = backbone is not None
-    if not given:
-        backbone = load_encoder(run, {**cfg, "finetune": None}, pretrained=False)
-    obj = task_objective(task, tok, special_ids, ft["max_seq_len"], type(backbone), ft.get("classifier_dropout"))
-    model = obj.build_model(backbone)
-    if not given:
-        load_weights(model, run, cfg)
-        model.eval()
-    return model, obj
-
-
-def load_finetuned(run_dir: str, usage: str = FROM):
-    """(task model in eval mode, tokenizer, config) of a `plm finetune` output directory."""
-    from plmcli.runs import load_run_tokenizer, resolve_run, run_config
-
-    path = resolve_run(run_dir, usage)
-    cfg = run_config(path)
-    if not cfg.get("finetune"):
-        raise PlmError(f"{path} is not a finetuned run (its config.json has no 'finetune' section)",
-                       "pass a directory written by `plm finetune`")
-    tok = load_run_tokenizer(path, cfg)
-    model, _ = _finetuned(path, cfg, tok)
-    return model, tok, cfg
 
 
 def _check_backbone(family: str, run_label: str, task) -> None:

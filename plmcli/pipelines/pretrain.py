@@ -1,0 +1,259 @@
+"""`plm pretrain`: a recipe, a corpus and a run directory put together, then THE loop (plmcli.train.loop)
+over each phase. The run directory's files and checks are plmcli.runs'."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from plmcli.errors import PlmError
+from plmcli.pipelines.common import default_corpus, quiet_datasets_off_terminal
+from plmcli.runs import (RECIPE, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, clear_progress, discard_run,
+                         has_progress, latest_target, list_checkpoints, load_phase_weights, point_latest, runs_root, trained)
+
+
+def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
+             overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
+             time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
+             console=None, streaming: bool = False, text_column: str | None = None) -> dict:
+    """plmcli.api.pretrain (see there)."""
+    from contextlib import ExitStack
+
+    from plmcli.config import load_recipe
+
+    quiet_datasets_off_terminal()
+    if max_steps is not None and max_steps < 1:
+        raise PlmError(f"--max-steps {max_steps} must be ≥ 1", "e.g. --max-steps 100, or leave it out for the recipe's train.max_steps")
+    restart = False
+    if resume:
+        r, run_dir, restart, streaming, data = _resumed(out, overrides, streaming, data)
+    else:
+        if not recipe:
+            raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
+        r = load_recipe(recipe, overrides)
+        run_dir = Path(out) if out else runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_new_run_dir(run_dir)  # before any tokenizing; again when it is made
+    if text_column is not None:
+        r.data.text_column = text_column
+    names = [ph["name"] for ph in r.phases] or [None]
+    stages = [r.phase(i) for i in range(len(r.phases))] or [r]
+    for st in stages:
+        st.train.max_steps = max_steps if max_steps is not None else st.train.max_steps
+        st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
+    with ExitStack() as held:  # the run's lock, released however this ends
+        return pretrain_run(r, names, stages, data, run_dir, resume, restart, streaming, time_budget, stop_after,
+                            console, held)
+
+
+def _resumed(out: str | None, overrides, streaming: bool, data):
+    """(recipe, run dir, restart from step 0?, streaming, data) of the run --resume continues."""
+    from plmcli.config import load_recipe
+
+    run_dir = Path(out) if out else runs_root() / "latest"
+    if not (run_dir / RECIPE).is_file():
+        raise PlmError(f"--resume: {run_dir} is not a run directory", "pass --out RUN, the directory of the run to continue")
+    run_dir = run_dir.resolve()
+    if not (run_dir / RUN_CONFIG).is_file():  # stopped between its first two files: nothing to restart from
+        raise PlmError(f"no checkpoint to resume in {run_dir}, nor its {RUN_CONFIG} to start it again",
+                       f"delete {run_dir} and start the run again without --resume")
+    restart = not has_progress(run_dir)
+    r = load_recipe(str(run_dir / RECIPE), overrides)
+    prev = json.loads((run_dir / RUN_CONFIG).read_text())
+    if streaming and not prev.get("streaming"):
+        raise PlmError(f"--resume --streaming: {run_dir} was trained from a tokenized corpus", "resume without --streaming")
+    streaming = prev.get("streaming", False)  # a streamed run resumes streaming its text files
+    if not data:  # the same corpus as the interrupted run: its tokenized dir if still there, else its inputs
+        data = [prev["corpus"]] if (Path(prev["corpus"]) / "meta.json").is_file() and not streaming else prev["inputs"]
+    return r, run_dir, restart, streaming, data
+
+
+@dataclass
+class Prepared:
+    """What a run trains on and with, made before its run directory exists."""
+
+    inputs: list
+    corpus_dir: Path
+    meta: dict
+    fits: bool
+    objectives: list
+    data_dirs: list
+    model: object
+
+
+def pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: bool, streaming: bool, time_budget,
+                 stop_after, console, held) -> dict:
+    """pretrain() once its recipe and run directory are known: prepare the data, lock and fill the run
+    directory, train every phase, write the summary."""
+    import shlex
+
+    from plmcli.errors import Interrupted
+    from plmcli.train import checkpoint as ckpt
+    from plmcli.train.distributed import process_state
+
+    continue_with = f"plm pretrain --resume --out {shlex.quote(str(run_dir))}"
+    state = process_state(r.train.dist_timeout)  # on N processes (accelerate launch, torchrun) they all get here
+    if resume and state.is_main_process:  # before any work: a second trainer of this run refuses at once
+        held.enter_context(ckpt.RunLock(run_dir))
+    prep = prepare(r, stages, data, streaming, state)
+    previous_latest, made_dir = latest_target(), not run_dir.exists()
+    if state.is_main_process:
+        _fill_run_dir(r, run_dir, prep, resume, restart, streaming, held)
+    state.wait_for_everyone()
+
+    try:
+        summary, last_phase = train_stages(prep.model, r, names, stages, prep.objectives, prep.data_dirs, run_dir, state,
+                                           prep.fits, resume, time_budget, stop_after, console, continue_with)
+    except ckpt.RunStopped:  # it trained, and stopped resumable (non-finite loss, a write that failed): the run stays
+        raise
+    except PlmError:
+        if state.is_main_process and not resume and not trained(run_dir):
+            discard_run(run_dir, previous_latest, made_dir)  # bad data found by the loop: nothing half-made stays
+        raise
+    except KeyboardInterrupt:  # before a phase's loop took charge of Ctrl-C (it raises Interrupted itself)
+        raise Interrupted(f"stopped before the next checkpoint of {run_dir}; `{continue_with}` continues from the "
+                          "last one (or from step 0 if there is none)") from None
+    summary["run_dir"] = str(run_dir)
+    if state.is_main_process:
+        _write_final(run_dir, names, last_phase, summary, continue_with)
+    return summary
+
+
+def prepare(r, stages, data, streaming: bool, state) -> Prepared:
+    """The corpus (tokenized once, or set up for streaming), each phase's objective and training data, and
+    the model, checked against one another."""
+    import torch
+
+    from plmcli.data.corpus import default_cache_dir
+    from plmcli.data.tokenizers import load_tokenizer
+    from plmcli.models.base import Fits
+    from plmcli.models.registry import build_model, model_class
+    from plmcli.objectives.registry import objective_class
+    from plmcli.train.loop import batch_sizes
+
+    shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
+    inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
+    fits = issubclass(model_class(r.family), Fits)
+    for st in stages if not fits else []:  # a batch that does not split over the processes fails before tokenizing
+        batch_sizes(st.train.global_batch_size, st.train.micro_batch_size, state.num_processes)
+    with state.main_process_first():  # one process tokenizes; the others then read its cache
+        if streaming:  # only a tokenizer and the validation tail are prepared; training text is read as it goes
+            from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
+
+            corpus_dir = prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name),
+                                               objective_cfg=r.objective)
+        else:
+            corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
+    meta = json.loads((corpus_dir / "meta.json").read_text())
+    tok = load_tokenizer(corpus_dir / TOKENIZER)
+    special_ids = meta["tokenizer"]["special_token_ids"]
+    objectives = [objective(st, tok, special_ids) for st in stages]
+    if streaming:
+        objectives = [StreamingObjective(obj, st.train.num_workers) for obj, st in zip(objectives, stages)]
+    objectives[0].configure_model(r.model, tok.get_vocab_size())
+    check_sizes(r, stages, tok.get_vocab_size())
+    torch.manual_seed(r.train.seed)
+    model = build_model(r.family, r.model)
+    objectives[0].check_model(model)
+    # Every phase's training data (make-mlm-data instances, cached) before the run directory exists, so a
+    # corpus that cannot make them leaves no run behind (nor runs/latest pointing at one).
+    data_dirs = []
+    for obj in objectives:
+        with state.main_process_first():
+            data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
+    return Prepared(inputs, corpus_dir, meta, fits, objectives, data_dirs, model)
+
+
+def _fill_run_dir(r, run_dir: Path, prep: Prepared, resume: bool, restart: bool, streaming: bool, held) -> None:
+    """The main process makes (or restarts) the run directory, locks it and points runs/latest at it."""
+    from plmcli.train import checkpoint as ckpt
+
+    if restart:  # stopped before its first checkpoint: what it left goes, and it starts as a fresh run would
+        clear_progress(run_dir)
+        ckpt.write_text(run_dir / RECIPE, r.to_yaml())
+    if not resume:
+        check_new_run_dir(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(ckpt.RunLock(run_dir))
+        ckpt.write_text(run_dir / RECIPE, r.to_yaml())
+        shutil.copyfile(prep.corpus_dir / TOKENIZER, run_dir / TOKENIZER)
+        ckpt.write_json(run_dir / RUN_CONFIG, {
+            "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
+            "tokenizer": prep.meta["tokenizer"], "seq_len": r.train.seq_len,
+            "corpus": str(Path(prep.corpus_dir).resolve()),
+            "inputs": [str(Path(i).resolve()) if Path(i).exists() else str(i) for i in prep.inputs],  # Hub names as given
+            "streaming": streaming,
+        })
+    point_latest(run_dir)
+
+
+def _write_final(run_dir: Path, names, last_phase: Path, summary: dict, continue_with: str) -> None:
+    """The run's weights (its last phase's, when it has phases) and RUN/summary.json."""
+    from plmcli.train import checkpoint as ckpt
+
+    if names[0] is not None:  # the run's weights are its last phase's
+        tmp = run_dir / f".{WEIGHTS}.tmp"
+        with ckpt.writing(WEIGHTS, tmp, continue_with):
+            shutil.copyfile(last_phase / WEIGHTS, tmp)
+            tmp.replace(run_dir / WEIGHTS)
+    ckpt.write_json(run_dir / "summary.json", summary, continue_with)
+
+
+def train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume, time_budget,
+                 stop_after, console, continue_with=None) -> tuple[dict, Path]:
+    """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); (the last phase's summary, its dir)."""
+    from plmcli.train import checkpoint as ckpt
+
+    summary: dict = {}
+    started = time.monotonic()
+    for name, st, obj, data_dir in zip(names, stages, objectives, data_dirs):
+        sub = run_dir if name is None else run_dir / "phases" / name
+        if name is not None and (sub / "summary.json").is_file():  # finished before an interruption
+            load_phase_weights(model, sub)
+            summary = json.loads((sub / "summary.json").read_text())  # a finished run resumed reports it again
+            continue
+        sub.mkdir(parents=True, exist_ok=True)
+        resume_from = list_checkpoints(sub)[-1:] if resume else []
+        if time_budget is not None:
+            st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
+        if fits:  # no gradient (n-gram counts): the main process fits the model and writes RUN/model.*
+            from accelerate.utils import broadcast_object_list
+
+            summary = [model.fit(data_dir, st, sub, console=console) if state.is_main_process else None]
+            summary = broadcast_object_list(summary)[0] if state.num_processes > 1 else summary[0]
+        else:
+            summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
+                                 stop_after=stop_after, console=console, continue_with=continue_with)
+        if summary["stop_reason"] not in ("max_steps", "max_tokens"):
+            break  # stopped early: the next --resume continues this phase
+        if name is not None and state.is_main_process:
+            ckpt.write_json(sub / "summary.json", summary, continue_with)
+    return summary, sub
+
+
+def loop_train(*args, **kwargs):
+    from plmcli.train.loop import train
+
+    return train(*args, **kwargs)
+
+
+def objective(recipe, tok, special_ids):
+    """The recipe's (or phase's) objective over the corpus' tokenizer."""
+    from plmcli.objectives.registry import objective_class
+
+    return objective_class(recipe.objective_name)(recipe.objective, tok, special_ids, recipe.train.seq_len)
+
+
+def check_sizes(r, stages, vocab: int) -> None:
+    """The tokenizer must fit the model's vocabulary and every phase's sequences its positions."""
+    model_vocab = getattr(r.model, "vocab_size", vocab)
+    if model_vocab < vocab:
+        raise PlmError(f"the tokenizer has {vocab} tokens but model.vocab_size is {model_vocab}",
+                       f"--set model.vocab_size={vocab} (or 0 to follow the tokenizer), or use a smaller tokenizer")
+    max_pos = getattr(r.model, "max_positions", None)
+    for st in stages:
+        if max_pos and st.train.seq_len > max_pos:
+            raise PlmError(f"train.seq_len {st.train.seq_len} exceeds the model's max_positions {max_pos}",
+                           f"--set train.seq_len={max_pos} (longer texts are chunked into sequences of seq_len)")
