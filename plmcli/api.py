@@ -212,6 +212,7 @@ def _pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: 
     import torch
 
     from plmcli.data.corpus import default_cache_dir
+    from plmcli.data.store import load_meta
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.errors import Interrupted
     from plmcli.models.registry import build_model, model_class
@@ -237,7 +238,7 @@ def _pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: 
                                                objective_cfg=r.objective)
         else:
             corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
-    meta = json.loads((corpus_dir / "meta.json").read_text())
+    meta = load_meta(corpus_dir)
     tok = load_tokenizer(corpus_dir / "tokenizer.json")
     special_ids = meta["tokenizer"]["special_token_ids"]
     objectives = [_objective(st, tok, special_ids) for st in stages]
@@ -574,7 +575,7 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
              batch_size: int = 16) -> list[dict]:
     """Generate from a run for each prompt (--prompt texts, then the non-blank lines of --input);
     returns [{"prompt", "output"}] where output is the generated text only (see plmcli.generate)."""
-    from plmcli.data.corpus import iter_text_lines
+    from plmcli.data.text import iter_text_lines
     from plmcli.generate import generate as run_generate
 
     texts = list(prompts or [])

@@ -49,6 +49,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     from safetensors.torch import load_model
 
     from plmcli.config import OptimConfig, TrainConfig
+    from plmcli.data.store import load_meta
     from plmcli.data.tasks.registry import get_task
     from plmcli.runs import RUN_CONFIG, load_run_tokenizer, resolve_run, run_config
     from plmcli.train import checkpoint as ckpt
@@ -107,7 +108,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         if state.is_main_process:
             obj.encode_splits(splits, data)
         state.wait_for_everyone()
-        meta = json.loads((data / "meta.json").read_text())
+        meta = load_meta(data)
         counts = {k: v["documents"] for k, v in meta["counts"].items()}
         if eval_only:
             return _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state)
