@@ -279,7 +279,7 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
              batch_size: int = 16) -> list[dict]:
     """Generate from a run for each prompt (--prompt texts, then the non-blank lines of --input);
     returns [{"prompt", "output"}] where output is the generated text only (see plmcli.generate)."""
-    from plmcli.data.corpus import iter_text_lines
+    from plmcli.data.text import iter_text_lines
     from plmcli.generate import generate as run_generate
 
     texts = list(prompts or [])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 TABLE_NAME = "params.json"
@@ -90,16 +89,12 @@ def build_table() -> dict:
 
 def write_table(table: dict, path: Path | None = None) -> Path:
     """Write `table` to `path` (default: the shipped one) through a temp file, so it is never half-written."""
+    from plmcli.data.store import atomic_path
+
     path = path or table_path()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the table ships with the package
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.chmod(tmp, 0o644)  # the table ships with the package: readable whatever the umask
     return path
 
 

@@ -44,11 +44,12 @@ def point_latest(run_dir: Path) -> None:
     root = runs_root()
     root.mkdir(parents=True, exist_ok=True)
     target = Path(os.path.relpath(Path(run_dir).resolve(), root.resolve()))
-    tmp = root / ".latest.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(target, target_is_directory=True)
-    os.replace(tmp, root / LATEST)
+    from plmcli.data.store import atomic_path
+
+    with atomic_path(root / LATEST, root / ".latest.tmp") as tmp:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(target, target_is_directory=True)
 
 
 def latest_target() -> str | None:

@@ -133,11 +133,11 @@ def test_help_lists_the_exit_codes():
 # A real Ctrl-C at the worst moment: the output is complete in its temp dir, one rename from done.
 BLOCK_BEFORE_RENAME = textwrap.dedent("""
     import sys, time
-    import plmcli.data.outdir as outdir
+    import plmcli.data.store as store
     def stalled(tmp, dest):
         print("READY", flush=True)
         time.sleep(120)
-    outdir.swap_into = stalled
+    store.swap_into = stalled
     from plmcli.cli import app
     sys.argv = ["plm", *sys.argv[1:]]
     app()

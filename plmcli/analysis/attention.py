@@ -96,7 +96,7 @@ class Encoded:
 
 def read_corpus(path: str, max_lines: int | None) -> list[tuple[str, str | None]]:
     """Non-blank lines of `path`; a tab splits a line into a sentence pair (a, b)."""
-    from plmcli.data.corpus import iter_text_lines
+    from plmcli.data.text import iter_text_lines
 
     examples = []
     for line in iter_text_lines([path]):
@@ -217,7 +217,7 @@ def attention(run: str | None, text: str | None = None, text_pair: str | None = 
               max_lines: int | None = None) -> dict:
     """Attention heatmaps (OUT/layer_{i}.png, of `text`, else the corpus' first line) and the six
     patterns per head (OUT/attention.tsv, OUT/attention.json) over `text` or every line of `corpus`."""
-    from plmcli.data.outdir import build_atomically
+    from plmcli.data.store import build_atomically
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.runs import load_encoder
 

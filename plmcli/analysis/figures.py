@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 DPI = 110
@@ -24,14 +23,14 @@ def pyplot():
 
 def save_png(fig, path: str | Path) -> Path:
     """Write `fig` to `path` through a temp file and a rename, then close it (figures hold memory)."""
+    from plmcli.data.store import atomic_path
+
     plt = pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path

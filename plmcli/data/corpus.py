@@ -4,23 +4,20 @@ A corpus directory holds `dataset/` (a DatasetDict with `train` and `validation`
 `meta.json`. It is built in a hidden temp directory and renamed into place, so a directory with a
 `meta.json` is always complete. Memory stays flat in corpus size throughout: the text is read line by
 line twice (tokenizer training, then encoding), big files in byte-range pieces that `--num-proc`
-workers encode batch by batch into Arrow shards (data/ranges.py, data/shards.py), and the shards are
+workers encode batch by batch into Arrow shards (data/text.py, data/shards.py), and the shards are
 moved into the dataset rather than copied. Readers stream over memory-mapped Arrow batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
-import uuid
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,207 +31,62 @@ from plmcli.data.tokenizers import (
     tokenizer_kind,
     train_tokenizer,
 )
-from plmcli.data.outdir import build_atomically
-from plmcli.data.ranges import PROBE_BYTES, binary_error, decode_line, encoding_error, iter_lines, range_documents
-from plmcli.data.sentences import split_sentences as split_text_sentences
+from plmcli.data.store import (
+    CORPUS_FORMAT,
+    atomic_path,
+    build_atomically,
+    inputs_key,
+    is_derived_data,
+    read_meta,
+    write_json,
+    write_meta,
+)
+from plmcli.data.text import (
+    STDIN,
+    documents,
+    expand_inputs,
+    input_stats,
+    range_documents,
+    split_lines,
+    spool_stdin,
+    text_lines,
+)
+from plmcli.data.text import split_sentences as split_text_sentences
 from plmcli.errors import PlmError
 
 if TYPE_CHECKING:
     from datasets import DatasetDict
     from tokenizers import Tokenizer
 
-FORMAT = "plm-tokenized"
+FORMAT = CORPUS_FORMAT
 VERSION = 3  # 2: word_starts column; 3: word_starts filled (encode_batch)
-STDIN = "-"
 UNIT_BYTES = 64 << 20
 """A text file bigger than this is encoded in pieces of about this size, so `--num-proc` workers share it."""
 ENCODE_BATCH_BYTES = 1 << 20
 """Text handed to the tokenizer at a time (up to 1000 documents): a worker's memory is about one batch."""
 
 
-# ----------------------------------------------------------------------------- reading text
-
-
-def _read_meta(directory: Path) -> dict | None:
-    """meta.json of a `plm tokenize` output directory, or None if `directory` is not one."""
-    try:
-        meta = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
-
-
-def _is_derived_data(directory: Path) -> bool:
-    """A directory built from a tokenized corpus (e.g. `plm make-mlm-data`): meta.json with its tokenizer."""
-    try:
-        meta = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and "tokenizer" in meta and (Path(directory) / "tokenizer.json").is_file()
-
-
-def _expand_inputs(inputs: list[str], column: str = "text", for_eval: bool = False) -> list[str]:
-    """Input arguments -> what to read, in order: text files (directories walked recursively, sorted),
-    '-', and the tables (data/tables.py) of data files, saved datasets and Hub names, read by `column`
-    unless the argument carries its own (--text-column). `for_eval`: a DatasetDict gives its test split."""
-    if isinstance(inputs, (str, Path)):
-        inputs = [inputs]
-    if not inputs:
-        raise PlmError("no input files given", "pass text files, directories, .gz files or '-' for stdin")
-    files: list[str] = []
-    for arg in inputs:
-        if isinstance(arg, tables.TableInput):  # already resolved
-            files.append(arg)
-            continue
-        col = arg.column if isinstance(arg, tables.ColumnRequest) else column
-        arg = str(arg)
-        if arg == STDIN:
-            files.append(STDIN)
-            continue
-        p = Path(arg)
-        if p.is_dir():
-            if _read_meta(p) is not None:
-                raise PlmError(f"'{p}' is already a `plm tokenize` output, not text",
-                               "pass it to `plm pretrain --data` directly, or give the original text files")
-            if tables.is_saved_dataset(p):
-                files.extend(tables.resolve(arg, col, for_eval))
-                continue
-            found = []
-            for root, dirs, names in os.walk(p):
-                # Skip hidden entries and nested tokenize outputs (e.g. `--out` placed inside the input dir);
-                # a saved dataset inside is read as one input.
-                dirs[:] = [d for d in dirs if not d.startswith(".") and _read_meta(Path(root, d)) is None]
-                found.extend(Path(root, d) for d in dirs if tables.is_saved_dataset(Path(root, d)))
-                dirs[:] = [d for d in dirs if not tables.is_saved_dataset(Path(root, d))]
-                found.extend(Path(root, n) for n in names if not n.startswith("."))
-            if not found:
-                raise PlmError(f"directory '{p}' holds no text files (hidden files are skipped)",
-                               "pass a directory with text (or JSON Lines / CSV / Parquet) files, or the files themselves")
-            for f in sorted(found, key=lambda f: f.relative_to(p).parts):
-                files.extend(_file_input(str(f), col, for_eval))
-        elif p.is_file():
-            files.extend(_file_input(arg, col, for_eval))
-        elif tables.looks_like_hub_name(arg):
-            files.extend(tables.resolve(arg, col, for_eval))
-        else:
-            raise PlmError(f"input '{arg}' not found", "check the path (use '-' to read standard input)")
-    return files
-
-
-def _file_input(name: str, column: str, for_eval: bool) -> list[str]:
-    """A file (or a saved dataset met in a directory walk): its tables when `datasets` reads it, else itself."""
-    if Path(name).is_dir() or tables.builder_of(name):
-        return tables.resolve(name, column, for_eval)
-    return [name]
-
-
-def _stdin_lines() -> Iterator[str]:
-    """Standard input, decoded and checked as files are (it can only be read once, so it is checked as it streams)."""
-    buf = getattr(sys.stdin, "buffer", None)
-    # A text-only stdin (e.g. replaced by a StringIO) is already decoded; re-encode it line by line.
-    raws = buf if buf is not None else (line.encode("utf-8") for line in sys.stdin)
-    checked = 0
-    for lineno, raw in enumerate(raws, start=1):
-        if lineno == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise encoding_error(STDIN, "line 1", "it starts with a UTF-16 byte-order mark", "utf-16")
-        if checked < PROBE_BYTES:
-            if b"\0" in raw[: PROBE_BYTES - checked]:
-                raise binary_error(STDIN)
-            checked += len(raw)
-        yield decode_line(raw, STDIN, f"line {lineno}", lineno == 1)
-
-
-def _text_lines(name: str) -> Iterator[str]:
-    """Decoded lines of one input, each ending in exactly one "\\n" (CRLF and a missing final newline fixed)."""
-    if name == STDIN:
-        yield from _stdin_lines()
-    elif isinstance(name, tables.TableInput):
-        yield from tables.lines(name)
-    else:
-        yield from (line for _, line in iter_lines(name))
-
-
-def _documents(files: list[str], doc_per_line: bool) -> Iterator[str]:
-    for name in files:
-        doc: list[str] = []
-        for line in _text_lines(name):
-            if not line.strip():
-                if doc:
-                    yield "".join(doc)
-                    doc = []
-            elif doc_per_line:
-                yield line
-            else:
-                doc.append(line)
-        if doc:  # documents never span files
-            yield "".join(doc)
-
-
-def iter_documents(inputs: list[str], doc_per_line: bool = False, column: str = "text") -> Iterator[str]:
-    """Stream documents from text/.gz files, directories, '-' (stdin) or `datasets` inputs (data/tables.py).
-
-    Documents are separated by blank lines (or are single lines with `doc_per_line`); a document's text
-    is its lines, each ending in "\\n". A table's rows are documents (its text column, `column`).
-    """
-    seen = False
-    for doc in _documents(_expand_inputs(inputs, column), doc_per_line):
-        seen = True
-        yield doc
-    if not seen:
-        raise PlmError("the input contains no text (every line is blank)", "check the input files")
-
-
-def _split_lines(doc: str) -> list[str]:
-    # Not str.splitlines: that also splits on \r, \x0b, \u2028 ... which are ordinary characters here.
-    parts = doc.split("\n")
-    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
-
-
 # ----------------------------------------------------------------------------- tokenizing
 
 
-def _input_stats(files: list[str]) -> list[dict]:
-    stats = []
-    for name in files:
-        if isinstance(name, tables.TableInput):
-            stats.append(tables.stats(name))
-        elif name == STDIN:
-            stats.append({"path": STDIN, "size": None, "mtime": None})
-        else:
-            st = os.stat(name)
-            stats.append({"path": str(Path(name).resolve()), "size": st.st_size, "mtime": st.st_mtime_ns})
-    return stats
+def read_corpus_meta(directory: Path) -> dict | None:
+    """meta.json of a `plm tokenize` output directory, or None if `directory` is not one."""
+    return read_meta(directory, FORMAT)
 
 
 def _key(stats: list[dict], tok_cfg: TokenizerConfig, doc_per_line: bool, val_fraction: float,
          split_sentences: bool = False) -> str:
-    if any(s.get("path") == STDIN for s in stats):
-        return hashlib.sha256(uuid.uuid4().bytes).hexdigest()  # stdin is never cached
-    tok = dataclasses.asdict(tok_cfg)
-    if tok_cfg.path and Path(tok_cfg.path).is_file():  # the file's content matters, not its name
-        tok["path"] = hashlib.sha256(Path(tok_cfg.path).read_bytes()).hexdigest()
-    settings = [stats, tok, doc_per_line, float(val_fraction), FORMAT, VERSION]
+    settings = [doc_per_line, float(val_fraction), FORMAT, VERSION]
     if split_sentences:  # only when set, so corpora tokenized before the option keep their keys
         settings.append("split_sentences")
-    blob = json.dumps(settings, sort_keys=True)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return inputs_key(stats, tok_cfg, *settings)
 
 
 def corpus_key(inputs: list[str], tok_cfg: TokenizerConfig, doc_per_line: bool = False, val_fraction: float = 0.05,
                split_sentences: bool = False, column: str = "text") -> str:
     """Cache key of a tokenize run: inputs (paths, sizes, mtimes; a table's column and split, a Hub
     dataset's name and config), tokenizer settings, split settings."""
-    return _key(_input_stats(_expand_inputs(inputs, column)), tok_cfg, doc_per_line, val_fraction, split_sentences)
-
-
-def _spool_stdin(files: list[str], tmp: Path) -> list[str]:
-    """stdin can be read only once and tokenize reads its inputs twice (tokenizer, then encoding): keep a copy."""
-    if STDIN not in files:
-        return files
-    copy = tmp / ".stdin.txt"
-    with open(copy, "w", encoding="utf-8") as f:
-        f.writelines(_stdin_lines())
-    return [str(copy) if name == STDIN else name for name in files]
+    return _key(input_stats(expand_inputs(inputs, column)), tok_cfg, doc_per_line, val_fraction, split_sentences)
 
 
 def _plan_units(files: list[str]) -> list[tuple[str, int, int | None, int]]:
@@ -261,7 +113,7 @@ def _encoder(spec: tuple):
     def batches(unit):
         name, start, end = unit[:3]
         batch, size = [], 0
-        docs = _documents([name], doc_per_line) if isinstance(name, tables.TableInput) else \
+        docs = documents([name], doc_per_line) if isinstance(name, tables.TableInput) else \
             range_documents(name, start, end, doc_per_line)
         for doc in docs:
             batch.append(doc)
@@ -309,7 +161,7 @@ def _encode(batch: dict, tok, split_sentences: bool = False) -> dict:
     docs = batch["text"]
     lines, per_doc = [], []
     for doc in docs:
-        doc_lines = _split_lines(doc)
+        doc_lines = split_lines(doc)
         if split_sentences:
             doc_lines = [piece for line in doc_lines for piece in split_text_sentences(line)]
         lines.extend(doc_lines)
@@ -351,7 +203,7 @@ def _word_starts(encodings, line_at: np.ndarray) -> np.ndarray:
     return starts
 
 
-def _num_validation(n_docs: int, val_fraction: float) -> int:
+def num_validation(n_docs: int, val_fraction: float) -> int:
     if val_fraction <= 0 or n_docs < 2:
         return 0
     return min(n_docs - 1, max(1, round(n_docs * val_fraction)))
@@ -418,21 +270,21 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
     """
     if tok_cfg.path:
         load_tokenizer(tok_cfg.path)  # fail before the long pass over the text
-    inputs = _input_stats(files)
-    files = _spool_stdin(files, tmp)
-    if not any(line.strip() for name in files for line in _text_lines(name)):  # stops at the first text
+    inputs = input_stats(files)
+    files = spool_stdin(files, tmp)
+    if not any(line.strip() for name in files for line in text_lines(name)):  # stops at the first text
         raise PlmError("the input contains no text (every line is blank)", "check the input files")
     # A dataset's own validation split is the validation set (then nothing else is held out).
     held_out = [f for f in files if isinstance(f, tables.TableInput) and f.split == "validation"]
     files = [f for f in files if not any(f is h for h in held_out)] + held_out
-    tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in _text_lines(name)))
+    tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in text_lines(name)))
     counts = encode_splits(tmp, _plan_units(files), tok, doc_per_line, num_proc, key,
-                           lambda n: n - _num_validation(n, val_fraction), split_sentences, len(held_out))
+                           lambda n: n - num_validation(n, val_fraction), split_sentences, len(held_out))
     tok.save(str(tmp / "tokenizer.json"))
     (tmp / ".stdin.txt").unlink(missing_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "tokenizer": entry, "inputs": inputs, "doc_per_line": doc_per_line,
             "split_sentences": split_sentences, "val_fraction": val_fraction, "counts": counts, "key": key}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_meta(tmp, meta)
     return meta
 
 
@@ -449,10 +301,10 @@ def tokenize_corpus(inputs: list[str], out_dir: str | Path, tok_cfg: TokenizerCo
     if num_proc < 1:
         raise PlmError(f"num_proc must be at least 1, got {num_proc}", "use e.g. --num-proc 4")
     out_dir = Path(out_dir)
-    files = _expand_inputs(inputs, column)
-    key = _key(_input_stats(files), tok_cfg, doc_per_line, val_fraction, split_sentences)
+    files = expand_inputs(inputs, column)
+    key = _key(input_stats(files), tok_cfg, doc_per_line, val_fraction, split_sentences)
 
-    return build_atomically(out_dir, key, _read_meta,
+    return build_atomically(out_dir, key, read_corpus_meta,
                             lambda tmp: _build(tmp, files, tok_cfg, doc_per_line, val_fraction, num_proc, key,
                                                split_sentences), "plm tokenize", force)
 
@@ -482,7 +334,7 @@ def prepare_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cache
         inputs = [inputs]
     inputs = [i if isinstance(i, str) else str(i) for i in inputs]
     if len(inputs) == 1 and inputs[0] != STDIN and Path(inputs[0]).is_dir():
-        if _read_meta(Path(inputs[0])) or _is_derived_data(Path(inputs[0])):
+        if read_corpus_meta(Path(inputs[0])) or is_derived_data(Path(inputs[0])):
             return Path(inputs[0])
     key = corpus_key(inputs, tok_cfg, data_cfg.doc_per_line, data_cfg.val_fraction, data_cfg.split_sentences,
                      data_cfg.text_column)
@@ -494,8 +346,9 @@ def prepare_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cache
     return out
 
 
-def _require_meta(corpus_dir: Path) -> dict:
-    meta = _read_meta(corpus_dir)
+def require_meta(corpus_dir: Path) -> dict:
+    """meta.json of a `plm tokenize` output of this plm's format version, else a one-line PlmError."""
+    meta = read_corpus_meta(corpus_dir)
     if meta is None:
         raise PlmError(f"'{corpus_dir}' is not a tokenized corpus (no plm meta.json)",
                        f"run `plm tokenize TEXT... --out {corpus_dir}` first")
@@ -510,13 +363,13 @@ def load_corpus(corpus_dir: str | Path) -> tuple[DatasetDict, Tokenizer, dict]:
     from datasets import load_from_disk
 
     corpus_dir = Path(corpus_dir)
-    meta = _require_meta(corpus_dir)
+    meta = require_meta(corpus_dir)
     return load_from_disk(str(corpus_dir / "dataset")), load_tokenizer(corpus_dir / "tokenizer.json"), meta
 
 
 def split_bytes(corpus_dir: str | Path, split: str) -> int:
     """UTF-8 bytes of text in `split` (the denominator of bits per byte)."""
-    return int(_require_meta(Path(corpus_dir))["counts"][split]["bytes"])
+    return int(require_meta(Path(corpus_dir))["counts"][split]["bytes"])
 
 
 def token_stream(corpus_dir: str | Path, split: str, sep_id: int | None) -> np.ndarray:
@@ -524,7 +377,7 @@ def token_stream(corpus_dir: str | Path, split: str, sep_id: int | None) -> np.n
 
     Built once by streaming over the dataset and cached next to it as `{split}.{sep_id}.tokens.bin`.
     """
-    meta = _require_meta(Path(corpus_dir))
+    meta = require_meta(Path(corpus_dir))
     top = max(meta["tokenizer"]["vocab_size"], (sep_id or 0) + 1)
     dtype = np.uint16 if top <= 65536 else np.uint32
     return column_stream(corpus_dir, split, "input_ids", sep_id, dtype, f"{split}.{sep_id}.tokens.bin")
@@ -539,7 +392,7 @@ def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, f
     from datasets import load_from_disk
 
     corpus_dir = Path(corpus_dir)
-    meta = _require_meta(corpus_dir)
+    meta = require_meta(corpus_dir)
     if split == "train" and "streaming" in meta:
         raise PlmError(f"'{corpus_dir}' holds a corpus prepared for --streaming: its training text is read as it trains",
                        "add --streaming to `plm pretrain`, or tokenize the text with `plm tokenize`")
@@ -551,32 +404,19 @@ def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, f
     if not side_path.is_file():
         ds = load_from_disk(str(corpus_dir / "dataset" / split))
         length = 0
-        fd, tmp = tempfile.mkstemp(prefix=f".{bin_path.name}.", dir=corpus_dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for tbl in ds.with_format("arrow").iter(batch_size=10_000):
-                    col = tbl[column].combine_chunks()
-                    values = col.flatten().to_numpy(zero_copy_only=False).astype(dtype)
-                    if sep is not None:
-                        offsets = col.offsets.to_numpy()
-                        values = np.insert(values, offsets[1:] - offsets[0], sep)
-                    f.write(values.tobytes())
-                    length += len(values)
-            os.replace(tmp, bin_path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        side_tmp = side_path.with_name(f".{side_path.name}.{uuid.uuid4().hex[:8]}")
-        side_tmp.write_text(json.dumps({"dtype": dtype.name, "length": length, "sep": None if sep is None else int(sep)}))
-        os.replace(side_tmp, side_path)
+        with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:
+            for tbl in ds.with_format("arrow").iter(batch_size=10_000):
+                col = tbl[column].combine_chunks()
+                values = col.flatten().to_numpy(zero_copy_only=False).astype(dtype)
+                if sep is not None:
+                    offsets = col.offsets.to_numpy()
+                    values = np.insert(values, offsets[1:] - offsets[0], sep)
+                f.write(values.tobytes())
+                length += len(values)
+        write_json(side_path, {"dtype": dtype.name, "length": length, "sep": None if sep is None else int(sep)})
     side = json.loads(side_path.read_text())
     if side["length"] == 0:  # numpy cannot memmap an empty file
         return np.zeros(0, dtype=side["dtype"])
     return np.memmap(bin_path, dtype=side["dtype"], mode="r", shape=(side["length"],))
 
 
-def iter_text_lines(inputs: list[str]) -> Iterator[str]:
-    """Every line of the inputs, validated and decoded as for tokenize (used by eval-ppl); a DatasetDict
-    is read from its test split (else validation), a table by the column its argument carries."""
-    for name in _expand_inputs(inputs, for_eval=True):
-        yield from _text_lines(name)

@@ -26,7 +26,6 @@ one unit (`masking.Lexicon.word_starts`), then masks whole units; the rest works
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from contextlib import nullcontext
@@ -34,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from plmcli.data.corpus import _require_meta
-from plmcli.data.outdir import build_atomically
+from plmcli.data.corpus import require_meta
 from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_word_starts, lexicon_key, mask_batch, resolve_lexicon
 from plmcli.data.mlm_instances import assemble, packed_instances, pair_instances
+from plmcli.data.store import build_atomically, cache_key, read_meta, write_meta
 from plmcli.errors import PlmError
 
 FORMAT = "plm-mlm"
@@ -66,11 +65,7 @@ def _features():
 
 
 def _read_out_meta(directory: Path) -> dict | None:
-    try:
-        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+    return read_meta(directory, FORMAT)
 
 
 # ----------------------------------------------------------------------------- flattening the corpus
@@ -161,7 +156,7 @@ def knowledge_lexicon(corpus_dir: Path, lexicon) -> tuple[Lexicon, list[str] | N
     (None with byte-level BPE, whose tokens are bytes: there the fallback units are its words)."""
     from plmcli.data.tokenizers import load_tokenizer
 
-    meta = _require_meta(Path(corpus_dir))["tokenizer"]
+    meta = require_meta(Path(corpus_dir))["tokenizer"]
     lex = Lexicon.load(lexicon, load_tokenizer(Path(corpus_dir) / "tokenizer.json"),
                        meta.get("special_token_ids", {}).get("unk"))
     kind = meta.get("kind", "")
@@ -172,7 +167,7 @@ def text_vocab(corpus_dir: Path) -> list[str]:
     """Token id -> its text (for jieba), from the corpus's tokenizer; byte-level BPE is refused."""
     from plmcli.data.tokenizers import load_tokenizer
 
-    kind = _require_meta(Path(corpus_dir))["tokenizer"].get("kind", "")
+    kind = require_meta(Path(corpus_dir))["tokenizer"].get("kind", "")
     if kind == "bytelevel-bpe":
         raise PlmError("--masking chinese-wwm needs a tokenizer whose tokens are text; byte-level BPE tokens are bytes",
                        "re-run `plm tokenize` with --tokenizer wordpiece (or char), as Chinese BERT does")
@@ -338,7 +333,7 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
     _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
            span_p, span_max, lexicon, ngram_probs)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
-    cmeta = _require_meta(corpus_dir)
+    cmeta = require_meta(corpus_dir)
     special_ids = cmeta["tokenizer"].get("special_token_ids", {})
     missing = [r for r in ("cls", "sep", "mask") if r not in special_ids]
     if missing:
@@ -359,8 +354,7 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
     if masking == "knowledge":
         settings |= dict(lexicon=str(resolve_lexicon(lexicon).resolve()), lexicon_key=lexicon_key(lexicon))
     keyed = {k: v for k, v in settings.items() if k != "lexicon"}  # the lexicon counts by content, not by path
-    blob = json.dumps([cmeta.get("key"), cmeta["tokenizer"].get("hash"), keyed, FORMAT, VERSION], sort_keys=True)
-    key = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    key = cache_key(cmeta.get("key"), cmeta["tokenizer"].get("hash"), keyed, FORMAT, VERSION)
 
     return build_atomically(out_dir, key, _read_out_meta,
                             lambda tmp: _build(tmp, corpus_dir, cmeta, settings, num_proc, key), "plm make-mlm-data", force)
@@ -420,7 +414,7 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
     shutil.copyfile(corpus_dir / "tokenizer.json", tmp / "tokenizer.json")
     meta = {"format": FORMAT, "version": VERSION, **settings, "source": cmeta.get("key"),
             "corpus": str(corpus_dir.resolve()), "counts": counts, "tokenizer": tok_meta, "key": key}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_meta(tmp, meta)
     del source
     shutil.rmtree(work, ignore_errors=True)
     return meta

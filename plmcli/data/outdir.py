@@ -1,12 +1,12 @@
-"""Output directories that are either complete or absent: built in a temp dir, then renamed."""
+"""Checks on an output directory the user names (`--out`), and the cleanup of one a failed command made.
+
+Building an output whole or not at all is data/store.py's `atomic_dir` / `build_atomically`."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 from plmcli.errors import PlmError
 
@@ -38,60 +38,6 @@ def check_writable(out, flag: str = "--out") -> None:
         probe.rmdir()
     except OSError as e:
         raise PlmError(f"cannot write {out}: {e.strerror or e}", f"choose a writable {flag}") from None
-
-
-def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict | None], build: Callable[[Path], dict],
-                     what: str, force: bool = False) -> dict:
-    """Return the meta of `out_dir` if it was built with `key`, else `build(tmp)` it and swap it into place.
-
-    `read_meta(dir)` gives the meta of an output of this kind or None; a non-empty directory of another
-    kind is never overwritten. An interrupted build leaves the old output (or nothing) behind.
-    """
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        old = read_meta(out_dir) if out_dir.is_dir() else None
-        if old is None and not (out_dir.is_dir() and not any(out_dir.iterdir())):
-            raise PlmError(f"'{out_dir}' exists and is not a `{what}` output",
-                           "choose another --out directory (plm will not overwrite it)")
-        if old is not None and old.get("key") == key and not force:
-            return old
-    tmp = temp_beside(out_dir)
-    try:
-        try:
-            meta = build(tmp)
-        except Exception as e:
-            plm = find_plm_error(e)
-            if plm is not None and plm is not e:
-                raise plm from None
-            raise
-        swap_into(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return meta
-
-
-def temp_beside(dest: Path) -> Path:
-    """An empty temp dir next to `dest` (same filesystem, so the final rename is atomic), with the
-    permissions a plain mkdir would give: mkdtemp's 0700 would hide the output from other users."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
-    return tmp
-
-
-def swap_into(tmp: Path, dest: Path) -> None:
-    """Rename the finished `tmp` to `dest`; an existing `dest` (older output, empty dir) is swapped out
-    only now, so at every moment `dest` is either the old output or the complete new one."""
-    if dest.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-        os.replace(dest, trash / "old")
-        os.replace(tmp, dest)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, dest)
 
 
 def discard(out_dir: Path, made: bool) -> None:

@@ -12,26 +12,14 @@ built in a temp directory and renamed into place, and cached under a key over th
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import shutil
-import uuid
 from pathlib import Path
 from typing import Iterator
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
-from plmcli.data.corpus import (
-    STDIN,
-    arrow_totals,
-    _expand_inputs,
-    _input_stats,
-    _is_derived_data,
-    _num_validation,
-    _read_meta as _read_corpus_meta,
-    _text_lines,
-    default_cache_dir,
-)
-from plmcli.data.outdir import build_atomically
+from plmcli.data.corpus import arrow_totals, default_cache_dir, num_validation, read_corpus_meta
+from plmcli.data.store import build_atomically, inputs_key, is_derived_data, read_meta, write_meta
+from plmcli.data.text import STDIN, expand_inputs, input_stats, text_lines
 from plmcli.data.tokenizers import (
     load_tokenizer,
     resolve_special_tokens,
@@ -65,8 +53,8 @@ def split_pair(line: str, name: str, lineno: int) -> tuple[str, str]:
 def iter_pairs(inputs) -> Iterator[tuple[str, str]]:
     """(source, target) of every non-blank line of the inputs, in order."""
     seen = False
-    for name in _expand_inputs(inputs):
-        for lineno, line in enumerate(_text_lines(name), start=1):
+    for name in expand_inputs(inputs):
+        for lineno, line in enumerate(text_lines(name), start=1):
             if line.strip():
                 seen = True
                 yield split_pair(line, name, lineno)
@@ -74,24 +62,13 @@ def iter_pairs(inputs) -> Iterator[tuple[str, str]]:
         raise PlmError("the parallel input contains no text (every line is blank)", "check the input files")
 
 
-def read_meta(directory) -> dict | None:
+def read_parallel_meta(directory) -> dict | None:
     """meta.json of a parallel-corpus directory, or None if `directory` is not one."""
-    try:
-        meta = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+    return read_meta(directory, FORMAT)
 
 
 def _key(files: list[str], tok_cfg: TokenizerConfig, val_fraction: float) -> str:
-    stats = _input_stats(files)
-    if any(s["path"] == STDIN for s in stats):
-        return hashlib.sha256(uuid.uuid4().bytes).hexdigest()  # stdin is never cached
-    tok = dataclasses.asdict(tok_cfg)
-    if tok_cfg.path and Path(tok_cfg.path).is_file():  # the file's content matters, not its name
-        tok["path"] = hashlib.sha256(Path(tok_cfg.path).read_bytes()).hexdigest()
-    blob = json.dumps([stats, tok, float(val_fraction), FORMAT, VERSION], sort_keys=True)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return inputs_key(input_stats(files), tok_cfg, float(val_fraction), FORMAT, VERSION)
 
 
 def _check_roles(specials: dict[str, str]) -> None:
@@ -140,7 +117,7 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, val_fraction: 
                       remove_columns=["src", "tgt"], features=features, fn_kwargs={"tok": tok},
                       new_fingerprint=f"penc-{key[:32]}", desc="tokenizing pairs")
     n = len(encoded)
-    n_train = n - _num_validation(n, val_fraction)
+    n_train = n - num_validation(n, val_fraction)
     splits = DatasetDict(train=encoded.select(range(n_train)),
                          validation=encoded.select(range(n_train, n) if n_train < n else []))
     splits.save_to_disk(str(tmp / "dataset"), num_shards={k: 1 for k, ds in splits.items() if len(ds) == 0})
@@ -150,12 +127,12 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, val_fraction: 
         "version": VERSION,
         "tokenizer": {**dataclasses.asdict(tok_cfg), "kind": kind, "hash": tokenizer_hash(tok),
                       "vocab_size": tok.get_vocab_size(), "special_tokens": specials, "special_token_ids": ids},
-        "inputs": _input_stats(files),
+        "inputs": input_stats(files),
         "val_fraction": val_fraction,
         "counts": {name: _counts(ds) for name, ds in splits.items()},
         "key": key,
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_meta(tmp, meta)
     del raw, encoded, splits  # drop the memory maps before deleting the files under them
     shutil.rmtree(cache, ignore_errors=True)
     return meta
@@ -169,9 +146,9 @@ def tokenize_parallel(inputs, out_dir, tok_cfg: TokenizerConfig, val_fraction: f
     """
     if not 0 <= val_fraction < 1:
         raise PlmError(f"val_fraction must be in [0, 1), got {val_fraction}", "use e.g. 0.05 (5% of the pairs)")
-    files = _expand_inputs(inputs)
+    files = expand_inputs(inputs)
     key = _key(files, tok_cfg, val_fraction)
-    return build_atomically(Path(out_dir), key, read_meta,
+    return build_atomically(Path(out_dir), key, read_parallel_meta,
                             lambda tmp: _build(tmp, files, tok_cfg, val_fraction, num_proc, key), "parallel corpus", force)
 
 
@@ -180,12 +157,12 @@ def prepare_parallel(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, cac
     inputs = [str(i) for i in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     if len(inputs) == 1 and inputs[0] != STDIN and Path(inputs[0]).is_dir():
         d = Path(inputs[0])
-        if read_meta(d) is not None:
+        if read_parallel_meta(d) is not None:
             return d
-        if _read_corpus_meta(d) is not None or _is_derived_data(d):
+        if read_corpus_meta(d) is not None or is_derived_data(d):
             raise PlmError(f"'{d}' holds tokenized documents, not parallel text",
                            "pass the source<TAB>target text files, or train on documents with --set objective.name=denoising")
-    files = _expand_inputs(inputs)
+    files = expand_inputs(inputs)
     key = _key(files, tok_cfg, data_cfg.val_fraction)
     out = Path(cache_root) if cache_root is not None else default_cache_dir()
     out = out / "parallel" / key[:16]
@@ -197,7 +174,7 @@ def load_split(directory, split: str):
     """One split of a parallel-corpus directory as an Arrow-formatted Dataset."""
     from datasets import load_from_disk
 
-    meta = read_meta(directory)
+    meta = read_parallel_meta(directory)
     if meta is None:
         raise PlmError(f"'{directory}' is not a parallel corpus (no plm-parallel meta.json)",
                        "give translation runs source<TAB>target text; plm tokenizes and caches it")

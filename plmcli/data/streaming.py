@@ -5,7 +5,7 @@ small validation set. The training bytes (every input file, the last one up to t
 are cut into one contiguous stretch per *lane*; a micro-batch row is the next window of T+1 tokens of
 its lane, so rows of one batch come from far-apart places in the corpus. Lanes = processes ×
 loader workers (`train.num_workers`, at least one reader) × micro-batch rows; no two read the same
-bytes. A lane reads lines (see data/ranges.py), encodes them in the DataLoader worker and keeps the
+bytes. A lane reads lines (see data/text.py), encodes them in the DataLoader worker and keeps the
 tokens of the documents in order, a separator after each document, as `token_stream` lays out a
 tokenized corpus; at the end of its stretch it starts over (the next epoch).
 
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import os
 from collections import deque
 from pathlib import Path
@@ -32,7 +30,17 @@ import numpy as np
 import torch
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
-from plmcli.data.ranges import document_start, iter_lines, line_before_is_blank, open_text, seek_line
+from plmcli.data.store import build_atomically, cache_key, load_meta, tokenizer_settings, write_meta
+from plmcli.data.text import (
+    STDIN,
+    document_start,
+    expand_inputs,
+    input_stats,
+    iter_lines,
+    line_before_is_blank,
+    open_text,
+    seek_line,
+)
 from plmcli.data.tables import FORMAT_NAMES, TableInput
 from plmcli.errors import PlmError
 
@@ -60,17 +68,16 @@ def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig
                           cache_root=None, objective_cfg=None) -> Path:
     """A directory for streaming `inputs`: tokenizer.json, the validation tail tokenized, meta.json with
     the file list. Cached under a key over the inputs (paths, sizes, mtimes) and settings."""
-    from plmcli.data.corpus import FORMAT, STDIN, VERSION, _expand_inputs, _input_stats, _read_meta, default_cache_dir
-    from plmcli.data.outdir import build_atomically
+    from plmcli.data.corpus import FORMAT, VERSION, default_cache_dir, read_corpus_meta
 
     if objective_cls is not None:  # before a tokenizer is trained on a corpus this big
         check_streamable(objective_cls, objective_cfg)
 
     inputs = [inputs] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
-    if len(inputs) == 1 and Path(inputs[0]).is_dir() and _read_meta(Path(inputs[0])) is not None:
+    if len(inputs) == 1 and Path(inputs[0]).is_dir() and read_corpus_meta(Path(inputs[0])) is not None:
         raise PlmError(f"--streaming reads text files, and '{inputs[0]}' is already tokenized",
                        "drop --streaming (a tokenized corpus is read from disk as it trains), or pass the text files")
-    files = _expand_inputs(inputs, data_cfg.text_column)
+    files = expand_inputs(inputs, data_cfg.text_column)
     for name in files:
         if isinstance(name, TableInput):
             raise PlmError(f"--streaming reads plain text files, and {name.describe()} is a {FORMAT_NAMES[name.kind]}: "
@@ -81,15 +88,11 @@ def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig
                            f"{'standard input' if name == STDIN else 'a .gz file'} cannot be entered midway",
                            "decompress it to a plain text file (or tokenize it with `plm tokenize` and drop --streaming)")
         open_text(name).close()  # binary files and UTF-16 fail now, not hours into training
-    stats = _input_stats(files)
-    tok = dataclasses.asdict(tok_cfg)
-    if tok_cfg.path and Path(tok_cfg.path).is_file():
-        tok["path"] = hashlib.sha256(Path(tok_cfg.path).read_bytes()).hexdigest()
-    blob = json.dumps([stats, tok, data_cfg.doc_per_line, float(data_cfg.val_fraction), FORMAT, VERSION, KIND,
-                       VAL_MAX_BYTES, TOKENIZER_SAMPLE_BYTES], sort_keys=True)
-    key = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    stats = input_stats(files)
+    key = cache_key(stats, tokenizer_settings(tok_cfg), data_cfg.doc_per_line, float(data_cfg.val_fraction), FORMAT,
+                    VERSION, KIND, VAL_MAX_BYTES, TOKENIZER_SAMPLE_BYTES)
     out = (Path(cache_root) if cache_root is not None else default_cache_dir()) / "streams" / key[:16]
-    build_atomically(out, key, _read_meta, lambda tmp: _build(tmp, files, stats, tok_cfg, data_cfg, key),
+    build_atomically(out, key, read_corpus_meta, lambda tmp: _build(tmp, files, stats, tok_cfg, data_cfg, key),
                      "plm pretrain --streaming")
     return out
 
@@ -129,7 +132,7 @@ def _build(tmp: Path, files: list[str], stats: list[dict], tok_cfg: TokenizerCon
             "doc_per_line": data_cfg.doc_per_line, "val_fraction": data_cfg.val_fraction, "counts": counts, "key": key,
             KIND: {"files": [str(Path(f).resolve()) for f in files], "sizes": sizes, "train_end": train_end,
                    "train_bytes": sum(sizes[:-1]) + train_end, "validation_start": cut if val_bytes else None}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_meta(tmp, meta)
     return meta
 
 
@@ -262,7 +265,7 @@ class TextStream(torch.utils.data.IterableDataset):
                  rank: int, world: int, num_workers: int, make_batch):
         """Rows of `window` tokens; `make_batch(x, key)` turns a (B, window) tensor into a training batch, `key`
         (ints: the lanes' positions after it) seeds anything random in it, so a resumed run repeats it."""
-        meta = json.loads((Path(corpus_dir) / "meta.json").read_text())
+        meta = load_meta(corpus_dir)
         s = meta[KIND]
         self.key, self.tok_json, self.sep, self.W, self.B = meta["key"], tokenizer_json, sep, window, batch_size
         self.rank, self.world, self.readers, self.make_batch = rank, world, max(1, num_workers), make_batch

@@ -135,7 +135,7 @@ def encode_file(path: str, tok, prefix: int | None = None, line_end: int | None 
     encode). by_lines=True: each non-blank line's tokens followed by `line_end` when given, as corpora
     with `data.doc_per_line` train (blank lines are not documents there either).
     """
-    from plmcli.data.corpus import iter_text_lines
+    from plmcli.data.text import iter_text_lines
     from plmcli.errors import PlmError
 
     pieces = [np.asarray([prefix], dtype=np.int64)] if prefix is not None else []

@@ -134,7 +134,7 @@ def sentence_pll(model, sentences: list[np.ndarray], mask_id: int, max_length: i
 def read_sentences(path: str, tok, batch_lines: int = 1024) -> tuple[list[np.ndarray], int, int]:
     """(token ids of each non-blank line, without special tokens; UTF-8 bytes; whitespace words) of a
     file. Bytes and words count every line as read, as eval-ppl's causal path does (line ends included)."""
-    from plmcli.data.corpus import iter_text_lines
+    from plmcli.data.text import iter_text_lines
 
     sentences, n_bytes, n_words, batch = [], 0, 0, []
 

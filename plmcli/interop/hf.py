@@ -392,7 +392,7 @@ def _check_out(out: str, force: bool, source: Path) -> Path:
 
 def _replace_dir(dest: Path, write: Callable[[Path], None]) -> None:
     """Write into a temp dir beside `dest`, then rename it into place: `dest` is complete or unchanged."""
-    from plmcli.data.outdir import swap_into, temp_beside
+    from plmcli.data.store import swap_into, temp_beside
 
     tmp = temp_beside(dest)
     try:

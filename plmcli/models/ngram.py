@@ -29,9 +29,7 @@ one np.unique per order over the padded token array (PTB train, order 5: about a
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,7 +284,9 @@ class NGramLM(LanguageModel):
 
         started = time.monotonic()
         tok = load_tokenizer(Path(data_dir) / "tokenizer.json")
-        unk = json.loads((Path(data_dir) / "meta.json").read_text())["tokenizer"]["special_token_ids"].get("unk")
+        from plmcli.data.store import load_meta
+
+        unk = load_meta(data_dir)["tokenizer"]["special_token_ids"].get("unk")
         ids, lengths = read_sentences(data_dir, "train")
         if len(lengths) == 0:
             raise PlmError(f"the train split of {data_dir} has no sentences", "add text (one sentence per line)")
@@ -335,11 +335,11 @@ class NGramLM(LanguageModel):
             arrays[f"keys_{n}"], arrays[f"count_{n}"] = self.keys[n], self.count[n]
         for n in range(N):
             arrays[f"denom_{n}"], arrays[f"gamma_{n}"] = self.denom[n], self.gamma[n]
+        from plmcli.data.store import atomic_path
+
         path = Path(run_dir) / WEIGHTS
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic_path(path, path.with_name(f".{path.name}.tmp")) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, path)
         return path
 
     def load_run_weights(self, run_dir) -> None:
@@ -364,7 +364,7 @@ class NGramLM(LanguageModel):
 
     def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=None, device=None) -> dict:
         """Perplexity of text files, each line a sentence (padded as in training); adds oov_rate and sentences."""
-        from plmcli.data.corpus import iter_text_lines
+        from plmcli.data.text import iter_text_lines
         from plmcli.eval.perplexity import report
 
         N = self.cfg.order
@@ -431,11 +431,12 @@ class NGramLM(LanguageModel):
             keep = np.flatnonzero(self.count[n] > 0)
             sections.append((grams[n][keep], log10(self._prob(grams[n][keep])), backoff(n, keep)))
 
+        from plmcli.data.store import atomic_path
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
         words = np.array(self.words, dtype=object)
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_path(path, path.with_name(f".{path.name}.tmp")) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write("\\data\\\n")
             f.writelines(f"ngram {n}={len(toks)}\n" for n, (toks, _, _) in enumerate(sections, start=1))
             for n, (toks, lp, bo) in enumerate(sections, start=1):
@@ -446,7 +447,6 @@ class NGramLM(LanguageModel):
                 else:
                     f.writelines(f"{p:.7g}\t{t}\t{b:.7g}\n" for p, t, b in zip(lp.tolist(), text, bo.tolist()))
             f.write("\n\\end\\\n")
-        os.replace(tmp, path)
         return path
 
 

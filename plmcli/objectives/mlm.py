@@ -13,8 +13,6 @@ boundaries; the objective adds that loss (mean over its predictions) to the MLM 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, Optional
@@ -179,8 +177,9 @@ class MaskedLM(Objective):
 
             settings["lexicon"] = c.lexicon
             keyed["lexicon"] = lexicon_key(c.lexicon)  # by content: an edited lexicon gets new data
-        blob = json.dumps([meta.get("key"), meta.get("tokenizer", {}).get("hash"), keyed], sort_keys=True)
-        out = Path(cache_root or default_cache_dir()) / "mlm" / hashlib.sha256(blob.encode()).hexdigest()[:16]
+        from plmcli.data.store import cache_key
+
+        out = Path(cache_root or default_cache_dir()) / "mlm" / cache_key(meta.get("key"), meta.get("tokenizer", {}).get("hash"), keyed)[:16]
         if _read_meta(out).get("format") != MLM_FORMAT:
             make_mlm_data(corpus_dir, out, num_proc=num_proc, **settings)
         return out
@@ -353,11 +352,9 @@ class _NoBatches:
 
 
 def _read_meta(directory: Path) -> dict:
-    try:
-        meta = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    from plmcli.data.store import read_meta
+
+    return read_meta(directory) or {}
 
 
 def _padded(col, pad: int) -> tuple[np.ndarray, np.ndarray]:
@@ -439,27 +436,20 @@ def _unit_stream(corpus_dir: Path, split: str, sep_id: int, name: str, make_row_
     """Masking units' starts, flat in step with `token_stream`: `make_row_fn(corpus_dir)` gives a function of
     one document's (ids, sentence_starts, word_starts) -> its unit starts. Computed once, cached next to
     the tokens (one byte per token, written to a temp file and renamed)."""
-    import os
-    import tempfile
-
     from datasets import load_from_disk
+
+    from plmcli.data.store import atomic_path
 
     corpus_dir = Path(corpus_dir)
     path = corpus_dir / f"{split}.{sep_id}.{name}.bin"
     if not path.is_file():
         row_starts = make_row_fn(corpus_dir)
         ds = load_from_disk(str(corpus_dir / "dataset" / split))
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=corpus_dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for batch in ds.iter(batch_size=200):
-                    for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
-                        units = row_starts(ids, starts, ws)
-                        f.write(np.append(units, True).astype(np.bool_).tobytes())  # the separator: a unit of its own
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            for batch in ds.iter(batch_size=200):
+                for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
+                    units = row_starts(ids, starts, ws)
+                    f.write(np.append(units, True).astype(np.bool_).tobytes())  # the separator: a unit of its own
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=np.bool_)
     return np.memmap(path, dtype=np.bool_, mode="r")

@@ -27,8 +27,6 @@ identical; the memory restarts empty after a resume and at each epoch, like the 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,28 +199,23 @@ def sentence_start_stream(corpus_dir, split: str, sep_id: int) -> np.ndarray:
     path = Path(corpus_dir) / f"{split}.{sep_id}.sentence_flags.bin"
     side = path.with_suffix(".json")
     if not side.is_file():
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        from plmcli.data.store import atomic_path, write_json
+
         length = 0
-        try:
-            with open(tmp, "wb") as f:
-                ds = load_from_disk(str(Path(corpus_dir) / "dataset" / split)).with_format("arrow")
-                for tbl in ds.iter(batch_size=10_000):
-                    col = lambda c: c.to_numpy(zero_copy_only=False).astype(np.int64)  # noqa: E731
-                    lens = col(pc.list_value_length(tbl["input_ids"]))
-                    n_sent = col(pc.list_value_length(tbl["sentence_starts"]))
-                    rel = col(pc.list_flatten(tbl["sentence_starts"]))
-                    base = np.concatenate([[0], np.cumsum(lens + 1)[:-1]])  # each document is followed by its separator
-                    flags = np.zeros(int((lens + 1).sum()), bool)
-                    flags[np.repeat(base, n_sent) + rel] = True
-                    flags[base + lens] = True
-                    f.write(flags.tobytes())
-                    length += len(flags)
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        side_tmp = side.with_name(f".{side.name}.{uuid.uuid4().hex[:8]}")
-        side_tmp.write_text(json.dumps({"length": length}))
-        os.replace(side_tmp, side)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            ds = load_from_disk(str(Path(corpus_dir) / "dataset" / split)).with_format("arrow")
+            for tbl in ds.iter(batch_size=10_000):
+                col = lambda c: c.to_numpy(zero_copy_only=False).astype(np.int64)  # noqa: E731
+                lens = col(pc.list_value_length(tbl["input_ids"]))
+                n_sent = col(pc.list_value_length(tbl["sentence_starts"]))
+                rel = col(pc.list_flatten(tbl["sentence_starts"]))
+                base = np.concatenate([[0], np.cumsum(lens + 1)[:-1]])  # each document is followed by its separator
+                flags = np.zeros(int((lens + 1).sum()), bool)
+                flags[np.repeat(base, n_sent) + rel] = True
+                flags[base + lens] = True
+                f.write(flags.tobytes())
+                length += len(flags)
+        write_json(side, {"length": length})
     n = json.loads(side.read_text())["length"]
     return np.memmap(path, dtype=np.bool_, mode="r", shape=(n,)) if n else np.zeros(0, bool)
 

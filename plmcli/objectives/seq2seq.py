@@ -181,9 +181,9 @@ class Denoising(Translation):
         return Objective.prepare_corpus(inputs, tokenizer_cfg, data_cfg)  # plain documents
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
-        from plmcli.data.corpus import _require_meta, token_stream
+        from plmcli.data.corpus import require_meta, token_stream
 
-        meta = _require_meta(Path(corpus_dir))
+        meta = require_meta(Path(corpus_dir))
         pad, start, eos = self._ids()
         if "mask" not in self.special_ids and self.cfg.mask_ratio > 0:
             raise PlmError("denoising needs a 'mask' special token, and the tokenizer has none",
@@ -334,7 +334,7 @@ def eval_ppl(model, files, tok, cfg, max_length=None, batch_size=8, device="cpu"
     end, which eos stands for); words = whitespace words of the targets. Sources longer than
     max_length-1 tokens are cut (counted in `truncated_sources`).
     """
-    from plmcli.data.corpus import _expand_inputs, _text_lines
+    from plmcli.data.text import expand_inputs, text_lines
     from plmcli.data.parallel import split_pair
     from plmcli.eval.perplexity import report
 
@@ -384,8 +384,8 @@ def eval_ppl(model, files, tok, cfg, max_length=None, batch_size=8, device="cpu"
             sums[:] += [nll, n, 0, 0, cut]
             pending.clear()
 
-        for name in _expand_inputs([f]):
-            for lineno, line in enumerate(_text_lines(name), start=1):
+        for name in expand_inputs([f]):
+            for lineno, line in enumerate(text_lines(name), start=1):
                 if not line.strip():
                     continue
                 src, tgt = split_pair(line, name, lineno) if translation else (line.strip(), line.strip())

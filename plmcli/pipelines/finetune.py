@@ -43,6 +43,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
     CRF, auxiliary LM weight). eval_only: `from_run` is a finetuned run of this task; its dev split is
     scored and its test split predicted, nothing is trained.
     """
+    from plmcli.data.store import load_meta
     from plmcli.data.tasks.registry import get_task
     from plmcli.train.distributed import process_state
 
@@ -79,7 +80,7 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         if state.is_main_process:
             obj.encode_splits(splits, data)
         state.wait_for_everyone()
-        meta = json.loads((data / "meta.json").read_text())
+        meta = load_meta(data)
         if eval_only:
             return _eval_only(t, obj, model, data, _counts(meta), meta, run, out_dir, batch_size, seed, state)
         settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,

@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from plmcli.data.store import has_meta, load_meta
 from plmcli.errors import PlmError
 from plmcli.pipelines.common import default_corpus, quiet_datasets_off_terminal
 from plmcli.runs import (RECIPE, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, clear_progress, discard_run,
@@ -66,7 +67,7 @@ def _resumed(out: str | None, overrides, streaming: bool, data):
         raise PlmError(f"--resume --streaming: {run_dir} was trained from a tokenized corpus", "resume without --streaming")
     streaming = prev.get("streaming", False)  # a streamed run resumes streaming its text files
     if not data:  # the same corpus as the interrupted run: its tokenized dir if still there, else its inputs
-        data = [prev["corpus"]] if (Path(prev["corpus"]) / "meta.json").is_file() and not streaming else prev["inputs"]
+        data = [prev["corpus"]] if has_meta(prev["corpus"]) and not streaming else prev["inputs"]
     return r, run_dir, restart, streaming, data
 
 
@@ -146,7 +147,7 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
                                                objective_cfg=r.objective)
         else:
             corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
-    meta = json.loads((corpus_dir / "meta.json").read_text())
+    meta = load_meta(corpus_dir)
     tok = load_tokenizer(corpus_dir / TOKENIZER)
     special_ids = meta["tokenizer"]["special_token_ids"]
     objectives = [objective(st, tok, special_ids) for st in stages]

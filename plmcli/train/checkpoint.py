@@ -90,8 +90,9 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, kee
         if accelerator.is_main_process:
             # Plainly: the directory is the temp path, renamed into place whole.
             (tmp / LOOP_STATE).write_text(json.dumps(loop_state, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            from plmcli.data.store import swap_into
+
+            swap_into(tmp, final)
             for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -114,11 +115,12 @@ def write_json(path: Path, obj, continue_with: str | None = None) -> None:
 
 
 def write_text(path: Path, text: str, continue_with: str | None = None) -> None:
+    from plmcli.data.store import atomic_path
+
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path.name, tmp, continue_with):
+    with writing(path.name, tmp, continue_with), atomic_path(path, tmp):
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
 
 
 class RunLock:

@@ -131,17 +131,18 @@ def save_weights(accelerator, model, run_dir: Path, tied: dict[str, str]) -> Non
     """
     from safetensors.torch import save_file, save_model
 
+    from plmcli.data.store import atomic_path
+
     tmp, final = Path(run_dir) / ".model.safetensors.tmp", Path(run_dir) / "model.safetensors"
-    if sharded(accelerator):
-        state = accelerator.get_state_dict(model)  # collective
-        if accelerator.is_main_process:
-            save_file({k: v.contiguous() for k, v in state.items() if k not in tied}, str(tmp), metadata=dict(tied) or None)
-    elif accelerator.is_main_process:
-        save_model(accelerator.unwrap_model(model), str(tmp))
+    state = accelerator.get_state_dict(model) if sharded(accelerator) else None  # collective
     if accelerator.is_main_process:
-        # safetensors creates its file 0600; the weights get the mode any file would (0644 under umask 022).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, final)
+        with atomic_path(final, tmp):
+            if state is not None:
+                save_file({k: v.contiguous() for k, v in state.items() if k not in tied}, str(tmp), metadata=dict(tied) or None)
+            else:
+                save_model(accelerator.unwrap_model(model), str(tmp))
+            # safetensors creates its file 0600; the weights get the mode any file would (0644 under umask 022).
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
     accelerator.wait_for_everyone()

@@ -6,7 +6,6 @@ micro-batch index, so the data position is one integer) and for `step(model, bat
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import threading
@@ -494,8 +493,9 @@ def _resumable(loop: dict, path: Path, accelerator, world: int, accum: int, glob
 
 
 def _has_split(corpus_dir, split) -> bool:
-    meta = json.loads((Path(corpus_dir) / "meta.json").read_text())
-    counts = meta.get("counts", {}).get(split, {})
+    from plmcli.data.store import load_meta
+
+    counts = load_meta(corpus_dir).get("counts", {}).get(split, {})
     return any(counts.get(k, 0) > 0 for k in ("documents", "instances", "examples"))
 
 

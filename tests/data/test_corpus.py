@@ -15,13 +15,13 @@ from plmcli.config_sections import DataConfig, TokenizerConfig  # noqa: E402
 from plmcli.data import corpus  # noqa: E402
 from plmcli.data.corpus import (  # noqa: E402
     default_cache_dir,
-    iter_documents,
     load_corpus,
     prepare_corpus,
     split_bytes,
     token_stream,
     tokenize_corpus,
 )
+from plmcli.data.text import iter_documents, split_lines  # noqa: E402
 from plmcli.data.tokenizers import train_tokenizer  # noqa: E402
 from plmcli.errors import PlmError  # noqa: E402
 
@@ -324,7 +324,7 @@ def _reference_encode(batch: dict, tok, split_sentences: bool = False) -> dict:
     assert not split_sentences  # the reference reads lines as sentences, as the files it is compared on
     lines, per_doc = [], []
     for doc in batch["text"]:
-        doc_lines = corpus._split_lines(doc)
+        doc_lines = split_lines(doc)
         lines.extend(doc_lines)
         per_doc.append(len(doc_lines))
     encodings = iter(tok.encode_batch(lines, add_special_tokens=False))

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
 from plmcli.config_sections import DataConfig, TokenizerConfig  # noqa: E402
-from plmcli.data.corpus import corpus_key, iter_documents, iter_text_lines, prepare_corpus, token_stream, tokenize_corpus  # noqa: E402
+from plmcli.data.corpus import corpus_key, prepare_corpus, token_stream, tokenize_corpus  # noqa: E402
+from plmcli.data.text import iter_documents, iter_text_lines  # noqa: E402
 from plmcli.data.streaming import prepare_stream_corpus  # noqa: E402
 from plmcli.errors import PlmError  # noqa: E402
 

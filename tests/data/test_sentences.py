@@ -7,7 +7,7 @@ import pytest
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
 from plmcli.data.corpus import load_corpus, prepare_corpus, tokenize_corpus
-from plmcli.data.sentences import split_sentences
+from plmcli.data.text import split_sentences
 
 
 @pytest.mark.parametrize("line, expected", [

@@ -11,8 +11,8 @@ from datasets import load_from_disk
 
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data import corpus
-from plmcli.data.corpus import iter_documents, load_corpus, tokenize_corpus
-from plmcli.data.ranges import document_start, iter_lines, line_before_is_blank, range_documents
+from plmcli.data.corpus import load_corpus, tokenize_corpus
+from plmcli.data.text import document_start, iter_documents, iter_lines, line_before_is_blank, range_documents
 from plmcli.data.tokenizers import train_tokenizer
 from plmcli.errors import PlmError
 

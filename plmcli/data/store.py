@@ -1,0 +1,192 @@
+"""Data on disk: a data directory's meta.json, the cache key outputs are found by, and writes that are
+whole or absent.
+
+Every prepared directory (`plm tokenize`, make-mlm-data, parallel, streaming, a finetune's data) says
+what it is in `meta.json`; only this module reads and writes that file. Every cached output is found by
+`cache_key` over what made it, so the same inputs and settings find the same directory. Every file or
+directory plm writes is built under a temp name beside its destination and renamed into place: a reader
+sees the old output or the complete new one, never half of one, and a failure leaves no temp behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from plmcli.data.outdir import find_plm_error
+from plmcli.errors import PlmError
+
+META = "meta.json"
+CORPUS_FORMAT = "plm-tokenized"
+"""The format of a `plm tokenize` output (data/corpus.py): text readers refuse to read one as text."""
+
+
+# ----------------------------------------------------------------------------- meta.json
+
+
+def read_meta(directory, fmt: str | None = None) -> dict | None:
+    """meta.json of `directory`, or None if it is missing, damaged, or (with `fmt`) of another format."""
+    try:
+        meta = json.loads((Path(directory) / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    return meta if fmt is None or meta.get("format") == fmt else None
+
+
+def load_meta(directory) -> dict:
+    """meta.json of a directory plm prepared itself (it must be there): a PlmError when it cannot be read."""
+    meta = read_meta(directory)
+    if meta is None:
+        raise PlmError(f"'{directory}' has no readable {META}",
+                       "delete the directory (or the cache) and let plm prepare it again")
+    return meta
+
+
+def has_meta(directory) -> bool:
+    return (Path(directory) / META).is_file()
+
+
+def write_meta(directory, meta: dict) -> None:
+    """Write meta.json into a directory being built (its temp directory: renamed into place whole)."""
+    (Path(directory) / META).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def is_derived_data(directory) -> bool:
+    """A directory built from a tokenized corpus (e.g. `plm make-mlm-data`): meta.json with its tokenizer."""
+    meta = read_meta(directory)
+    return meta is not None and "tokenizer" in meta and (Path(directory) / "tokenizer.json").is_file()
+
+
+# ----------------------------------------------------------------------------- cache keys
+
+
+def cache_key(*parts) -> str:
+    """The key of a cached output: sha256 of its parts as JSON with sorted keys. Changing the recipe would
+    orphan every cache on disk; a part added later should be appended only when set (see corpus_key)."""
+    return hashlib.sha256(json.dumps(list(parts), sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def tokenizer_settings(tok_cfg) -> dict:
+    """Tokenizer settings as they enter a key: a tokenizer file counts by its content, not its name."""
+    tok = dataclasses.asdict(tok_cfg)
+    if tok_cfg.path and Path(tok_cfg.path).is_file():
+        tok["path"] = hashlib.sha256(Path(tok_cfg.path).read_bytes()).hexdigest()
+    return tok
+
+
+def inputs_key(stats: list[dict], tok_cfg, *settings) -> str:
+    """The key of an output tokenized from inputs (`text.input_stats`): unique when stdin is one of them,
+    as stdin is never cached."""
+    if any(s.get("path") == "-" for s in stats):  # text.STDIN
+        return hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+    return cache_key(stats, tokenizer_settings(tok_cfg), *settings)
+
+
+# ----------------------------------------------------------------------------- atomic files
+
+
+def remove(path: Path) -> None:
+    """Remove a file, link or directory tree if it is there."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_path(dest, tmp=None) -> Iterator[Path]:
+    """A temp path beside `dest` to write (a file or a link); a clean exit renames it onto `dest`, a failure
+    (Ctrl-C too) removes it. `tmp` names the temp path when a caller must know it (several processes)."""
+    dest = Path(dest)
+    tmp = Path(tmp) if tmp is not None else dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    except BaseException:
+        remove(tmp)
+        raise
+
+
+def write_text(dest, text: str) -> None:
+    with atomic_path(dest) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(dest, obj) -> None:
+    write_text(dest, json.dumps(obj))
+
+
+# ----------------------------------------------------------------------------- atomic directories
+
+
+def temp_beside(dest: Path) -> Path:
+    """An empty temp dir next to `dest` (same filesystem, so the final rename is atomic), with the
+    permissions a plain mkdir would give: mkdtemp's 0700 would hide the output from other users."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
+
+
+def swap_into(tmp: Path, dest: Path) -> None:
+    """Rename the finished `tmp` to `dest`; an existing `dest` (older output, empty dir) is swapped out
+    only now, so at every moment `dest` is either the old output or the complete new one."""
+    if dest.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        os.replace(dest, trash / "old")
+        os.replace(tmp, dest)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+
+
+@contextmanager
+def atomic_dir(dest) -> Iterator[Path]:
+    """A temp directory beside `dest` to build in; a clean exit swaps it into place, a failure removes it."""
+    dest = Path(dest)
+    tmp = temp_beside(dest)
+    try:
+        yield tmp
+        swap_into(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict | None], build: Callable[[Path], dict],
+                     what: str, force: bool = False) -> dict:
+    """Return the meta of `out_dir` if it was built with `key`, else `build(tmp)` it and swap it into place.
+
+    `read_meta(dir)` gives the meta of an output of this kind or None; a non-empty directory of another
+    kind is never overwritten. An interrupted build leaves the old output (or nothing) behind.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        old = read_meta(out_dir) if out_dir.is_dir() else None
+        if old is None and not (out_dir.is_dir() and not any(out_dir.iterdir())):
+            raise PlmError(f"'{out_dir}' exists and is not a `{what}` output",
+                           "choose another --out directory (plm will not overwrite it)")
+        if old is not None and old.get("key") == key and not force:
+            return old
+    with atomic_dir(out_dir) as tmp:
+        try:
+            meta = build(tmp)
+        except Exception as e:
+            plm = find_plm_error(e)
+            if plm is not None and plm is not e:
+                raise plm from None
+            raise
+    return meta
