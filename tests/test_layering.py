@@ -33,6 +33,14 @@ LAYERS = (
 """Top to bottom: a module imports its own layer or one below. Same-layer imports (a package's own
 modules, analysis -> train, data -> models) are allowed where they make no cycle (test_no_import_cycle)."""
 
+LAYER_OF_MODULE = {
+    # The registries are name -> "module:attr" tables that import registry_util alone and resolve a class
+    # only when called: config validates a recipe's model and objective sections through them.
+    "plmcli.models.registry": "registry_util",
+    "plmcli.objectives.registry": "registry_util",
+}
+"""Modules whose layer is not their package's."""
+
 MODELS_MUST_NOT_IMPORT = ("eval", "objectives", "train", "api", "cli", "interop", "runs", "pipelines", "analysis")
 
 MAX_FUNCTION_LINES = 80
@@ -60,8 +68,6 @@ PROBE_ALLOWED = {
 # the lead empties these lists after merging (an entry that no longer matches anything fails the test).
 
 KNOWN_UPWARD = {  # (importer, imported module)
-    ("config.py", "plmcli.models.registry"),
-    ("config.py", "plmcli.objectives.registry"),
     ("models/albert.py", "plmcli.interop"),
     ("models/bert.py", "plmcli.interop"),
     ("models/electra.py", "plmcli.interop"),
@@ -165,8 +171,12 @@ def _top(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+def _layer(module: str) -> str:
+    return LAYER_OF_MODULE.get(module, _top(module))
+
+
 def _rank(module: str) -> int:
-    top = _top(module)
+    top = _layer(module)
     for i, layer in enumerate(LAYERS):
         if top in layer:
             return i
@@ -188,6 +198,7 @@ def _stale(known: set, found: set, name: str):
 def test_every_module_has_a_layer():
     for module in sources():
         _rank(module)
+    assert not LAYER_OF_MODULE.keys() - sources().keys(), "LAYER_OF_MODULE names a module that is gone"
 
 
 def test_imports_point_down():
@@ -196,7 +207,7 @@ def test_imports_point_down():
         if target in sources() and _rank(target) < _rank(importer):
             seen.add((rel, target))
             if (rel, target) not in KNOWN_UPWARD:
-                problems.append(f"plmcli/{rel}:{line}: {importer} ({_top(importer)}) imports {target} ({_top(target)}), a layer above it")
+                problems.append(f"plmcli/{rel}:{line}: {importer} ({_layer(importer)}) imports {target} ({_layer(target)}), a layer above it")
     _report(problems, "imports point up the layers (cli → api → pipelines → train/eval/generate/interop/analysis → "
                       "runs → objectives → models/data → config → errors)")
     _stale(KNOWN_UPWARD, seen, "KNOWN_UPWARD")
