@@ -162,8 +162,8 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
 
 def export(run: str | None, format: str, out: str, force: bool = False) -> dict:
     """Write a run in another tool's format: arpa (n-gram runs) or hf (a transformers directory);
-    returns {"format", "out", ...} (hf adds architecture, parameters and what was left out, see plmcli.export)."""
-    from plmcli.export import export_report
+    returns {"format", "out", ...} (hf adds architecture, parameters and what was left out, see plmcli.interop.export)."""
+    from plmcli.interop.export import export_report
 
     return export_report(run, format, out, force)
 

@@ -1,15 +1,15 @@
 """Text generation from a run: greedy, beam search and top-k / top-p sampling.
 
-Serves encoder-decoder runs (`seq2seq = True`: the prompt is the source, the output the decoded
-target) and causal LMs (`causal = True`: the prompt, after the tokenizer's bos (or eos), is continued).
+Serves encoder-decoder runs (`traits.seq2seq`: the prompt is the source, the output the decoded
+target) and causal LMs (`traits.causal`: the prompt, after the tokenizer's bos (or eos), is continued).
 All decoding strategies drive one small interface, a *session* over N rows:
 `logits()` -> (N, V) next-token logits, `push(tokens)` appends one token per row, `select(index)`
 keeps / duplicates rows (beam search reorders them). Sessions exist for
 - encoder-decoders: `model.encode(src_ids, src_mask)` once, then `model.decode_step(tokens, state)`;
-- stateful causal LMs (`stateful = True`, forward(ids, state) -> (logits, state)): the state carried;
+- stateful causal LMs (`traits.stateful`, forward(ids, state) -> (logits, state)): the state carried;
 - other causal LMs: the forward recomputed over the context, cropped to the model's max_positions;
-- a model with a `generation_session(prompt_ids)` of its own (n-grams: log P(w | history) over its
-  words), which also names its `eos` and `decode`s its tokens.
+- a model with a `generation_session(prompt_ids)` of its own (`HasGenerationSession`; n-grams:
+  log P(w | history) over its words), which also names its `eos` and `decode`s its tokens.
 Generation stops at eos (which is not part of the output) or after max_new_tokens.
 """
 
@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
+from plmcli.models.base import CarriesStateBatch, HasGenerationSession, HasPositionLimit
 
 STRATEGIES = ("greedy", "beam", "sample")
 
@@ -143,7 +145,7 @@ class StatefulSession(_Lazy):
             out, st = model(torch.tensor([c], device=device))
             logits.append(out[:, -1])
             states.append(st)
-        self.batch_dim = getattr(model, "state_batch_dim", 1)
+        self.batch_dim = model.state_batch_dim if isinstance(model, CarriesStateBatch) else 1
         self.state = _cat_states(states, self.batch_dim)
         self._pending, self._logits = None, torch.cat(logits)
 
@@ -287,24 +289,8 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         from plmcli.runs import load_run
 
         model, tok, cfg = load_run(run, "plm generate RUN", "generate")
-    seq2seq, causal = getattr(model, "seq2seq", False), getattr(model, "causal", False)
-    if not (seq2seq or causal):
-        raise PlmError(f"a {cfg.get('family', type(model).__name__)} run cannot generate text (it is neither causal nor encoder-decoder)",
-                       "generate from a causal LM (gpt, rnn, ...) or a seq2seq / transformer run")
-    # A model that decodes in a vocabulary of its own (n-gram words, counted on the CPU) gives its own session.
-    own = hasattr(model, "generation_session")
-    device = torch.device("cpu" if own else device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.to(device).eval()
-    ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    eos = ids.get("eos")
-    P = getattr(model, "max_positions", None)
-    if seq2seq:
-        if "pad" not in ids or "eos" not in ids:
-            raise PlmError("the run's tokenizer has no pad/eos special tokens", "train it with a seq2seq recipe's tokenizer settings")
-        start = ids.get("bos", eos)
-        max_new_tokens = min(max_new_tokens, P - 1) if P else max_new_tokens  # the decoder's positions
-    prefix = [ids[r] for r in ("bos", "eos") if r in ids][:1]
-    generator = torch.Generator(device=device).manual_seed(seed)
+    plan = _Plan.of(model, cfg, max_new_tokens, device)
+    generator = torch.Generator(device=plan.device).manual_seed(seed)
 
     def pick(logits):
         if strategy == "greedy":
@@ -312,36 +298,80 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
         return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
-    if getattr(model, "has_memory", False):
+    if model.traits.has_memory:
         batch_size = 1  # memories of prompts of different lengths differ in length: each prompt decodes alone
     texts: list[str] = []
     for b in range(0, len(prompts), batch_size):
         batch = [str(p).rstrip("\n") for p in prompts[b : b + batch_size]]
         encoded = [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
-        if max_new_tokens == 0:
+        if plan.max_new_tokens == 0:
             texts.extend("" for _ in batch)
             continue
-        decode = functools.partial(_decode, tok, continuation=not seq2seq)
-        if own:
-            session = model.generation_session(encoded)
-            eos, decode = session.eos, lambda _, out: session.decode(out)
-        elif seq2seq:
-            keep = (P - 1) if P else None
-            session = Seq2SeqSession(model, [e[:keep] + [eos] for e in encoded], ids["pad"], start, eos, device)
-        else:
-            contexts = [prefix + e for e in encoded]
-            if any(not c for c in contexts):
-                raise PlmError("an empty prompt, and the run's tokenizer has no bos/eos to start from", "give every prompt some text")
-            if getattr(model, "stateful", False):
-                session = StatefulSession(model, contexts, device)
-            else:
-                session = CausalSession(model, contexts, max_new_tokens, P, device)
+        session, eos, decode = plan.session(model, tok, encoded)
         if strategy == "beam":
-            outs = _beam(session, len(batch), num_beams, max_new_tokens, eos, length_penalty)
+            outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty)
         else:
-            outs = _per_row(session, len(batch), max_new_tokens, eos, pick)
+            outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick)
         texts.extend(decode(e, out) for e, out in zip(encoded, outs))
     return texts
+
+
+@dataclass
+class _Plan:
+    """How a model generates: which session, on which device, with which special tokens and bounds."""
+
+    seq2seq: bool
+    own: bool
+    """The model gives its own session (`HasGenerationSession`)."""
+    device: torch.device
+    ids: dict
+    """The tokenizer's special token ids by role."""
+    eos: int | None
+    P: int | None
+    """The model's max_positions, None when it reads any length."""
+    start: int | None
+    """An encoder–decoder's first decoder token."""
+    max_new_tokens: int
+    prefix: list[int]
+    """What a causal LM's context starts with: the bos (or eos) token."""
+
+    @classmethod
+    def of(cls, model, cfg: dict, max_new_tokens: int, device) -> "_Plan":
+        seq2seq, causal = model.traits.seq2seq, model.traits.causal
+        if not (seq2seq or causal):
+            raise PlmError(f"a {cfg.get('family', type(model).__name__)} run cannot generate text (it is neither causal nor encoder-decoder)",
+                           "generate from a causal LM (gpt, rnn, ...) or a seq2seq / transformer run")
+        # A model that decodes in a vocabulary of its own (n-gram words, counted on the CPU) gives its own session.
+        own = isinstance(model, HasGenerationSession)
+        device = torch.device("cpu" if own else device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model.to(device).eval()
+        ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
+        eos, start = ids.get("eos"), None
+        P = model.max_positions if isinstance(model, HasPositionLimit) else None
+        if seq2seq:
+            if "pad" not in ids or "eos" not in ids:
+                raise PlmError("the run's tokenizer has no pad/eos special tokens", "train it with a seq2seq recipe's tokenizer settings")
+            start = ids.get("bos", eos)
+            max_new_tokens = min(max_new_tokens, P - 1) if P else max_new_tokens  # the decoder's positions
+        prefix = [ids[r] for r in ("bos", "eos") if r in ids][:1]
+        return cls(seq2seq, own, device, ids, eos, P, start, max_new_tokens, prefix)
+
+    def session(self, model, tok, encoded: list[list[int]]):
+        """(session, eos, decode(prompt ids, new ids) -> text) for one batch of encoded prompts."""
+        if self.own:
+            session = model.generation_session(encoded)
+            return session, session.eos, lambda _, out: session.decode(out)
+        decode = functools.partial(_decode, tok, continuation=not self.seq2seq)
+        if self.seq2seq:
+            keep = (self.P - 1) if self.P else None
+            sources = [e[:keep] + [self.eos] for e in encoded]
+            return Seq2SeqSession(model, sources, self.ids["pad"], self.start, self.eos, self.device), self.eos, decode
+        contexts = [self.prefix + e for e in encoded]
+        if any(not c for c in contexts):
+            raise PlmError("an empty prompt, and the run's tokenizer has no bos/eos to start from", "give every prompt some text")
+        if model.traits.stateful:
+            return StatefulSession(model, contexts, self.device), self.eos, decode
+        return CausalSession(model, contexts, self.max_new_tokens, self.P, self.device), self.eos, decode
 
 
 def _decode(tok, prompt_ids: list[int], new_ids: list[int], continuation: bool) -> str:

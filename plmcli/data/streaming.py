@@ -24,7 +24,7 @@ import functools
 import os
 from collections import deque
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -344,10 +344,18 @@ class TextStream(torch.utils.data.IterableDataset):
 # ----------------------------------------------------------------------------- the objective
 
 
+@runtime_checkable
+class TrainsOnWindows(Protocol):
+    """An objective that trains on plain token windows (clm, dynamic token-masked mlm, rtd): each streamed
+    (B, T) window batch and its stream position `key` become the objective's batch."""
+
+    def window_batch(self, x, key, seed: int = 0) -> dict: ...
+
+
 def check_streamable(objective_cls, cfg=None) -> None:
     """Streaming reads plain token windows; an objective trains on them through `window_batch` (clm, dynamic
     token-masked mlm). With its config, the objective's settings are checked too (`streaming_problem`)."""
-    if not hasattr(objective_cls, "window_batch"):
+    if not issubclass(objective_cls, TrainsOnWindows):
         raise PlmError(f"--streaming trains on plain token windows (objectives clm and mlm), not {objective_cls.__name__}",
                        "drop --streaming: `plm tokenize` the corpus first (memory stays flat) and pass it with --data")
     problem = objective_cls.streaming_problem(cfg) if cfg is not None else None

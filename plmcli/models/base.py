@@ -191,3 +191,31 @@ def uses_token_types(model: nn.Module) -> bool:
     """Whether segment ids reach the model: a `type_vocab_size` of 2 or more (families without one count as
     2). RoBERTa's 1 (or 0): pairs are told apart by [SEP] alone, every token is segment 0."""
     return getattr(model.cfg, "type_vocab_size", 2) >= 2
+
+
+# ---------------------------------------------------------------- what generation, analysis and training ask
+
+
+@runtime_checkable
+class HasPositionLimit(Protocol):
+    """Learned or fixed positions up to `max_positions`: generation crops a causal LM's context to it and
+    bounds an encoder–decoder's output by it. A model without one (RNN, n-gram) reads any length."""
+
+    @property
+    def max_positions(self) -> int: ...
+
+
+@runtime_checkable
+class CarriesStateBatch(Protocol):
+    """A stateful model whose carried state has its batch on dimension `state_batch_dim` (Transformer-XL's
+    memories: 0). A stateful model without it carries RNN states, (layers, B, H): dimension 1."""
+
+    state_batch_dim: int
+
+
+@runtime_checkable
+class HasGenerationSession(Protocol):
+    """Decodes in a vocabulary of its own (n-gram words, counted on the CPU): `generation_session(prompt ids)`
+    gives the session generation drives (logits / push / select), which names its `eos` and `decode`s."""
+
+    def generation_session(self, prompts: list[list[int]]): ...

@@ -192,13 +192,13 @@ def _fill_run_dir(r, run_dir: Path, prep: Prepared, resume: bool, restart: bool,
 
 def _write_final(run_dir: Path, names, last_phase: Path, summary: dict, continue_with: str) -> None:
     """The run's weights (its last phase's, when it has phases) and RUN/summary.json."""
+    from plmcli.data.store import atomic_path
     from plmcli.train import checkpoint as ckpt
 
     if names[0] is not None:  # the run's weights are its last phase's
         tmp = run_dir / f".{WEIGHTS}.tmp"
-        with ckpt.writing(WEIGHTS, tmp, continue_with):
+        with ckpt.writing(WEIGHTS, tmp, continue_with), atomic_path(run_dir / WEIGHTS, tmp):
             shutil.copyfile(last_phase / WEIGHTS, tmp)
-            tmp.replace(run_dir / WEIGHTS)
     ckpt.write_json(run_dir / "summary.json", summary, continue_with)
 
 

@@ -49,7 +49,7 @@ def _write_failure(e: BaseException, where: Path) -> str:
     """Why a write failed, in the user's words."""
     known = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
              errno.EFBIG: "file too large (over the file size limit, ulimit -f)"}
-    if getattr(e, "errno", None) in known:
+    if isinstance(e, OSError) and e.errno in known:
         return known[e.errno]
     import resource
 
@@ -60,7 +60,7 @@ def _write_failure(e: BaseException, where: Path) -> str:
             return known[errno.ENOSPC]
     except OSError:
         pass
-    return (getattr(e, "strerror", None) or str(e)).lower()
+    return ((e.strerror if isinstance(e, OSError) else None) or str(e)).lower()
 
 
 def latest_checkpoint(run_dir: Path) -> Path:

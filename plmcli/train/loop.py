@@ -18,6 +18,7 @@ import torch
 
 from plmcli.data.batching import CountFrom
 from plmcli.errors import Interrupted, PlmError
+from plmcli.models.base import CountsFlops
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
 from plmcli.train.optim import build_optimizer
@@ -257,7 +258,7 @@ class _Training:
         self.main = accelerator.is_main_process
         self.log = MetricsLog(self.run_dir, enabled=self.main)
         unwrapped = accelerator.unwrap_model(self.model)
-        fpt = unwrapped.flops_per_token(t.seq_len) if hasattr(unwrapped, "flops_per_token") else None
+        fpt = unwrapped.flops_per_token(t.seq_len) if isinstance(unwrapped, CountsFlops) else None
         self.fpt, self.peak = fpt, peak_flops(accelerator.device)
         self.batches = self._batches()
         self.state = self.objective.init_state()

@@ -4,7 +4,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from plmcli.errors import PlmError
-from plmcli.eval import metrics
+from plmcli.data.tasks import metrics
 
 rng = np.random.default_rng(0)
 LABELS = rng.integers(0, 2, 50)

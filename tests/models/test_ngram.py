@@ -11,7 +11,7 @@ from helpers import ToyEncoder, ToyEncoderConfig, tiny_corpus
 from plmcli import api
 from plmcli.config import load_recipe
 from plmcli.errors import PlmError
-from plmcli.export import export
+from plmcli.interop.export import export
 from plmcli.models.ngram import NGramConfig, NGramLM
 
 

@@ -8,13 +8,14 @@ layouts themselves live in plmcli.data.pairs).
 
 from __future__ import annotations
 
-import json
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from plmcli.data.pairs import encode_framed, encoder_frame, truncate_pair  # noqa: F401  (truncate_pair: its old home)
+from plmcli.data.store import write_meta  # noqa: F401  (the task objectives write their data's meta.json through it)
 from plmcli.errors import PlmError
 
 
@@ -62,7 +63,7 @@ class Task:
     """What `plm finetune` needs from a task. Subclasses (or instances) fill in the attributes."""
 
     options: TaskOptions = TaskOptions()
-    """Set by registry.get_task; read-only for the task."""
+    """Set by `fresh_task` (registry.get_task); read-only for the task."""
     name: str = ""
     objective: str = "classify"
     """The objective (plmcli.objectives.registry) that trains it."""
@@ -88,7 +89,7 @@ class Task:
         """Rebuild from `state()` (eval-only runs, loading a finetuned model)."""
 
     def score(self, preds, labels) -> dict[str, float]:
-        from plmcli.eval.metrics import compute
+        from plmcli.data.tasks.metrics import compute
 
         return compute(self.metrics, preds, labels)
 
@@ -100,6 +101,14 @@ class Task:
     def write_predictions(self, path: Path, ids, preds) -> None:
         lines = ["index\tprediction"] + [f"{i}\t{self.format_prediction(p)}" for i, p in zip(ids, preds)]
         Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def fresh_task(entry, options: TaskOptions | None = None) -> Task:
+    """A Task of its own from a registry entry: a class is instantiated, an instance deep-copied (a task keeps
+    what it found in the data, labels among them); `options` None = the defaults."""
+    task = entry() if isinstance(entry, type) else copy.deepcopy(entry)
+    task.options = options or TaskOptions()
+    return task
 
 
 # ------------------------------------------------------------------ encoding
@@ -132,5 +141,3 @@ def load_split(path: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-def write_meta(data_dir: Path, meta: dict) -> None:
-    (Path(data_dir) / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import copy
-
+from plmcli.data.tasks import fresh_task
 from plmcli.registry_util import resolve
 
 TASKS: dict[str, str] = {
@@ -27,17 +26,11 @@ TASKS: dict[str, str] = {
 
 
 def get_task(name: str, options=None):
-    """A fresh Task for `name` (a registered class is instantiated, an instance copied) with `options`
-    (a TaskOptions; None = the defaults)."""
-    from plmcli.data.tasks import TaskOptions
-
+    """A fresh Task for `name` ("SST-2", "sts_b" find sst2, stsb) with `options` (a TaskOptions; None = the defaults)."""
     key = name.lower()
-    if key not in TASKS:  # "SST-2", "sts_b" -> "sst2", "stsb"
+    if key not in TASKS:
         key = key.replace("-", "").replace("_", "")
-    task = resolve(TASKS, key, "task")
-    task = task() if isinstance(task, type) else copy.deepcopy(task)
-    task.options = options or TaskOptions()
-    return task
+    return fresh_task(resolve(TASKS, key, "task"), options)
 
 
 def task_names() -> list[str]:
