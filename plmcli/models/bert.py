@@ -20,8 +20,8 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, NormPosition, bidirectional,
                                    init_weights, require_vocab)
 

@@ -27,9 +27,9 @@ from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import ACTIVATIONS, Activation, Block, bidirectional, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")

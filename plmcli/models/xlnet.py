@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import Activation, FeedForward, init_weights, require_vocab, sinusoid_table
 
 
