@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 
 STRATEGIES = ("greedy", "beam", "sample")
 
@@ -287,7 +288,7 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         from plmcli.runs import load_run
 
         model, tok, cfg = load_run(run, "plm generate RUN", "generate")
-    seq2seq, causal = getattr(model, "seq2seq", False), getattr(model, "causal", False)
+    seq2seq, causal = traits_of(model).seq2seq, traits_of(model).causal
     if not (seq2seq or causal):
         raise PlmError(f"a {cfg.get('family', type(model).__name__)} run cannot generate text (it is neither causal nor encoder-decoder)",
                        "generate from a causal LM (gpt, rnn, ...) or a seq2seq / transformer run")
@@ -312,7 +313,7 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
         return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
-    if getattr(model, "has_memory", False):
+    if traits_of(model).has_memory:
         batch_size = 1  # memories of prompts of different lengths differ in length: each prompt decodes alone
     texts: list[str] = []
     for b in range(0, len(prompts), batch_size):
@@ -332,7 +333,7 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
             contexts = [prefix + e for e in encoded]
             if any(not c for c in contexts):
                 raise PlmError("an empty prompt, and the run's tokenizer has no bos/eos to start from", "give every prompt some text")
-            if getattr(model, "stateful", False):
+            if traits_of(model).stateful:
                 session = StatefulSession(model, contexts, device)
             else:
                 session = CausalSession(model, contexts, max_new_tokens, P, device)

@@ -191,3 +191,20 @@ def uses_token_types(model: nn.Module) -> bool:
     """Whether segment ids reach the model: a `type_vocab_size` of 2 or more (families without one count as
     2). RoBERTa's 1 (or 0): pairs are told apart by [SEP] alone, every token is segment 0."""
     return getattr(model.cfg, "type_vocab_size", 2) >= 2
+
+
+# ---------------------------------------------------------------- reading the declaration
+
+
+def traits_of(model) -> Traits:
+    """The traits of a model or model class; `Traits()` (nothing) for any other object, so that a check such as
+    `traits_of(m).causal` refuses a plain nn.Module the way it refuses a family without the trait."""
+    cls = model if isinstance(model, type) else type(model)
+    return cls.traits if issubclass(cls, LanguageModel) else Traits()
+
+
+@runtime_checkable
+class HasLMHead(Protocol):
+    """An output layer a task head can reuse: lm_head(hidden (B, T, C)) -> (B, T, V) (GPT's auxiliary LM loss)."""
+
+    lm_head: nn.Module

@@ -119,10 +119,6 @@ class MaskedLMEncoder(LanguageModel):
     """
 
     traits = Traits(bidirectional=True, masked_lm=True, scoring="pseudo")
-    causal = False
-    encoder = True
-    masked_lm = True
-    """forward returns BertOutput (mlm_logits at mlm_positions, nsp_logits): what objective `mlm` reads."""
     mlm_fraction = 0.15
     """Share of tokens the MLM head is computed at, for flops_per_token (BERT's mask_prob)."""
 

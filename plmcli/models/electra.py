@@ -149,10 +149,6 @@ class Electra(LanguageModel):
     traits = Traits(bidirectional=True, replaced_token_detection=True, scoring="pseudo")
     Config = ElectraConfig
     probe_layers = "discriminator.blocks"  # what encode() runs (plmcli.analysis.hidden)
-    causal = False
-    encoder = True
-    replaced_token_detection = True
-    """Has a generator and a discriminator (what the rtd objective needs)."""
     mlm_fraction = 0.15
     """Share of tokens the generator's MLM head runs at, for flops_per_token (ELECTRA's mask_prob)."""
 

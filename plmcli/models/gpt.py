@@ -61,7 +61,6 @@ class GPT(LanguageModel):
     traits = Traits(causal=True, scoring="window")
     Config = GPTConfig
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
-    causal = True
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()

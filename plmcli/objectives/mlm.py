@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from plmcli.config_sections import Count, Fraction, NonNegative, Range, Size
 from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.objectives.base import Objective, StepOutput
 
 MLM_FORMAT = "plm-mlm"
@@ -117,7 +118,7 @@ class MaskedLM(Objective):
         self.vocab_size = self.vocab_size or vocab_size
 
     def check_model(self, model):
-        if not getattr(model, "masked_lm", False):
+        if not traits_of(model).masked_lm:
             raise PlmError(f"{type(model).__name__} is not an encoder with a masked-LM head",
                            "use objective.name: mlm with an encoder recipe (bert-mini, bert-base, roberta-base)")
         self.check_positions(model)

@@ -53,7 +53,7 @@ def _recipe_run(path: Path, corpus: Path, recipe: str, extra=()):
 def _ours(model, batch):
     """Our logits (B, T, V) (+ NSP logits) for an HF tokenizer batch."""
     with torch.no_grad():
-        if getattr(model, "causal", False):
+        if model.traits.causal:
             return model(batch["input_ids"]), None
         out = model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
         return out.mlm_logits, out.nsp_logits
@@ -94,8 +94,8 @@ def test_export_loads_in_transformers_and_round_trips(case, corpus, tmp_path):
     for s in SENTENCES:
         plain = tok.encode(s).ids
         assert hf_tok(s, add_special_tokens=False)["input_ids"] == plain
-        assert hf_tok(s)["input_ids"] == (plain if ours.causal else [ids["cls"], *plain, ids["sep"]])
-    if not ours.causal:
+        assert hf_tok(s)["input_ids"] == (plain if ours.traits.causal else [ids["cls"], *plain, ids["sep"]])
+    if not ours.traits.causal:
         pair = hf_tok("the cat", "a mat")
         a, b = tok.encode("the cat").ids, tok.encode("a mat").ids
         assert pair["input_ids"] == [ids["cls"], *a, ids["sep"], *b, ids["sep"]]
@@ -104,7 +104,7 @@ def test_export_loads_in_transformers_and_round_trips(case, corpus, tmp_path):
     # logits on a padded batch (pairs for encoders, so segment embeddings count)
     if hf_tok.pad_token is None:  # as for GPT-2 itself: causal runs have no pad token
         hf_tok.pad_token = hf_tok.eos_token
-    batch = hf_tok(SENTENCES, SENTENCES[::-1], padding=True, return_tensors="pt") if not ours.causal \
+    batch = hf_tok(SENTENCES, SENTENCES[::-1], padding=True, return_tensors="pt") if not ours.traits.causal \
         else hf_tok(SENTENCES, padding=True, return_tensors="pt")
     assert batch["attention_mask"].min() == 0 and batch["input_ids"].shape[1] <= ours.max_positions
     with torch.no_grad():
@@ -212,7 +212,7 @@ def test_hf_checkpoint_imports_with_equal_logits_and_exports_back_bitwise(model_
     for s in SENTENCES:
         assert tok.encode(s).ids == encode(s)
     ids = cfg["tokenizer"]["special_token_ids"]
-    if model.causal:
+    if model.traits.causal:
         x, mask = _batch(encode)
         with torch.no_grad():
             ours, theirs = model(x), hf(input_ids=x, attention_mask=mask).logits
