@@ -157,7 +157,7 @@ def _measure(args, root: Path, info: dict) -> int:
         cut.write_bytes(text.read_bytes()[: args.max_bytes])
         text = cut
     net, tok, cfg = api.load_run(run_dir)
-    if not getattr(type(net), "causal", False) or not hasattr(net, "wte"):
+    if not type(net).traits.causal or not hasattr(net, "wte"):
         raise SystemExit(f"ppl-speed: {run_dir} is not a GPT run (family {cfg['family']})")
     hf = gpt_to_hf(net, cfg)
     L, S, B = args.max_length, args.stride, args.batch_size

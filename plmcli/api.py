@@ -202,22 +202,21 @@ def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it")
 def eval_ppl(files: list[str], model: str | None = None, max_length: int | None = None, stride: int | None = None,
              batch_size: int = 8, console=None, mem_len: int | None = None, tgt_len: int | None = None,
              max_tokens_per_batch: int | None = None, text_column: str | None = None) -> dict:
-    """Perplexity of `files` under a run (see plmcli.eval.perplexity for the conventions).
+    """Perplexity of `files` under a run, by the scorer its family's `traits.scoring` names (plmcli.eval.scoring;
+    the conventions are plmcli.eval.perplexity's).
 
-    Causal LMs are scored with sliding windows; a family with its own `eval_ppl` (stateful RNNs, n-grams,
-    bidirectional or conditional LMs) scores the text itself and returns the same keys. `mem_len` and
-    `tgt_len` (memory and segment length) apply to families with memory (`has_memory`: Transformer-XL, XLNet).
-    Masked LMs get pseudo-perplexity (plmcli.eval.pseudo; `pseudo: True`), batched by `max_tokens_per_batch`.
-    `files` may be `datasets` inputs (data/tables.py), read by `text_column`.
+    Causal LMs are scored with sliding windows, stateful RNNs with their state carried, n-grams sentence by
+    sentence, encoder-decoders target given source, masked LMs by pseudo-perplexity (`pseudo: True`, batched by
+    `max_tokens_per_batch`). `mem_len` and `tgt_len` (memory and segment length) apply to families with memory
+    (`has_memory`: Transformer-XL, XLNet). `files` may be `datasets` inputs (data/tables.py), read by `text_column`.
     """
     import torch
 
-    from plmcli.eval.perplexity import check_lengths, encode_file, report, sequence_nll, window_length
-    from plmcli.eval.pseudo import pseudo_ppl, scores_masked_tokens
+    from plmcli.data.tables import with_text_column
+    from plmcli.eval import scoring
+    from plmcli.eval.perplexity import check_lengths
     from plmcli.models.registry import model_class
     from plmcli.runs import refuse_task_model, run_config
-
-    from plmcli.data.tables import with_text_column
 
     files = with_text_column(files, text_column)
     check_lengths(max_length=(max_length, 1), stride=(stride, 1), tgt_len=(tgt_len, 1), mem_len=(mem_len, 0),
@@ -226,48 +225,12 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     run_cfg = run_config(path)
     refuse_task_model(path, run_cfg, model, "--model RUN", "score text")
     family = run_cfg["family"]
-    cls = model_class(family)
-    masked = not hasattr(cls, "eval_ppl") and scores_masked_tokens(cls)
-    if not (getattr(cls, "causal", False) or hasattr(cls, "eval_ppl") or masked):
-        raise PlmError(f"run {model or 'runs/latest'} ({family}) is not a causal LM, so it has no left-to-right perplexity, "
-                       "nor a masked LM for pseudo-perplexity", "evaluate a causal (gpt) or masked-LM (bert) run instead")
-    if max_tokens_per_batch is not None and not masked:
-        raise PlmError(f"--max-tokens-per-batch applies to masked LMs (pseudo-perplexity), and run {model or 'runs/latest'} "
-                       f"is {family}", "leave it out; --batch-size sets the windows per forward pass")
-    memory = {k: v for k, v in (("mem_len", mem_len), ("tgt_len", tgt_len)) if v is not None}
-    if memory and not getattr(cls, "has_memory", False):
-        raise PlmError(f"--mem-len / --tgt-len apply to models with memory (transformer_xl, xlnet), and run "
-                       f"{model or 'runs/latest'} is {family}", "leave them out; use --max-length / --stride for windows")
+    scoring.check_options(model_class(family), family, model or "runs/latest", mem_len=mem_len, tgt_len=tgt_len,
+                          max_tokens_per_batch=max_tokens_per_batch)
     net, tok, cfg = load_run(model, "--model RUN", "score text")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if hasattr(net, "eval_ppl"):
-        return net.eval_ppl(files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size, device=device,
-                            **memory)
-    if masked:
-        return pseudo_ppl(net, files, tok, cfg, max_length, stride, max_tokens_per_batch, device)
-    positions = net.max_positions
-    L, window_from = window_length(max_length, positions, cfg.get("seq_len"))
-    if not 1 <= L <= positions:
-        raise PlmError(f"--max-length {L} is outside 1..{positions} (the model's positions)", f"use --max-length ≤ {positions}")
-    S = max(1, L // 2) if stride is None else stride
-    if not 1 <= S <= L:
-        raise PlmError(f"--stride {S} must be between 1 and --max-length {L}", f"e.g. --stride {max(1, L // 2)}")
-    ids = cfg["tokenizer"].get("special_token_ids", {})
-    prefix = ids.get("bos", ids.get("eos"))
-    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
-
-    net.to(device)
-    total_nll, total_tok, total_bytes, total_words, per_file = 0.0, 0, 0, 0, []
-    for f in files:
-        seq, n_bytes, n_words = encode_file(f, tok, prefix)
-        nll, n = sequence_nll(net, seq, L, S, batch_size, device)
-        per_file.append({"file": f, **report(nll, n, n_bytes, n_words, S, L)})
-        total_nll, total_tok, total_bytes, total_words = total_nll + nll, total_tok + n, total_bytes + n_bytes, total_words + n_words
-    res = report(total_nll, total_tok, total_bytes, total_words, S, L)
-    res["window_from"] = window_from
-    res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
-    res["files"] = per_file
-    return res
+    return scoring.score(net, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
+                         device=device, mem_len=mem_len, tgt_len=tgt_len, max_tokens_per_batch=max_tokens_per_batch)
 
 
 # ---------------------------------------------------------------- generate

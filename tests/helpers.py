@@ -83,7 +83,6 @@ class ToyEncoderConfig:
 
 class ToyEncoder(LanguageModel):
     Config = ToyEncoderConfig
-    causal = False
 
     def __init__(self, cfg):
         super().__init__()

@@ -8,7 +8,7 @@ import torch
 from helpers import ToyEncoder, ToyEncoderConfig, reverse_pairs, tiny_corpus, tiny_recipe, tiny_s2s_recipe
 from plmcli.errors import PlmError
 from plmcli.generate import generate, top_k_filter, top_p_filter
-from plmcli.models.base import Traits
+from plmcli.models.base import LanguageModel, Traits
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_gpt_continues_prompts_like_a_manual_greedy_loop(gpt_run):
 
 
 def test_stateful_causal_lm_matches_recompute():
-    class GRULM(torch.nn.Module):
+    class GRULM(LanguageModel):
         traits = Traits(causal=True, stateful=True)
 
         def __init__(self):

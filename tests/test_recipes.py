@@ -86,7 +86,7 @@ def test_recipe_loads_and_builds(name, tmp_path):
         return
     x = torch.randint(0, 50, (2, 16))
     # encoder-decoders take (source, source mask, decoder input)
-    out = model(x, torch.ones_like(x, dtype=torch.bool), x.flip(1)) if getattr(model, "seq2seq", False) else model(x)
+    out = model(x, torch.ones_like(x, dtype=torch.bool), x.flip(1)) if model.traits.seq2seq else model(x)
     if isinstance(out, tuple):  # stateful models return (logits, state)
         out = out[0]
     logits = out.mlm_logits if hasattr(out, "mlm_logits") else out  # encoders return a BertOutput

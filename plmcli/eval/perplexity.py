@@ -1,4 +1,10 @@
-"""Sliding-window perplexity where every token is scored exactly once.
+"""What every perplexity scorer shares: the report, how a file becomes tokens, and sliding windows.
+
+The scorers, one per protocol (plmcli.models.base.Scoring), are the other modules of plmcli.eval, chosen
+by plmcli.eval.scoring. The sliding windows below are the causal LMs' (window), and also serve the NNLM
+(fixed_context) and XLNet (left_to_right).
+
+Sliding windows score every token exactly once.
 
 Conventions (also in `plm eval-ppl --help`): the model reads windows of at most L = max_length tokens,
 starting every S = stride tokens. The first window scores all its predictions; each later one scores
@@ -25,6 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plmcli.models.base import traits_of
+
 
 def windows(n: int, max_length: int, stride: int):
     """Yield (input_start, input_end, n_scored) over a sequence of n tokens (targets are positions 1..n-1).
@@ -44,7 +52,8 @@ def scores_labels(model) -> bool:
     """Whether `model` takes objective clm's protocol, `model(ids, labels=...)` -> the mean NLL of the
     labelled positions: a causal, stateless LM module (what clm trains). Such a model computes its
     output layer only where a label is scored (GPT: plmcli.models.lm_loss), not over the whole window."""
-    return isinstance(model, torch.nn.Module) and getattr(model, "causal", False) and not getattr(model, "stateful", False)
+    traits = traits_of(model)
+    return traits.causal and not traits.stateful
 
 
 @torch.no_grad()
@@ -169,8 +178,8 @@ def sees_newlines(tok) -> bool:
 
 def eval_files(files, tok, cfg: dict, nll_fn: Callable[[np.ndarray], tuple[float, int]], max_length: int, stride: int,
                context: str, by_lines: bool = True) -> dict:
-    """The eval-ppl report (`report` keys) of `nll_fn` over each file and in total, for families that
-    score text themselves (stateful and windowed LMs).
+    """The eval-ppl report (`report` keys) of `nll_fn` over each file and in total, for the scorers that
+    read each file as one token stream (state, memory, fixed context, left to right, bidirectional LM).
 
     by_lines: each non-blank line followed by <eos> (`encode_lines`, how doc_per_line corpora train);
     else the file as one text (`encode_file`). Adds `line_end`, `first_token`, `context` and `oov_rate`:

@@ -1,5 +1,8 @@
 """Pseudo-perplexity of masked LMs (Salazar, Liang, Nguyen & Kirchhoff 2020, "Masked Language Model Scoring").
 
+The model: `forward(ids, types, mask, mlm_positions).mlm_logits` (every masked-LM family; ELECTRA runs its
+generator, a small masked LM, when forward is not told otherwise, so its pseudo-perplexity is the generator's).
+
 A masked LM has no left-to-right factorisation, so it gets the pseudo-log-likelihood instead: each line
 of the text is a sentence; every token w_t of it (not [CLS], [SEP] or padding) is replaced by [MASK] in
 its own copy of the sentence and scored, PLL(W) = Σ_t log P(w_t | W without t). Pseudo-perplexity =
@@ -26,15 +29,6 @@ from plmcli.errors import PlmError
 
 DEFAULT_TOKENS_PER_BATCH = 8192
 """Input tokens (rows × padded length) per forward pass: a few tens of MB of activations at BERT-base."""
-
-
-def scores_masked_tokens(cls) -> bool:
-    """Whether a model class predicts masked tokens through `forward(ids, types, mask, mlm_positions).mlm_logits`.
-
-    Masked LMs say so with `masked_lm`; ELECTRA (`replaced_token_detection`) runs its generator, a small
-    masked LM, when forward is not told otherwise, so its pseudo-perplexity is the generator's.
-    """
-    return bool(getattr(cls, "masked_lm", False) or getattr(cls, "replaced_token_detection", False))
 
 
 def window_starts(n: int, width: int) -> np.ndarray:
@@ -157,9 +151,10 @@ def read_sentences(path: str, tok, batch_lines: int = 1024) -> tuple[list[np.nda
     return sentences, n_bytes, n_words
 
 
-def pseudo_ppl(model, files: list[str], tok, cfg: dict, max_length: int | None = None, stride: int | None = None,
-               max_tokens_per_batch: int | None = None, device="cpu") -> dict:
-    """eval-ppl's report (plmcli.eval.perplexity.report keys, `pseudo: True`) of a masked LM over `files`."""
+def score(model, files: list[str], tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
+          batch_size: int = 8, device="cpu", max_tokens_per_batch: int | None = None) -> dict:
+    """eval-ppl's report (plmcli.eval.perplexity.report keys, `pseudo: True`) of a masked LM over `files`.
+    `batch_size` does not apply: a forward pass holds up to `max_tokens_per_batch` input tokens."""
     from plmcli.eval.perplexity import report, window_length
 
     ids = cfg["tokenizer"].get("special_token_ids", {})

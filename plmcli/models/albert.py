@@ -22,7 +22,7 @@ from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, absolute_embeddings
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import Activation, FeedForward, MultiHeadAttention, bidirectional, init_weights, require_vocab
 
 SHARES = ("all", "attention", "ffn", "none")

@@ -219,3 +219,20 @@ class HasGenerationSession(Protocol):
     gives the session generation drives (logits / push / select), which names its `eos` and `decode`s."""
 
     def generation_session(self, prompts: list[list[int]]): ...
+
+
+# ---------------------------------------------------------------- reading the declaration
+
+
+def traits_of(model) -> Traits:
+    """The traits of a model or model class; `Traits()` (nothing) for any other object, so that a check such as
+    `traits_of(m).causal` refuses a plain nn.Module the way it refuses a family without the trait."""
+    cls = model if isinstance(model, type) else type(model)
+    return cls.traits if issubclass(cls, LanguageModel) else Traits()
+
+
+@runtime_checkable
+class HasLMHead(Protocol):
+    """An output layer a task head can reuse: lm_head(hidden (B, T, C)) -> (B, T, V) (GPT's auxiliary LM loss)."""
+
+    lm_head: nn.Module

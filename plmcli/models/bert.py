@@ -20,8 +20,8 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, NormPosition, bidirectional,
                                    init_weights, require_vocab)
 
@@ -119,10 +119,6 @@ class MaskedLMEncoder(LanguageModel):
     """
 
     traits = Traits(bidirectional=True, masked_lm=True, scoring="pseudo")
-    causal = False
-    encoder = True
-    masked_lm = True
-    """forward returns BertOutput (mlm_logits at mlm_positions, nsp_logits): what objective `mlm` reads."""
     mlm_fraction = 0.15
     """Share of tokens the MLM head is computed at, for flops_per_token (BERT's mask_prob)."""
 

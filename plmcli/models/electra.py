@@ -27,9 +27,9 @@ from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import ACTIVATIONS, Activation, Block, bidirectional, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")
@@ -149,10 +149,6 @@ class Electra(LanguageModel):
     traits = Traits(bidirectional=True, replaced_token_detection=True, scoring="pseudo")
     Config = ElectraConfig
     probe_layers = "discriminator.blocks"  # what encode() runs (plmcli.analysis.hidden)
-    causal = False
-    encoder = True
-    replaced_token_detection = True
-    """Has a generator and a discriminator (what the rtd objective needs)."""
     mlm_fraction = 0.15
     """Share of tokens the generator's MLM head runs at, for flops_per_token (ELECTRA's mask_prob)."""
 

@@ -173,10 +173,6 @@ class ELMoTaskHead(nn.Module):
 class ELMo(LanguageModel):
     traits = Traits(bidirectional=True, bilm=True, scoring="bidirectional_lm")
     Config = ELMoConfig
-    causal = False
-    encoder = True
-    bilm = True
-    """forward returns (forward-LM logits, backward-LM logits): the `bilm` objective's contract."""
 
     def __init__(self, cfg: ELMoConfig):
         super().__init__()
@@ -277,55 +273,3 @@ class ELMo(LanguageModel):
         if self.bwd_softmax is None:
             n += sum(p.numel() for p in self.softmax.parameters())
         return 6 * n
-
-    @torch.no_grad()
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
-        """Forward, backward and average perplexity of each file.
-
-        The text (encoded as in training, see plmcli.eval.perplexity.encode_file, by_lines) is cut into windows of
-        `max_length` + 1 tokens (default 256) that overlap by one token and do not otherwise overlap: each
-        token after the first is predicted once by the forward LM, each before the last once by the
-        backward LM, both from context inside its window only. `ppl` / `nll` / `bpb` are of the average of
-        the two directions' NLL; `fwd_ppl` and `bwd_ppl` are each direction's. `stride` does not apply.
-        """
-        from plmcli.errors import PlmError
-        from plmcli.eval.perplexity import eval_files
-
-        L = max_length or 256
-        if L < 1:
-            raise PlmError(f"--max-length {L} must be ≥ 1", "e.g. --max-length 256")
-        if batch_size < 1:
-            raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 8")
-        self.to(device).eval()
-        per_file = []
-
-        def nll_fn(seq):
-            fwd, bwd, n = self.window_nll(seq, L, batch_size, device)
-            per_file.append((fwd, bwd, n))
-            return (fwd + bwd) / 2, n
-
-        context = f"windows of {L}+1 tokens, no overlap (each token scored once per direction)"
-        res = eval_files(files, tok, cfg, nll_fn, L, L, context=context)
-        for entry, (fwd, bwd, n) in zip(res["files"], per_file):
-            entry.update(fwd_ppl=float(np.exp(fwd / max(n, 1))), bwd_ppl=float(np.exp(bwd / max(n, 1))))
-        n = sum(p[2] for p in per_file)
-        res["fwd_ppl"] = float(np.exp(sum(p[0] for p in per_file) / max(n, 1)))
-        res["bwd_ppl"] = float(np.exp(sum(p[1] for p in per_file) / max(n, 1)))
-        res["avg_ppl"] = res["ppl"]
-        res["windows"] = "non-overlapping windows; ppl is exp of the mean of the forward and backward NLL"
-        return res
-
-    @torch.no_grad()
-    def window_nll(self, seq: np.ndarray, L: int, batch_size: int, device="cpu") -> tuple[float, float, int]:
-        """(forward NLL summed over seq[1:], backward NLL summed over seq[:-1], len(seq) - 1)."""
-        seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
-        starts = list(range(0, len(seq_t) - 1, L))
-        fwd = bwd = 0.0
-        full = [s for s in starts if s + L + 1 <= len(seq_t)]
-        groups = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[s] for s in starts[len(full):]]
-        for group in groups:
-            x = torch.stack([seq_t[s : s + L + 1] for s in group])  # (b, t+1)
-            f, b = self(x)
-            fwd += F.cross_entropy(f[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum").item()
-            bwd += F.cross_entropy(b[:, 1:].flatten(0, 1).float(), x[:, :-1].flatten(), reduction="sum").item()
-        return fwd, bwd, len(seq_t) - 1

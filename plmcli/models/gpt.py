@@ -15,8 +15,8 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import Activation, Block, NormPosition, init_weights, require_vocab, scale_residual_init
 from plmcli.models.lm_loss import linear_cross_entropy
 
@@ -61,7 +61,6 @@ class GPT(LanguageModel):
     traits = Traits(causal=True, scoring="window")
     Config = GPTConfig
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
-    causal = True
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()

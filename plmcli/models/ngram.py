@@ -29,6 +29,7 @@ one np.unique per order over the padded token array (PTB train, order 5: about a
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -36,7 +37,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from torch import nn
 
 from plmcli.config_sections import Count
 from plmcli.errors import PlmError
@@ -87,11 +87,10 @@ def kn_discounts(counts: np.ndarray) -> tuple[tuple[float, float, float], bool]:
 
 
 class NGramLM(LanguageModel):
-    """An n-gram LM: no parameters, no gradient; `fit` counts, `eval_ppl` scores text line by line."""
+    """An n-gram LM: no parameters, no gradient; `fit` counts, `score` scores sentences (eval-ppl: plmcli.eval.counts)."""
 
     traits = Traits(causal=True, counts=True, scoring="counts")
     Config = NGramConfig
-    causal = True
 
     def __init__(self, cfg: NGramConfig):
         super().__init__()
@@ -116,10 +115,13 @@ class NGramLM(LanguageModel):
     def bos(self) -> int:
         return len(self.words) - 1
 
+    @functools.cached_property
+    def word_index(self) -> dict[str, int]:
+        """word -> id, built on the first lookup (generation prompts, ARPA export), not for every fit."""
+        return {w: i for i, w in enumerate(self.words)}
+
     def word_id(self, word: str) -> int:
-        if not hasattr(self, "_index"):
-            self._index = {w: i for i, w in enumerate(self.words)}
-        return self._index.get(word, UNK)
+        return self.word_index.get(word, UNK)
 
     def _build_vocab(self, counts: np.ndarray, names: list[str], unk_id: int | None) -> None:
         """V from training counts over source ids (tokenizer ids): those seen ≥ min_count times become words."""
@@ -128,7 +130,7 @@ class NGramLM(LanguageModel):
         self.words = ["<unk>", "</s>"] + [names[i] for i in keep] + ["<s>"]
         self.tok_map = np.full(len(counts), UNK, dtype=np.int64)
         self.tok_map[np.asarray(keep, dtype=np.int64)] = np.arange(2, 2 + len(keep))
-        self.__dict__.pop("_index", None)
+        self.__dict__.pop("word_index", None)
 
     def to_ids(self, token_ids) -> np.ndarray:
         """Tokenizer ids -> n-gram ids (ids outside V -> <unk>)."""
@@ -358,45 +360,7 @@ class NGramLM(LanguageModel):
             self.count = [None] + [z[f"count_{n}"] for n in range(1, N + 1)]
             self.denom = [z[f"denom_{n}"] for n in range(N)]
             self.gamma = [z[f"gamma_{n}"] for n in range(N)]
-        self.__dict__.pop("_index", None)
-
-    # ------------------------------------------------------------ eval-ppl
-
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=None, device=None) -> dict:
-        """Perplexity of text files, each line a sentence (padded as in training); adds oov_rate and sentences."""
-        from plmcli.data.text import iter_text_lines
-        from plmcli.eval.perplexity import report
-
-        N = self.cfg.order
-        for name, value in (("--max-length", max_length), ("--stride", stride)):
-            if value is not None and value != N:
-                raise PlmError(f"{name} {value} does not apply to an n-gram model: it always reads the {N - 1} "
-                               f"previous words of the same sentence", f"drop {name} (or pass {N})")
-        totals, per_file = np.zeros(6), []
-        for f in files:
-            lines = list(iter_text_lines([f]))
-            n_bytes, n_words = sum(len(ln.encode("utf-8")) for ln in lines), sum(len(ln.split()) for ln in lines)
-            encs = [e for e in tok.encode_batch(lines, add_special_tokens=False) if e.ids] if lines else []
-            if not encs:  # blank lines are not sentences (as in training)
-                raise PlmError(f"{f} has no words to score", "pass a file with text, one sentence per line")
-            ids = self.to_ids(np.concatenate([e.ids for e in encs]))
-            if np.all(ids == UNK):
-                raise PlmError(f"every word of {f} is out of vocabulary (OOV rate 100%: all {len(ids):,} words "
-                               "read as <unk>)", "score text in the training data's language and tokenization")
-            nll, n, oov = self.score(ids, np.array([len(e.ids) for e in encs]))
-            row = np.array([nll, n, n_bytes, n_words, oov, len(encs)])
-            per_file.append({"file": f, **self._report(row, report)})
-            totals += row
-        res = self._report(totals, report)
-        res["first_token"] = f"conditioned on {N - 1} <s> (each line a sentence; </s> scored)"
-        res["files"] = per_file
-        return res
-
-    def _report(self, row, report) -> dict:
-        nll, n, n_bytes, n_words, oov, sentences = row
-        N = self.cfg.order
-        return {**report(float(nll), int(n), int(n_bytes), int(n_words), N, N),
-                "oov_rate": oov_rate(oov, n, sentences), "sentences": int(sentences)}
+        self.__dict__.pop("word_index", None)
 
     # ------------------------------------------------------------ ARPA
 

@@ -44,7 +44,6 @@ class NNLMConfig:
 class NNLM(LanguageModel):
     traits = Traits(causal=True, scoring="fixed_context")
     Config = NNLMConfig
-    causal = True
     max_positions = 1 << 20
 
     def __init__(self, cfg: NNLMConfig):
@@ -86,24 +85,3 @@ class NNLM(LanguageModel):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""
         return 6 * (sum(p.numel() for p in self.parameters()) - self.wte.weight.numel())
-
-    @torch.no_grad()
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
-        """Perplexity where every token sees its full n-1 word context, text encoded as in training.
-
-        Windows of `max_length` tokens (default 512) advance by max_length - (n-2), so each scored token
-        has its n-1 predecessors inside its window: the result equals one pass over the whole text.
-        `stride` does not apply. Line ends as for the RNN LMs: <eos> after every line, scored.
-        """
-        from plmcli.errors import PlmError
-        from plmcli.eval.perplexity import sequence_nll
-        from plmcli.eval.perplexity import eval_files
-
-        L = max_length or 512
-        n1 = self.cfg.order - 1
-        if L < n1:
-            raise PlmError(f"--max-length {L} is shorter than the model's context of {n1} words", f"use --max-length ≥ {n1}")
-        S = L - (n1 - 1)
-        self.to(device).eval()
-        return eval_files(files, tok, cfg, lambda seq: sequence_nll(self, seq, L, S, batch_size, device), L, S,
-                          context=f"the {n1} previous tokens")

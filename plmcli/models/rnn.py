@@ -6,11 +6,11 @@ embeddings, between layers, before the softmax): dropping h_{t-1} → h_t would 
 every step, which is why plain dropout did not work for RNNs before that paper.
 
 The model is stateful: forward(input_ids, state) returns the next state, the objective carries it
-from one BPTT segment to the next, and `eval_ppl` carries it across the whole text (no windows).
+from one BPTT segment to the next, and eval-ppl carries it across the whole text (no windows: plmcli.eval.state).
 
 Line ends. The `word` tokenizer drops newlines, so a line end must be a token: as Mikolov's and
 Zaremba's PTB setup, <eos> ends every line. In training that is `data.doc_per_line: true` (every line a
-document, the token stream puts eos after each); `eval_ppl` appends eos after every non-blank line and
+document, the token stream puts eos after each); eval-ppl appends eos after every non-blank line and
 scores it like any word (the PTB convention: the 82,430 test tokens are 78,669 words + 3,761 <eos>).
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,9 +57,6 @@ class RNNConfig:
 class RNNLM(LanguageModel):
     traits = Traits(causal=True, stateful=True, scoring="state")
     Config = RNNConfig
-    causal = True
-    stateful = True
-    """forward takes and returns a recurrent state: objectives carry it across segments."""
 
     def __init__(self, cfg: RNNConfig):
         super().__init__()
@@ -105,34 +101,3 @@ class RNNLM(LanguageModel):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""
         return 6 * (sum(p.numel() for p in self.parameters()) - self.wte.weight.numel() * (not self.cfg.tie_embeddings))
-
-    @torch.no_grad()
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
-        """Perplexity with the hidden state carried across each whole file (one stream, no windows).
-
-        The text is fed in chunks of `max_length` tokens (default 1024); that only bounds memory, the
-        result does not depend on it. `stride` and `batch_size` do not apply. See the module docstring
-        for line ends.
-        """
-        from plmcli.errors import PlmError
-
-        chunk = max_length or 1024
-        if chunk < 1:
-            raise PlmError(f"--max-length {chunk} must be ≥ 1", "it is only the chunk size: e.g. --max-length 1024")
-        self.to(device).eval()
-        from plmcli.eval.perplexity import eval_files
-
-        return eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, chunk, device), chunk, chunk,
-                          context="the whole text before it (hidden state carried)")
-
-    @torch.no_grad()
-    def stream_nll(self, seq: np.ndarray, chunk: int, device="cpu") -> tuple[float, int]:
-        """Summed NLL of seq[1:] given everything before, reading `chunk` tokens per forward pass."""
-        seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
-        total, state = 0.0, None
-        for i in range(0, len(seq_t) - 1, chunk):
-            x = seq_t[i : min(i + chunk, len(seq_t) - 1)][None]  # (1, t)
-            y = seq_t[i + 1 : i + 1 + x.shape[1]]
-            logits, state = self(x, state)
-            total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
-        return total, len(seq_t) - 1

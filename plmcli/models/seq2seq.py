@@ -102,7 +102,6 @@ class Attention(nn.Module):
 class Seq2Seq(LanguageModel):
     traits = Traits(seq2seq=True, scoring="conditional")
     Config = Seq2SeqConfig
-    seq2seq = True
 
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()
@@ -213,10 +212,3 @@ class Seq2Seq(LanguageModel):
         """Feed one token per row (B,) -> ((B, V) logits for the next token, new state)."""
         h_tilde, _, state = self._run(tokens[:, None], state)
         return self.logits(h_tilde)[:, 0], state
-
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
-        """Target given source (translation runs) or each line given itself (denoising runs): see
-        plmcli.objectives.seq2seq.eval_ppl."""
-        from plmcli.objectives.seq2seq import eval_ppl
-
-        return eval_ppl(self, files, tok, cfg, max_length=max_length, batch_size=batch_size, device=device)

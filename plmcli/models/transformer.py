@@ -115,7 +115,6 @@ def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
 class Transformer(LanguageModel):
     traits = Traits(seq2seq=True, scoring="conditional")
     Config = TransformerConfig
-    seq2seq = True
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -200,10 +199,3 @@ class Transformer(LanguageModel):
             x, cache = layer(x, kv, state["mask"], cache=cache)
             caches.append(cache)
         return self.logits(self.dec_norm(x))[:, 0], {**state, "self": caches}
-
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu") -> dict:
-        """Target given source (translation runs) or each line given itself (denoising runs): see
-        plmcli.objectives.seq2seq.eval_ppl."""
-        from plmcli.objectives.seq2seq import eval_ppl
-
-        return eval_ppl(self, files, tok, cfg, max_length=max_length, batch_size=batch_size, device=device)

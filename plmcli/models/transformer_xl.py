@@ -16,16 +16,16 @@ distance once, aligned with the relative-shift trick, and enters SDPA as an addi
 
 The model is stateful like the RNN LMs: forward(ids, state) returns the next memory, the `bptt` objective
 carries it between consecutive segments of parallel token streams, and eval-ppl carries it across the
-whole text (`--tgt-len` tokens per segment, `--mem-len` of memory), each token scored once.
+whole text (plmcli.eval.memory: segments of tgt_len tokens, mem_len of memory), each token scored once.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -155,11 +155,6 @@ class TXLLayer(nn.Module):
 class TransformerXL(LanguageModel):
     traits = Traits(causal=True, stateful=True, has_memory=True, scoring="memory")
     Config = TransformerXLConfig
-    causal = True
-    stateful = True
-    """forward takes and returns the memory: objectives carry it across segments."""
-    has_memory = True
-    """eval-ppl's --mem-len / --tgt-len apply."""
     state_batch_dim = 0
     """The memory is n_layer tensors (B, M, C): generation selects beams along dim 0."""
 
@@ -182,8 +177,20 @@ class TransformerXL(LanguageModel):
         self.softmax = AdaptiveSoftmax(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std,
                                        tie_to=self.emb if cfg.tie_embeddings else None, tie_projs=cfg.tie_projs)
         self._init(cfg.init_std)
-        # Evaluation settings (eval-ppl); training uses the cfg values.
+        # What hidden() reads: the training values, the evaluation ones within evaluation_memory().
         self.mem_len, self.clamp_len, self.same_length = cfg.mem_len, cfg.clamp_len, cfg.same_length
+
+    @contextmanager
+    def evaluation_memory(self, mem_len: int):
+        """Within: keep `mem_len` states per layer, with the config's evaluation clamp_len and same_length (the
+        paper evaluates with a longer memory than it trains with); the training settings again after."""
+        c = self.cfg
+        saved = self.mem_len, self.clamp_len, self.same_length
+        self.mem_len, self.clamp_len, self.same_length = mem_len, c.eval_clamp_len or c.clamp_len, c.eval_same_length
+        try:
+            yield self
+        finally:
+            self.mem_len, self.clamp_len, self.same_length = saved
 
     def _init(self, std):
         for name, p in self.named_parameters():
@@ -252,51 +259,3 @@ class TransformerXL(LanguageModel):
         n = sum(p.numel() for p in self.layers.parameters())
         keys = seq_len + self.cfg.mem_len
         return 6 * n + self.softmax.flops_per_token() + 6 * 3 * self.cfg.n_layer * self.cfg.n_head * self.d_head * keys
-
-    # ------------------------------------------------------------------ eval-ppl
-
-    @torch.no_grad()
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu",
-                 mem_len=None, tgt_len=None) -> dict:
-        """Perplexity with memory: the text is read in segments of tgt_len tokens, each attending to the
-        last mem_len states of every layer, so every token is scored once with up to mem_len + its offset
-        in the segment of context (more through the layers). Defaults: eval_tgt_len / eval_mem_len of the
-        config, else the training seq_len / mem_len. --max-length / --stride do not apply.
-
-        Line ends: when the tokenizer cannot see them (word-level) and has an eos, eos follows every
-        line and is scored, as Transformer-XL's WikiText-103 / PTB setup; otherwise the file is scored as is.
-        """
-        from plmcli.errors import PlmError
-        from plmcli.eval.perplexity import eval_files, sees_newlines
-
-        c = self.cfg
-        tgt = tgt_len or c.eval_tgt_len or cfg.get("seq_len") or 128
-        mem = (c.eval_mem_len or c.mem_len) if mem_len is None else mem_len
-        if tgt < 1 or mem < 0:
-            raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 1600")
-        if max_length is not None or stride is not None:
-            raise PlmError("--max-length / --stride set sliding windows, which Transformer-XL does not use",
-                           "use --tgt-len (tokens per segment) and --mem-len (memory) instead")
-        saved = self.mem_len, self.clamp_len, self.same_length
-        self.mem_len, self.clamp_len, self.same_length = mem, c.eval_clamp_len or c.clamp_len, c.eval_same_length
-        self.to(device).eval()
-        try:
-            res = eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, tgt, device), tgt, tgt,
-                             context=f"segments of {tgt} tokens with {mem} tokens of memory per layer",
-                             by_lines=not sees_newlines(tok))
-        finally:
-            self.mem_len, self.clamp_len, self.same_length = saved
-        res.update(tgt_len=tgt, mem_len=mem)
-        return res
-
-    @torch.no_grad()
-    def stream_nll(self, seq: np.ndarray, tgt_len: int, device="cpu") -> tuple[float, int]:
-        """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time."""
-        seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
-        total, mems = 0.0, None
-        for i in range(0, len(seq_t) - 1, tgt_len):
-            x = seq_t[i : min(i + tgt_len, len(seq_t) - 1)][None]  # (1, t)
-            y = seq_t[i + 1 : i + 1 + x.shape[1]][None]
-            nll, mems = self(x, mems, labels=y)
-            total += nll.sum().item()
-        return total, len(seq_t) - 1

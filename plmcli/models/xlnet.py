@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
-from plmcli.interop import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import Activation, FeedForward, init_weights, require_vocab, sinusoid_table
 
 
@@ -164,14 +164,6 @@ class XLNet(LanguageModel):
     traits = Traits(bidirectional=True, permutation_lm=True, has_memory=True, pair_layout="cls_last", scoring="left_to_right")
     Config = XLNetConfig
     probe_layers = "blocks"  # the content stream h of each block (plmcli.analysis.hidden)
-    causal = False
-    encoder = True
-    pair_layout = "cls_last"
-    """finetune's pair encoding: a <sep> b <sep> <cls> (plmcli.data.tasks.encode_pairs)."""
-    permutation_lm = True
-    """Two-stream attention: the `plm` objective's model."""
-    has_memory = True
-    """eval-ppl accepts --mem-len / --tgt-len."""
     predict_fraction = 85 / 512
     """Share of tokens the query stream and LM head run at, for flops_per_token (the paper's num_predict)."""
 
@@ -298,55 +290,6 @@ class XLNet(LanguageModel):
         _, g, new_mems = self.stack(x, torch.zeros_like(x), causal.expand(B, -1, -1), q_pos, mems,
                                     reuse_len=W, mem_len=mem_len)
         return F.linear(g, self.wte.weight, self.lm_bias), new_mems
-
-    def eval_ppl(self, files, tok, cfg, max_length=None, stride=None, batch_size=8, device="cpu",
-                 mem_len=None, tgt_len=None) -> dict:
-        """Left-to-right perplexity: each token predicted by the query stream from the content of every
-        token before it (the identity factorisation order), each scored exactly once.
-
-        Sliding windows (--max-length, default the training seq_len capped by max_positions; --stride, default half) as for causal LMs;
-        with --mem-len / --tgt-len, segments of tgt_len tokens (default: the training seq_len) read in
-        order, each attending to mem_len (default: the config's) cached states per layer.
-        """
-        from plmcli.errors import PlmError
-        from plmcli.eval.perplexity import eval_files, sequence_nll, window_length
-
-        self.to(device).eval()
-        if mem_len is None and tgt_len is None:
-            L, window_from = window_length(max_length, self.max_positions, cfg.get("seq_len"))
-            S = max(1, L // 2) if stride is None else stride
-            if L < 1 or not 1 <= S <= L:
-                raise PlmError(f"--max-length {L} must be ≥ 1 and --stride {S} between 1 and it",
-                               "e.g. --max-length 512 --stride 256")
-            res = eval_files(files, tok, cfg, lambda seq: sequence_nll(lambda x: self.next_token_logits(x)[0], seq, L, S,
-                                                                       batch_size, device),
-                             L, S, context=f"windows of {L} tokens every {S}", by_lines=False)
-            res["window_from"] = window_from
-        else:
-            if max_length is not None or stride is not None:
-                raise PlmError("--max-length / --stride set sliding windows, --mem-len / --tgt-len segments with memory",
-                               "use one or the other")
-            tgt = tgt_len if tgt_len is not None else cfg.get("seq_len") or 128
-            mem = self.cfg.mem_len if mem_len is None else mem_len
-            if tgt < 1 or mem < 0:
-                raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 384")
-            res = eval_files(files, tok, cfg, lambda seq: self.stream_nll(seq, tgt, mem, device), tgt, tgt,
-                             context=f"segments of {tgt} tokens with {mem} tokens of memory per layer", by_lines=False)
-            res.update(tgt_len=tgt, mem_len=mem)
-        res["factorisation"] = ("left-to-right (identity permutation): the query stream predicts each token "
-                                "from the content of all tokens before it")
-        return res
-
-    @torch.no_grad()
-    def stream_nll(self, seq, tgt_len: int, mem_len: int, device="cpu") -> tuple[float, int]:
-        """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time with memory."""
-        seq_t = torch.as_tensor(seq, dtype=torch.long, device=device)
-        total, mems = 0.0, None
-        for i in range(0, len(seq_t) - 1, tgt_len):
-            x = seq_t[i : min(i + tgt_len, len(seq_t) - 1)][None]  # (1, t)
-            logits, mems = self.next_token_logits(x, mems, mem_len)
-            total += F.cross_entropy(logits[0].float(), seq_t[i + 1 : i + 1 + x.shape[1]], reduction="sum").item()
-        return total, len(seq_t) - 1
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward ≈ 3× forward, 2 per multiply-add).

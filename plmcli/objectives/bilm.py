@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
+from plmcli.models.base import TakesTokenStrings, traits_of
 from plmcli.objectives.base import StepOutput
 from plmcli.objectives.clm import CausalLM
 
@@ -31,10 +32,10 @@ class BidirectionalLM(CausalLM):
     ppl_metric = "avg_loss"
 
     def check_model(self, model):
-        if not getattr(model, "bilm", False):
+        if not traits_of(model).bilm:
             raise PlmError(f"{type(model).__name__} is not a bidirectional LM", "use objective.name: bilm with family elmo")
         # A character-level token encoder needs each id's characters: the tokenizer's vocabulary.
-        if self.tokenizer is not None and hasattr(model, "set_token_strings"):
+        if self.tokenizer is not None and isinstance(model, TakesTokenStrings):
             n = self.tokenizer.get_vocab_size()
             model.set_token_strings([self.tokenizer.id_to_token(i) or "" for i in range(n)])
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.objectives.base import Objective, StepOutput
 
 
@@ -83,7 +84,7 @@ class TruncatedBPTT(Objective):
     Config = BPTTConfig
 
     def check_model(self, model):
-        if not getattr(model, "stateful", False):
+        if not traits_of(model).stateful:
             raise PlmError(f"{type(model).__name__} carries no recurrent state between segments",
                            "use objective.name: bptt with family rnn or transformer_xl, or clm for stateless causal models (gpt, nnlm)")
 

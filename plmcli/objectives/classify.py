@@ -34,7 +34,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import Frame, causal_frame, encode_framed, encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
-from plmcli.models.base import HasHidden, HasTaskHead
+from plmcli.models.base import HasHidden, HasLMHead, HasTaskHead
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.heads import TaskHead, encoder_problem, freeze_unreached  # noqa: F401  (encoder_problem: its old home)
 
@@ -247,7 +247,7 @@ class Classify(Objective):
         kind = type(backbone)
         if self.backbone_problem(kind) or not kind.traits.causal:
             raise PlmError(f"{kind.__name__} is not a causal LM with hidden states", "finetune from a gpt run")
-        if self.aux_lm_weight > 0 and not isinstance(getattr(backbone, "lm_head", None), nn.Module):
+        if self.aux_lm_weight > 0 and not isinstance(backbone, HasLMHead):
             raise PlmError(f"{kind.__name__} has no lm_head for the auxiliary LM loss", "pass --aux-lm-weight 0")
         model = CausalTransfer(backbone, num_outputs, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.transfer, with_lm=self.aux_lm_weight > 0)

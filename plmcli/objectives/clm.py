@@ -9,6 +9,7 @@ import torch
 
 from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.objectives.base import Objective, StepOutput
 
 
@@ -23,9 +24,9 @@ class CausalLM(Objective):
     Config = CLMConfig
 
     def check_model(self, model):
-        if not getattr(model, "causal", False):
+        if not traits_of(model).causal:
             raise PlmError(f"{type(model).__name__} is not a causal LM", "use objective.name: clm with a causal family (gpt)")
-        if getattr(model, "stateful", False):
+        if traits_of(model).stateful:
             raise PlmError(f"{type(model).__name__} is a recurrent LM that carries state", "use objective.name: bptt")
 
     # ------------------------------------------------------------ plm pretrain --streaming (data/streaming.py)

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from plmcli.config_sections import Count, Fraction, NonNegative, Range, Size
 from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
+from plmcli.models.spanbert import SpanBertOutput
 from plmcli.objectives.base import Objective, StepOutput
 
 MLM_FORMAT = "plm-mlm"
@@ -117,7 +119,7 @@ class MaskedLM(Objective):
         self.vocab_size = self.vocab_size or vocab_size
 
     def check_model(self, model):
-        if not getattr(model, "masked_lm", False):
+        if not traits_of(model).masked_lm:
             raise PlmError(f"{type(model).__name__} is not an encoder with a masked-LM head",
                            "use objective.name: mlm with an encoder recipe (bert-mini, bert-base, roberta-base)")
         self.check_positions(model)
@@ -317,7 +319,7 @@ class MaskedLM(Objective):
         elif out.nsp_logits is not None:
             # No pair labels (pairs: none): keep the NSP head in the graph so DDP finds every parameter used.
             loss = loss + 0.0 * out.nsp_logits.sum()
-        sbo_logits = getattr(out, "sbo_logits", None)  # (M, V) at the targets the model predicts from span boundaries
+        sbo_logits = out.sbo_logits if isinstance(out, SpanBertOutput) else None  # (M, V) at the targets the model predicts from span boundaries
         if sbo_logits is not None:
             sbo_labels = labels.index_select(0, out.sbo_index)
             sbo = F.cross_entropy(sbo_logits.float(), sbo_labels) if sbo_labels.numel() else sbo_logits.sum() * 0.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plmcli.errors import PlmError
+from plmcli.models.base import Fits
 from plmcli.objectives.base import Objective
 
 
@@ -22,7 +23,7 @@ class Counting(Objective):
     Config = CountingConfig
 
     def check_model(self, model):
-        if not hasattr(model, "fit"):
+        if not isinstance(model, Fits):
             raise PlmError(f"{type(model).__name__} is trained by gradient descent, not by counting",
                            "use objective.name: counts only with model.family: ngram")
 

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from plmcli.config_sections import Count, Size
 from plmcli.data.tasks import truncate_pair
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.objectives.base import Objective, StepOutput
 
 MAX_SPAN = 5
@@ -284,7 +285,7 @@ class PermutationLM(Objective):
                            "use 0 (each part in one random order) or a common divisor")
 
     def check_model(self, model):
-        if not getattr(model, "permutation_lm", False):
+        if not traits_of(model).permutation_lm:
             raise PlmError(f"{type(model).__name__} has no two-stream attention for permutation language modelling",
                            "use objective.name: plm with family xlnet (xlnet-mini, xlnet-base)")
         self.check_positions(model)

@@ -297,7 +297,7 @@ class SpanQA(Objective):
             arrays, table = self.encode(splits[split])
             if name == "train" and table["unmapped"]:  # no token to point at: nothing to learn from
                 arrays = _drop_windows(arrays, np.isin(arrays["question"], table["unmapped"]))
-                if hasattr(self.task, "skipped"):  # reported in metrics.json with the misaligned answers
+                if self.task.skipped is not None:  # reported in metrics.json with the misaligned answers
                     self.task.skipped["train: answer covered by no token"] = len(table["unmapped"])
             save_split(data_dir / f"{name}.npz", arrays)
             if name != "train":
@@ -332,6 +332,7 @@ class SpanQA(Objective):
 
         stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=np.diff(off))
         stream.windows = d
+        stream.padded = None  # per-token tables as (W, seq_len) matrices, built at the first evaluation
         table = Path(corpus_dir) / f"{split}.questions.json"
         stream.questions = json.loads(table.read_text(encoding="utf-8")) if table.is_file() else None
         return stream
@@ -373,7 +374,7 @@ class SpanQA(Objective):
     def _answers(self, stream, logits: np.ndarray, index: np.ndarray) -> tuple[list[int], list[str]]:
         """(questions, answer texts) for the questions that have windows among `index`."""
         w, o = stream.windows, self.task.options
-        if not hasattr(stream, "padded"):  # per-token tables as (W, seq_len) matrices, once per stream
+        if stream.padded is None:
             stream.padded = {k: padded(w[k], w["offsets"], self.seq_len, fill)
                              for k, fill in (("char_start", -1), ("char_end", -1), ("max_context", False))}
         p, table = stream.padded, stream.questions

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from plmcli.config_sections import NonNegative, Positive
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.objectives.base import StepOutput
 from plmcli.objectives.mlm import PAIRS, MaskedLM, MLMConfig
 
@@ -68,7 +69,7 @@ class ReplacedTokenDetection(MaskedLM):
             raise PlmError(f"objective.temperature {cfg.temperature} must be > 0", "e.g. --set objective.temperature=1")
 
     def check_model(self, model):
-        if not getattr(model, "replaced_token_detection", False):
+        if not traits_of(model).replaced_token_detection:
             raise PlmError(f"{type(model).__name__} has no generator and discriminator for replaced-token detection",
                            "use objective.name: rtd with an electra recipe (electra-mini, electra-small, electra-base)")
         self.check_positions(model)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from plmcli.config_sections import Fraction, Positive, Probability, Size
 from plmcli.data.batching import BatchStream, LengthGroupedOrder
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.objectives.base import Objective, StepOutput
 
 MASK_LENGTHS = ("span-poisson", "token")
@@ -81,7 +82,7 @@ class Translation(Objective):
         return prepare_parallel(inputs, tokenizer_cfg, data_cfg)
 
     def check_model(self, model):
-        if not getattr(model, "seq2seq", False):
+        if not traits_of(model).seq2seq:
             raise PlmError(f"{type(model).__name__} is not an encoder-decoder model",
                            "use this objective with family seq2seq or transformer (recipes seq2seq-attn-mini, transformer-mini)")
         self.check_positions(model)
@@ -318,92 +319,3 @@ def _mask(x: np.ndarray, cfg: DenoisingConfig, rng: np.random.Generator, mask_id
     if n_insert:  # 0-length spans: a mask inserted where nothing is missing
         out = np.insert(out, np.sort(rng.integers(0, len(out) + 1, n_insert)), mask_id)
     return out
-
-
-# ---------------------------------------------------------------- eval-ppl
-
-
-def eval_ppl(model, files, tok, cfg, max_length=None, batch_size=8, device="cpu") -> dict:
-    """Perplexity of an encoder-decoder run, one line at a time.
-
-    translation run: every non-blank line is `source<TAB>target`; the score is -log p(target + eos |
-    source), summed over target tokens. denoising run: every non-blank line is both the source
-    (uncorrupted) and the target, an autoencoding perplexity (how well the model restores text it
-    is shown intact); a line longer than max_length-1 tokens is scored in consecutive pieces.
-    tokens = target tokens + one eos per line; bytes = target UTF-8 bytes + one per line (its line
-    end, which eos stands for); words = whitespace words of the targets. Sources longer than
-    max_length-1 tokens are cut (counted in `truncated_sources`).
-    """
-    from plmcli.data.text import expand_inputs, text_lines
-    from plmcli.data.parallel import split_pair
-    from plmcli.eval.perplexity import report
-
-    P = model.max_positions
-    L = max_length or P
-    if not 2 <= L <= P:
-        raise PlmError(f"--max-length {L} is outside 2..{P} (the model's positions)", f"use --max-length ≤ {P}")
-    ids = cfg["tokenizer"].get("special_token_ids", {})
-    if "pad" not in ids or "eos" not in ids:
-        raise PlmError("the run's tokenizer has no pad/eos special tokens", "retrain with a seq2seq recipe's tokenizer settings")
-    pad, eos, start = ids["pad"], ids["eos"], ids.get("bos", ids["eos"])
-    translation = cfg.get("objective", "translation") != "denoising"
-    model.to(device).eval()
-
-    def score(pairs):
-        srcs = [e.ids for e in tok.encode_batch([p[0] for p in pairs], add_special_tokens=False)]
-        tgts = [e.ids for e in tok.encode_batch([p[1] for p in pairs], add_special_tokens=False)]
-        s_ids, t_ids, cut = [], [], 0
-        for (_, _, where), s, t in zip(pairs, srcs, tgts):
-            if len(t) > L - 1:
-                if translation:
-                    raise PlmError(f"{where}: the target has {len(t)} tokens, more than --max-length {L} - 1",
-                                   f"split the line, or raise --max-length (at most {P})")
-                for a in range(0, len(t), L - 1):  # autoencoding: each piece restores itself
-                    s_ids.append(t[a : a + L - 1])
-                    t_ids.append(t[a : a + L - 1])
-                continue
-            cut += len(s) > L - 1
-            s_ids.append(s)
-            t_ids.append(t)
-        nll = 0.0
-        for b in range(0, len(s_ids), batch_size):
-            batch = collate(s_ids[b : b + batch_size], t_ids[b : b + batch_size], pad, start, eos, L)
-            with torch.no_grad():
-                logits = model(batch["src_ids"].to(device), batch["src_mask"].to(device), batch["tgt_in_ids"].to(device))
-            nll += F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].to(device).flatten(),
-                                   ignore_index=-100, reduction="sum").item()
-        return nll, sum(len(t) + 1 for t in t_ids), cut
-
-    totals = np.zeros(5)  # nll, tokens, bytes, words, truncated sources
-    per_file = []
-    for f in files:
-        sums, pending = np.zeros(5), []
-
-        def flush():
-            nll, n, cut = score(pending)
-            sums[:] += [nll, n, 0, 0, cut]
-            pending.clear()
-
-        for name in expand_inputs([f]):
-            for lineno, line in enumerate(text_lines(name), start=1):
-                if not line.strip():
-                    continue
-                src, tgt = split_pair(line, name, lineno) if translation else (line.strip(), line.strip())
-                pending.append((src, tgt, f"'{name}' line {lineno}"))
-                sums[2] += len(tgt.encode("utf-8")) + 1
-                sums[3] += len(tgt.split())
-                if len(pending) == 64 * batch_size:
-                    flush()
-        if pending:
-            flush()
-        if sums[1] == 0:
-            raise PlmError(f"{f} has no lines to score", "pass a file with text" + (" (source<TAB>target per line)" if translation else ""))
-        per_file.append({"file": f, **report(sums[0], int(sums[1]), int(sums[2]), int(sums[3]), L, L),
-                         "truncated_sources": int(sums[4])})
-        totals += sums
-    res = report(totals[0], int(totals[1]), int(totals[2]), int(totals[3]), L, L)
-    res["truncated_sources"] = int(totals[4])
-    res["scores"] = "target given source" if translation else "each line given itself uncorrupted (autoencoding)"
-    res["first_token"] = "conditioned on the source (the decoder starts from " + ("bos)" if "bos" in ids else "eos)")
-    res["files"] = per_file
-    return res

@@ -232,7 +232,7 @@ class Tagging(Objective):
                   "word_tags": np.array(tags, dtype=np.int64), "group": np.full(len(sentences), group, dtype=np.int8)}
         counts = {"documents": len(lengths), "sentences": len(sentences), "words": int(sum(n_words)),
                   "tokens": len(ids), "truncated": int(truncated), "windowed": int(windowed),
-                  "iob1_converted": int(sum(getattr(s, "converted", 0) for s in sentences))}
+                  "iob1_converted": int(sum(s.converted for s in sentences))}
         return arrays, counts
 
     def _window_start_tag(self, tag: int) -> int:

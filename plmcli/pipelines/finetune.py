@@ -189,7 +189,7 @@ def _train(t, obj, encoder, cfg: dict, run: Path, out_dir: Path, data: Path, met
         "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
         "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
         "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
-        "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if getattr(t, "skipped", None) else {}),
+        "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if t.skipped else {}),
         "settings": {"epochs": s["epochs"], "lr": s["lr"], "batch_size": s["batch_size"], "seed": s["seed"],
                      "max_seq_len": s["max_seq_len"], "max_steps": s["max_steps"], "steps_per_epoch": steps_per_epoch,
                      "total_steps": total, "warmup_steps": warmup, "weight_decay": s["weight_decay"],
@@ -274,7 +274,7 @@ def _check_backbone(family: str, run_label: str, task) -> None:
 
     problem = objective_class(task.objective).backbone_problem(model_class(family))
     if problem:
-        what = f"{task.suite} finetuning" if getattr(task, "suite", "") else f"finetuning on {task.name}"
+        what = f"{task.suite} finetuning" if task.suite else f"finetuning on {task.name}"
         clause, _, need = problem.partition("; it needs ")
         raise PlmError(f"run {run_label} {clause} ({family}); {what} needs {need or 'another kind of run'}",
                        "pretrain one with `plm pretrain --recipe bert-mini` (or elmo-mini for ELMo features)")

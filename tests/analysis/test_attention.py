@@ -57,7 +57,7 @@ def _batch(T=9, lengths=(9, 6, 3), seed=0):
 
 
 def _run(model, ids, types, mask):
-    if getattr(model, "causal", False):
+    if model.traits.causal:
         return model(ids)
     return model.encode(ids, types if model.cfg.type_vocab_size >= 2 else None, mask)[0]
 
@@ -86,7 +86,7 @@ def _hand(attn, args, causal, key_mask):
 @pytest.mark.parametrize("name", ["bert", "albert", "nezha", "gpt"])
 def test_recorded_maps_equal_a_hand_computation(name):
     model = _model(name)
-    causal = getattr(model, "causal", False)
+    causal = model.traits.causal
     ids, types, mask = _batch(lengths=(9, 9, 9) if causal else (9, 6, 3))
     inputs = []
     hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.append((mod, args)))

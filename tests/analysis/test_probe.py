@@ -47,7 +47,7 @@ def test_hook_states_are_what_the_model_computes(name):
     x = torch.randint(5, 60, (2, 7))
     mask = torch.ones_like(x)
     mask[1, 5:] = 0  # right padding in the second row
-    causal = not getattr(type(model), "encoder", False)
+    causal = not type(model).traits.bidirectional
     states = hidden_states(model, x, None if causal else mask)
     assert len(states) == SMALL["n_layer"] + 1 and all(s.shape == (2, 7, 16) for s in states)
     with torch.no_grad():

@@ -15,6 +15,7 @@ from plmcli.cli import app
 from plmcli.errors import PlmError
 from plmcli.eval.pseudo import plan_batches, sentence_pll
 from plmcli.models.albert import Albert, AlbertConfig
+from plmcli.models.base import Traits
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.models.electra import Electra, ElectraConfig
 from plmcli.models.nezha import Nezha, NezhaConfig
@@ -153,7 +154,7 @@ def test_bad_options(bert_run, args, needle):
 
 
 class ToyCausal(ToyEncoder):
-    causal = True
+    traits = Traits(causal=True, scoring="window")
 
 
 @pytest.mark.parametrize("family, kwargs, needle", [("toyenc", {}, "is not a causal LM, so it has no left-to-right "

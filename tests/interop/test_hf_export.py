@@ -53,7 +53,7 @@ def _recipe_run(path: Path, corpus: Path, recipe: str, extra=()):
 def _ours(model, batch):
     """Our logits (B, T, V) (+ NSP logits) for an HF tokenizer batch."""
     with torch.no_grad():
-        if getattr(model, "causal", False):
+        if model.traits.causal:
             return model(batch["input_ids"]), None
         out = model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
         return out.mlm_logits, out.nsp_logits

@@ -135,7 +135,7 @@ def test_factorised_embedding_tied_decoder_and_interface():
     m = Albert(tiny())
     assert m.wte.weight.shape == (97, 8) and m.emb_proj.weight.shape == (32, 8)
     assert m.mlm.decoder.weight is m.wte.weight and m.mlm.dense.weight.shape == (8, 32)
-    assert m.encoder and not m.causal and m.max_positions == 32
+    assert m.traits.bidirectional and not m.traits.causal and m.max_positions == 32
     h, pooled = m.encode(torch.randint(0, 97, (2, 5)))
     assert h.shape == (2, 5, 32) and pooled.shape == (2, 32)
     with pytest.raises(ValueError, match="max_positions"):

@@ -81,7 +81,7 @@ def test_tied_decoder_and_heads():
     assert out.pooled is None and out.nsp_logits is None
     h, pooled = r.encode(torch.randint(0, 97, (2, 5)))
     assert h.shape == (2, 5, 32) and pooled is None
-    assert m.encoder and not m.causal
+    assert m.traits.bidirectional and not m.traits.causal
 
 
 def test_positions_limit():

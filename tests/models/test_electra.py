@@ -46,7 +46,7 @@ def test_two_networks_share_the_embeddings_and_nothing_else():
     # Without a narrower embedding the discriminator reads the embeddings directly.
     wide = Electra(tiny(embedding_size=0))
     assert wide.discriminator.embeddings_project is None and wide.generator.embeddings_project.weight.shape == (8, 32)
-    assert m.encoder and not m.causal and m.max_positions == 32
+    assert m.traits.bidirectional and not m.traits.causal and m.max_positions == 32
 
 
 def test_forward_parts_and_masked_positions():

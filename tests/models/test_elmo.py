@@ -8,6 +8,7 @@ from helpers import tiny_corpus
 from plmcli import api
 from plmcli.config import load_recipe
 from plmcli.errors import PlmError
+from plmcli.eval.bidirectional_lm import window_nll
 from plmcli.models.elmo import ELMo, ELMoConfig, ScalarMix, reverse_padded
 from plmcli.objectives.bilm import BidirectionalLM
 from plmcli.objectives.clm import CausalLM
@@ -155,13 +156,13 @@ def test_window_nll_scores_each_token_once_per_direction():
     torch.manual_seed(0)
     m = ELMo(tiny(token_encoder="word")).eval()
     seq = torch.randint(0, V, (13,)).numpy()
-    f, b, n = m.window_nll(seq, 100, 4)
+    f, b, n = window_nll(m, seq, 100, 4)
     x = torch.as_tensor(seq)[None]
     lf, lb = m(x)
     assert n == 12
     assert f == pytest.approx(F.cross_entropy(lf[0, :-1], x[0, 1:], reduction="sum").item(), rel=1e-5)
     assert b == pytest.approx(F.cross_entropy(lb[0, 1:], x[0, :-1], reduction="sum").item(), rel=1e-5)
-    f4, b4, n4 = m.window_nll(seq, 4, 2)  # windows 0..4, 4..8, 8..12: still 12 predictions each way
+    f4, b4, n4 = window_nll(m, seq, 4, 2)  # windows 0..4, 4..8, 8..12: still 12 predictions each way
     assert n4 == 12 and math.isfinite(f4) and math.isfinite(b4)
 
 

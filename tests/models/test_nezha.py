@@ -164,7 +164,7 @@ def test_flops_add_the_relative_terms():
 
 def test_interface_and_tied_decoder():
     m = Nezha(tiny())
-    assert m.encoder and not m.causal and m.mlm.decoder.weight is m.wte.weight
+    assert m.traits.bidirectional and not m.traits.causal and m.mlm.decoder.weight is m.wte.weight
     h, pooled = m.encode(torch.randint(0, 97, (2, 5)))
     assert h.shape == (2, 5, 16) and pooled.shape == (2, 16)
     with pytest.raises(ValueError, match="even head size"):

@@ -10,6 +10,7 @@ from plmcli.api import count_params
 from plmcli.config import load_recipe
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
+from plmcli.eval.scoring import score
 from plmcli.models.nnlm import NNLM, NNLMConfig
 from plmcli.objectives.clm import CausalLM
 
@@ -78,7 +79,7 @@ def test_eval_ppl_equals_one_pass_over_the_text(tmp_path):
     with torch.no_grad():
         nll = F.cross_entropy(m(seq[None, :-1])[0], seq[1:], reduction="sum").item()
     for L in (3, 8, 1000):  # windows overlap by n-2 tokens: every scored token keeps its full context
-        res = m.eval_ppl([str(tmp_path / "t.txt")], tok, cfg, max_length=L, batch_size=3)
+        res = score(m, [str(tmp_path / "t.txt")], tok, cfg, max_length=L, batch_size=3)
         assert res["tokens"] == len(ids) - 1
         assert res["nll"] * res["tokens"] == pytest.approx(nll, rel=1e-5), L
         assert res["stride"] == L - 2

@@ -12,6 +12,7 @@ from plmcli.config import load_recipe
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
+from plmcli.eval.scoring import score
 from plmcli.models.rnn import RNNLM, RNNConfig
 
 
@@ -110,7 +111,7 @@ def test_eval_ppl_equals_one_pass_over_the_text(cell, tmp_path):
     (tmp_path / "eval.txt").write_text(text + "an unseen zebra word\n")
     torch.manual_seed(0)
     m = RNNLM(tiny(cell=cell, vocab_size=tok.get_vocab_size()))
-    res = m.eval_ppl([str(tmp_path / "eval.txt")], tok, cfg, max_length=7)  # chunks of 7 carry the state
+    res = score(m, [str(tmp_path / "eval.txt")], tok, cfg, max_length=7)  # chunks of 7 carry the state
 
     eos = tok.token_to_id("<eos>")
     ids = [eos]
@@ -125,10 +126,10 @@ def test_eval_ppl_equals_one_pass_over_the_text(cell, tmp_path):
     assert res["ppl"] == pytest.approx(math.exp(nll / res["tokens"]), rel=1e-5)
     assert res["oov_rate"] == pytest.approx(3 / (res["tokens"] - len(lines) - 1))  # "an", "unseen", "word" -> <unk>
     assert res["first_token"] == "conditioned on eos" and res["line_end"].startswith("<eos>")
-    assert m.eval_ppl([str(tmp_path / "eval.txt")], tok, cfg, max_length=1000)["nll"] == pytest.approx(res["nll"], rel=1e-5)
+    assert score(m, [str(tmp_path / "eval.txt")], tok, cfg, max_length=1000)["nll"] == pytest.approx(res["nll"], rel=1e-5)
     (tmp_path / "oov.txt").write_text("quite unknown\n\nwords\n")
     with pytest.raises(PlmError, match="every word .* is out of the model's vocabulary"):
-        m.eval_ppl([str(tmp_path / "oov.txt")], tok, cfg)
+        score(m, [str(tmp_path / "oov.txt")], tok, cfg)
 
 
 RECIPES = ["rnn-ptb", "gru-ptb", "lstm-ptb-small", "lstm-ptb-medium"]

@@ -73,7 +73,7 @@ def test_decoder_is_causal_and_incremental_matches_teacher_forcing(input_feeding
 
 def test_tied_output_and_config_errors():
     m = Seq2Seq(tiny(tie_embeddings=True))
-    assert m.seq2seq and m.max_positions == 32
+    assert m.traits.seq2seq and m.max_positions == 32
     assert m.logits(torch.zeros(1, 24)).shape == (1, 40)
     with pytest.raises(ValueError, match="dot attention"):
         Attention("dot", 8, 6)

@@ -6,6 +6,7 @@ import torch
 from transformers import XLNetConfig as HFConfig
 from transformers import XLNetForSequenceClassification, XLNetLMHeadModel
 
+from plmcli.eval.scoring import score
 from plmcli.models.xlnet import XLNet, XLNetConfig, rel_shift
 
 V, C, L, H, F = 61, 32, 2, 4, 64
@@ -183,11 +184,11 @@ def test_eval_ppl_windows_and_memory_agree(tmp_path):
     cfg = {"tokenizer": {"special_token_ids": {"eos": 0, "unk": 1}}, "seq_len": 8}
     torch.manual_seed(0)
     m = XLNet(tiny(vocab_size=13, mem_len=4))
-    whole = m.eval_ppl([str(f)], tok, cfg, max_length=64)
-    mem = m.eval_ppl([str(f)], tok, cfg, mem_len=64, tgt_len=8)
+    whole = score(m, [str(f)], tok, cfg, max_length=64)
+    mem = score(m, [str(f)], tok, cfg, mem_len=64, tgt_len=8)
     assert whole["tokens"] == mem["tokens"] == 37  # every token once, the first conditioned on <eod>
     assert whole["ppl"] == pytest.approx(mem["ppl"], rel=1e-5)
-    short = m.eval_ppl([str(f)], tok, cfg, tgt_len=4)  # the config's memory (4 states): less context
+    short = score(m, [str(f)], tok, cfg, tgt_len=4)  # the config's memory (4 states): less context
     assert short["mem_len"] == 4 and short["tokens"] == 37 and short["ppl"] != pytest.approx(whole["ppl"], rel=1e-5)
     assert "identity permutation" in whole["factorisation"] and mem["context"].startswith("segments of 8")
 

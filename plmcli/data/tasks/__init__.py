@@ -65,6 +65,10 @@ class Task:
     options: TaskOptions = TaskOptions()
     """Set by `fresh_task` (registry.get_task); read-only for the task."""
     name: str = ""
+    suite: str = ""
+    """The benchmark the task belongs to (GLUE), named in messages; "" for none."""
+    skipped: dict | None = None
+    """Rows the reader dropped, by file (reported in metrics.json); None: the task drops none."""
     objective: str = "classify"
     """The objective (plmcli.objectives.registry) that trains it."""
     num_labels: int = 2

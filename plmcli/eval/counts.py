@@ -1,0 +1,53 @@
+"""Counts: sentence by sentence from an n-gram's tables (plmcli.models.ngram).
+
+Each non-blank line is a sentence, padded as in training (n-1 <s> before it, </s> after, </s> scored), so
+a word's context never crosses a line. --max-length and --stride do not apply (the window is the order).
+The model: `to_ids(tokenizer ids) -> n-gram ids`, `score(words, lengths) -> (NLL, predicted, <unk>)` and
+`cfg.order`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plmcli.errors import PlmError
+from plmcli.eval.perplexity import report
+from plmcli.models.ngram import UNK, oov_rate
+
+
+def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
+          batch_size: int | None = None, device=None) -> dict:
+    """eval-ppl's report of an n-gram over `files`; adds oov_rate and sentences."""
+    from plmcli.data.text import iter_text_lines
+
+    N = model.cfg.order
+    for name, value in (("--max-length", max_length), ("--stride", stride)):
+        if value is not None and value != N:
+            raise PlmError(f"{name} {value} does not apply to an n-gram model: it always reads the {N - 1} "
+                           f"previous words of the same sentence", f"drop {name} (or pass {N})")
+    totals, per_file = np.zeros(6), []
+    for f in files:
+        lines = list(iter_text_lines([f]))
+        n_bytes, n_words = sum(len(ln.encode("utf-8")) for ln in lines), sum(len(ln.split()) for ln in lines)
+        encs = [e for e in tok.encode_batch(lines, add_special_tokens=False) if e.ids] if lines else []
+        if not encs:  # blank lines are not sentences (as in training)
+            raise PlmError(f"{f} has no words to score", "pass a file with text, one sentence per line")
+        ids = model.to_ids(np.concatenate([e.ids for e in encs]))
+        if np.all(ids == UNK):
+            raise PlmError(f"every word of {f} is out of vocabulary (OOV rate 100%: all {len(ids):,} words "
+                           "read as <unk>)", "score text in the training data's language and tokenization")
+        nll, n, oov = model.score(ids, np.array([len(e.ids) for e in encs]))
+        row = np.array([nll, n, n_bytes, n_words, oov, len(encs)])
+        per_file.append({"file": f, **counts_report(row, N)})
+        totals += row
+    res = counts_report(totals, N)
+    res["first_token"] = f"conditioned on {N - 1} <s> (each line a sentence; </s> scored)"
+    res["files"] = per_file
+    return res
+
+
+def counts_report(row, order: int) -> dict:
+    """`report` of (nll, predicted, bytes, words, <unk>, sentences), the window being the order."""
+    nll, n, n_bytes, n_words, oov, sentences = row
+    return {**report(float(nll), int(n), int(n_bytes), int(n_words), order, order),
+            "oov_rate": oov_rate(oov, n, sentences), "sentences": int(sentences)}

@@ -1,0 +1,41 @@
+"""Carried state: one stream per file, the hidden state carried across all of it (RNN / LSTM / GRU LMs).
+
+The text is fed in chunks of --max-length tokens (default 1024); that only bounds memory, the result does
+not depend on it. --stride and --batch-size do not apply. Line ends: <eos> after every non-blank line,
+scored like any word (Mikolov's and Zaremba's PTB convention; plmcli.eval.perplexity.eval_files).
+The model: `model(ids (1, t), state) -> ((1, t, V) logits, next state)`, state None at the start.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from plmcli.errors import PlmError
+from plmcli.eval.perplexity import eval_files
+
+
+@torch.no_grad()
+def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
+          batch_size: int = 8, device="cpu") -> dict:
+    """eval-ppl's report of a stateful LM over `files`."""
+    chunk = max_length or 1024
+    if chunk < 1:
+        raise PlmError(f"--max-length {chunk} must be ≥ 1", "it is only the chunk size: e.g. --max-length 1024")
+    model.to(device).eval()
+    return eval_files(files, tok, cfg, lambda seq: stream_nll(model, seq, chunk, device), chunk, chunk,
+                      context="the whole text before it (hidden state carried)")
+
+
+@torch.no_grad()
+def stream_nll(model, seq: np.ndarray, chunk: int, device="cpu") -> tuple[float, int]:
+    """Summed NLL of seq[1:] given everything before, reading `chunk` tokens per forward pass."""
+    seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
+    total, state = 0.0, None
+    for i in range(0, len(seq_t) - 1, chunk):
+        x = seq_t[i : min(i + chunk, len(seq_t) - 1)][None]  # (1, t)
+        y = seq_t[i + 1 : i + 1 + x.shape[1]]
+        logits, state = model(x, state)
+        total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
+    return total, len(seq_t) - 1
