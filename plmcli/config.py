@@ -20,8 +20,8 @@ import yaml
 
 from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneModelConfig, FinetuneOptimConfig,
                                     FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction, MixedPrecision,
-                                    NonNegative, OptimizerName, Positive, Probability, ScheduleName, Size,
-                                    TaskOptions, TokenizerConfig)
+                                    NonNegative, OptimizerName, Positive, Probability, Rule, ScheduleName,
+                                    Size, TaskOptions, TokenizerConfig)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -390,17 +390,20 @@ def _default(f: dataclasses.Field):
 
 
 def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
-    """Every field against what its type declares (config_sections: Literal, Range, Divides), defaults
+    """Every field against what its type declares (config_sections: Literal, Range, Divides, Rule), defaults
     included, so a recipe fails at load and never hours into a run. Cross-field checks come last: they
     read fields that must already be valid."""
     values = {k: kwargs[k] if k in kwargs else _default(f) for k, f in fields.items()}
     checks = [(k, c) for k in fields for c in _constraints(hints[k])]
-    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], Divides)):
+    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], (Divides, Rule))):
         v = values[k]
         if v is None or c.holds(v, values):
             continue
         default = _default(fields[k])
         key = f"{where}.{k}"
+        if isinstance(c, Rule):
+            hint = c.hint or (f"e.g. --set {key}={_yaml_scalar(default)}" if c.holds(default, values) else f"change {key}")
+            raise PlmError(f"{key} {v} {c.says.format(where=where, **values)}", hint.format(where=where, **values))
         if isinstance(c, tuple):  # the choices of a Literal
             raise PlmError(f"{key} {v!r} is not one of {', '.join(map(str, c.choices))}", f"e.g. --set {key}={c.choices[0]}")
         if isinstance(c, Divides):

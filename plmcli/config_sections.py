@@ -2,7 +2,8 @@
 
 A field's allowed values are declared in its type, and config.build_section checks them when a recipe
 (or a run's config.json) is loaded: `Literal[...]` for a choice, `Annotated[int, Range(1)]` for an
-interval, `Divides("d_model")` for a count that must split another field (attention heads). The name
+interval, `Divides("d_model")` for a count that must split another field (attention heads), `Rule` for
+another condition between fields of a section (what a model's constructor would refuse). The name
 lists of the settings that pick an implementation (optimizer, schedule, tokenizer) live here, at the
 bottom, so a recipe is checked against them before anything is built.
 
@@ -14,7 +15,7 @@ re-exported by plmcli.data.tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,24 @@ class Divides:
 
     def holds(self, v, values: dict) -> bool:
         return bool(self.unless and values.get(self.unless)) or values[self.other] % v == 0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A condition a field must meet that reads other fields of its section too (what a family's constructor
+    would otherwise refuse with a ValueError, after the data is tokenized): `test(value, values)` with
+    `values` every field of the section. The error reads "<key> <value> <says>" and its hint is `hint`
+    (without one: the field's default), both formatted with the section's values and `where` (its name)."""
+
+    test: Callable[[Any, dict], bool]
+    says: str
+    hint: str = ""
+
+    def holds(self, v, values: dict) -> bool:
+        try:
+            return bool(self.test(v, values))
+        except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError):  # a malformed value fails it
+            return False
 
 
 @dataclass(frozen=True)
