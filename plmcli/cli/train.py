@@ -84,16 +84,14 @@ def finetune(
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),
-    init: Optional[str] = typer.Option(None, help="pretrained | random: same architecture, fresh weights, the baseline "
-                                       "(= model.init; default pretrained)."),
+    init: Optional[str] = typer.Option(None, help="pretrained | random: fresh weights, the baseline (= model.init; default pretrained)."),
     warmup_ratio: Optional[float] = typer.Option(None, help="Share of the steps spent warming the learning rate up "
                                                  "(= optim.warmup_ratio; default 0.1)."),
     weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay, not on biases and norms "
                                                  "(= optim.weight_decay; default 0.01)."),
     dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
                                             "(= model.dropout; default: the run's own)."),
-    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head "
-                                                       "(= model.classifier_dropout; default: the backbone's)."),
+    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (= model.classifier_dropout)."),
     train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, "
                                         "SQuAD JSON, CoNLL, SWAG CSV) (= task.train)."),
     dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best "
