@@ -348,17 +348,24 @@ class FinetuneConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
 
-def load_finetune_config(path: str | None = None, overrides: list[str] | dict | None = None) -> FinetuneConfig:
-    """A FinetuneConfig from the YAML file `path` (None: the defaults) with `overrides` on top:
-    `section.key=value` strings (--set) or a nested dict. Unknown keys, values of the wrong type and
-    choices outside a Literal are one-line PlmErrors here, before anything runs."""
+def load_finetune_config(path: str | None = None, overrides: list[str] | dict | None = None,
+                         flags: dict | None = None) -> FinetuneConfig:
+    """A FinetuneConfig from the YAML file `path` (None: the defaults), with `overrides` on top
+    (`section.key=value` strings, --set, or a nested dict) and `flags` (a nested dict, what plm finetune's
+    flags set) on top of those. Unknown keys, values of the wrong type and choices outside a Literal are
+    one-line PlmErrors here, before anything runs."""
     raw = _read_finetune_file(path) if path else {}
     over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     _reject_unknown(over, FINETUNE_SECTIONS, "--set")
-    merged = _merge(raw, over)
-    return FinetuneConfig(**{s: build_section(cls, merged.get(s) or {}, s) for s, cls in (
+    merged = _merge(_merge(raw, over), flags or {})
+    cfg = FinetuneConfig(**{s: build_section(cls, merged.get(s) or {}, s) for s, cls in (
         ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("train", FinetuneTrainConfig),
         ("optim", FinetuneOptimConfig))})
+    t = cfg.train
+    if t.micro_batch_size and t.batch_size % t.micro_batch_size:
+        raise PlmError(f"train.batch_size {t.batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
+                       "pick a micro batch that divides the batch")
+    return cfg
 
 
 def _read_finetune_file(path: str) -> dict:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config, parse_overrides
+from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
 from plmcli.config_sections import FinetuneInit, TaskOptions
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
@@ -76,20 +76,14 @@ def finetune_config(config: str | None = None, overrides: list[str] | dict | Non
     task's fields) beat `overrides` (--set), which beat the file `config`, which beats the defaults."""
     given = {k: v for k, v in arguments.items() if v is not None}
     _check_arguments(given)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    flags: dict = {}
+    flags: dict = {"task": _given_options(options)}
     for name, value in given.items():
         section, key = ARGUMENT_KEYS[name].split(".")
         flags.setdefault(section, {})[key] = value
-    flags.setdefault("task", {}).update(_given_options(options))
-    cfg = load_finetune_config(config, {s: {**over.get(s, {}), **flags.get(s, {})} for s in {*over, *flags}})
+    cfg = load_finetune_config(config, overrides, flags)
     if not cfg.task.name:
         raise PlmError("no task given", "pass --task NAME (e.g. --task sst2), or name it in the --config file "
                        "(task: {name: sst2}) or with --set task.name=sst2")
-    t = cfg.train
-    if t.micro_batch_size and t.batch_size % t.micro_batch_size:
-        raise PlmError(f"train.batch_size {t.batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
-                       "pick a micro batch that divides the batch")
     return cfg
 
 
