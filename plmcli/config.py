@@ -77,7 +77,8 @@ class OptimConfig:
     """Peak learning rate."""
     weight_decay: NonNegative = 0.01
     """Decoupled weight decay on matrices (never on biases or norm weights)."""
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    betas: Annotated[list, Rule(lambda b, _: len(b) == 2 and all(0 <= x < 1 for x in b),
+                                "must be two moment decay rates in [0, 1)")] = field(default_factory=lambda: [0.9, 0.999])
     """Adam / LAMB moment decay rates."""
     eps: Positive = 1e-8
     """Adam / LAMB denominator epsilon."""

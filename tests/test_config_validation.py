@@ -143,6 +143,7 @@ RULES = [
     ("albert-mini", "model.position_offset=512", "error: model.position_offset 512 leaves no room in model.max_positions 512"),
     ("txl-mini", "model.cutoffs=[5, 3]", "error: model.cutoffs [5, 3] must increase strictly from above 0"),
     ("nezha-mini", "model.d_model=260", "error: model.n_head 4 gives an odd head size d_model 260 / n_head"),
+    ("gpt-mini", "optim.betas=[2, 3]", "error: optim.betas [2, 3] must be two moment decay rates in [0, 1)"),  # was: at the optimizer
 ]
 
 
