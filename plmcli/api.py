@@ -132,29 +132,36 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
 # ---------------------------------------------------------------- finetune
 
 
-def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3, lr: float = 2e-5,
-             batch_size: int = 32, seed: int = 42, out: str | None = None, max_seq_len: int | None = None,
-             max_steps: int | None = None, init: str = "pretrained", console=None, eval_only: bool = False,
-             warmup_ratio: float = 0.1, weight_decay: float = 0.01, dropout: float | None = None,
-             classifier_dropout: float | None = None, **options) -> dict:
+def finetune(task: str | None = None, from_run: str | None = None, data_dir: str | None = None,
+             epochs: int | None = None, lr: float | None = None, batch_size: int | None = None, seed: int | None = None,
+             out: str | None = None, max_seq_len: int | None = None, max_steps: int | None = None,
+             init: str | None = None, console=None, eval_only: bool = False, warmup_ratio: float | None = None,
+             weight_decay: float | None = None, dropout: float | None = None, classifier_dropout: float | None = None,
+             *, config: str | None = None, overrides: list[str] | dict | None = None, **options) -> dict:
     """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
 
-    `options`: the task settings of plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
+    `config`: a finetune config YAML (sections task, model, train, optim; a finished finetune's
+    OUT/finetune.yaml is one); `overrides`: `section.key=value` strings (or a nested dict) over it. Every
+    other argument sets one config key, and one that is given beats both (None: not given; the defaults of
+    plmcli.config.FinetuneConfig then apply). `options`: the task settings of
+    plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
     """
     from dataclasses import fields
 
     from plmcli.data.tasks import TaskOptions
-    from plmcli.pipelines.finetune import finetune as run_finetune
+    from plmcli.pipelines.finetune import finetune_config, run_finetune
 
     known = {f.name for f in fields(TaskOptions)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise PlmError(f"unknown finetune option(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
+    cfg = finetune_config(config, overrides, options, task=task, from_run=from_run, data_dir=data_dir, epochs=epochs,
+                          lr=lr, batch_size=batch_size, seed=seed, max_seq_len=max_seq_len, max_steps=max_steps,
+                          init=init, warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
+                          classifier_dropout=classifier_dropout)
+    cfg = replace(cfg, task=replace(cfg.task, data_dir=sample_data_dir(cfg.task.data_dir)))
     quiet_datasets_off_terminal()
-    return run_finetune(task, from_run=from_run, data_dir=sample_data_dir(data_dir), epochs=epochs, lr=lr, batch_size=batch_size,
-                        seed=seed, out=out, max_seq_len=max_seq_len, max_steps=max_steps, init=init, console=console,
-                        warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
-                        classifier_dropout=classifier_dropout, options=TaskOptions(**options), eval_only=eval_only)
+    return run_finetune(cfg, out, eval_only, console)
 
 
 # ---------------------------------------------------------------- export

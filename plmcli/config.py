@@ -18,8 +18,10 @@ from typing import Annotated, Any, Literal, Optional
 
 import yaml
 
-from plmcli.config_sections import (Count, DataConfig, Divides, Folded, Fraction, NonNegative, OptimizerName, Positive,
-                                    Probability, ScheduleName, Size, TokenizerConfig)
+from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneModelConfig, FinetuneOptimConfig,
+                                    FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction, MixedPrecision,
+                                    NonNegative, OptimizerName, Positive, Probability, Rule, ScheduleName,
+                                    Size, TaskOptions, TokenizerConfig)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -40,7 +42,7 @@ class TrainConfig:
     """Stop after this many training tokens (whichever of max_steps / max_tokens comes first)."""
     time_budget: Optional[Positive] = None
     """Stop after this many seconds of wall time (a checkpoint is written)."""
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    mixed_precision: MixedPrecision = "auto"
     """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
     grad_clip: NonNegative = 1.0
     """Clip the global gradient norm to this; 0 disables."""
@@ -75,7 +77,8 @@ class OptimConfig:
     """Peak learning rate."""
     weight_decay: NonNegative = 0.01
     """Decoupled weight decay on matrices (never on biases or norm weights)."""
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    betas: Annotated[list, Rule(lambda b, _: len(b) == 2 and all(0 <= x < 1 for x in b),
+                                "must be two moment decay rates in [0, 1)")] = field(default_factory=lambda: [0.9, 0.999])
     """Adam / LAMB moment decay rates."""
     eps: Positive = 1e-8
     """Adam / LAMB denominator epsilon."""
@@ -168,12 +171,7 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> dict:
             hint = f"did you mean {', '.join(close)}?" if close else "run `plm recipes` to list them, or pass a .yaml path"
             raise PlmError(f"unknown recipe '{name_or_path}'", hint)
         text, label = res.read_text(encoding="utf-8"), name_or_path
-    try:
-        raw = yaml.load(text, Loader=_YAML_LOADER) or {}
-    except yaml.YAMLError as e:
-        raise PlmError(f"recipe {label} is not valid YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from None
-    if not isinstance(raw, dict):
-        raise PlmError(f"recipe {label} must be a mapping of sections", f"use the sections {', '.join(SECTIONS)}")
+    raw = _yaml_mapping(text, f"recipe {label}", SECTIONS)
     _reject_unknown(raw, TOP_KEYS, "recipe")
     raw.setdefault("name", path.stem if label == str(path) else name_or_path)
     base = raw.pop("extends", None)
@@ -183,6 +181,16 @@ def _read_raw(name_or_path: str, seen: tuple = ()) -> dict:
         parent = _read_raw(base, seen + (label,))
         parent.pop("description", None)
         raw = _merge(parent, raw)
+    return raw
+
+
+def _yaml_mapping(text: str, label: str, sections) -> dict:
+    try:
+        raw = yaml.load(text, Loader=_YAML_LOADER) or {}
+    except yaml.YAMLError as e:
+        raise PlmError(f"{label} is not valid YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from None
+    if not isinstance(raw, dict):
+        raise PlmError(f"{label} must be a mapping of sections", f"use the sections {', '.join(sections)}")
     return raw
 
 
@@ -301,6 +309,76 @@ def _check_recipe(r: Recipe) -> None:
         )
 
 
+# ---------------------------------------------------------------- finetuning
+
+
+FINETUNE_SECTIONS = ("task", "model", "train", "optim")
+
+
+@dataclass
+class LoopRecipe:
+    """What THE loop (plmcli.train.loop) reads of a recipe: its train and optim sections. A finetune builds
+    one from its FinetuneConfig; a pretraining Recipe is read the same way."""
+
+    train: TrainConfig
+    optim: OptimConfig
+
+
+@dataclass
+class FinetuneConfig:
+    """`plm finetune`'s settings: the task, the run it starts from, the training and the optimizer.
+
+    Loaded from YAML (`--config FILE`) with `--set section.key=value` overrides by `load_finetune_config`;
+    every flag of `plm finetune` sets one of these keys."""
+
+    task: FinetuneTaskConfig = field(default_factory=FinetuneTaskConfig)
+    model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
+    train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
+    optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
+
+    def task_options(self) -> TaskOptions:
+        """The part of the task section the task itself reads (a finetuned run's config.json keeps it)."""
+        return TaskOptions(**{f.name: getattr(self.task, f.name) for f in dataclasses.fields(TaskOptions)})
+
+    def to_dict(self) -> dict:
+        task = dataclasses.asdict(self.task)
+        first = {k: task.pop(k) for k in ("name", "data_dir", "max_seq_len")}  # what a reader looks for first
+        return {"task": first | task, **{s: dataclasses.asdict(getattr(self, s)) for s in FINETUNE_SECTIONS[1:]}}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+def load_finetune_config(path: str | None = None, overrides: list[str] | dict | None = None,
+                         flags: dict | None = None) -> FinetuneConfig:
+    """A FinetuneConfig from the YAML file `path` (None: the defaults), with `overrides` on top
+    (`section.key=value` strings, --set, or a nested dict) and `flags` (a nested dict, what plm finetune's
+    flags set) on top of those. Unknown keys, values of the wrong type and choices outside a Literal are
+    one-line PlmErrors here, before anything runs."""
+    raw = _read_finetune_file(path) if path else {}
+    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    _reject_unknown(over, FINETUNE_SECTIONS, "--set")
+    merged = _merge(_merge(raw, over), flags or {})
+    cfg = FinetuneConfig(**{s: build_section(cls, merged.get(s) or {}, s) for s, cls in (
+        ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("train", FinetuneTrainConfig),
+        ("optim", FinetuneOptimConfig))})
+    t = cfg.train
+    if t.micro_batch_size and t.batch_size % t.micro_batch_size:
+        raise PlmError(f"train.batch_size {t.batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
+                       "pick a micro batch that divides the batch")
+    return cfg
+
+
+def _read_finetune_file(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise PlmError(f"finetune config '{path}' does not exist",
+                       "check the path; a finished finetune writes its own as OUT/finetune.yaml")
+    raw = _yaml_mapping(p.read_text(encoding="utf-8"), f"finetune config {path}", FINETUNE_SECTIONS)
+    _reject_unknown(raw, FINETUNE_SECTIONS, "finetune config")
+    return raw
+
+
 # ------------------------------------------------------------- typing
 
 
@@ -320,17 +398,20 @@ def _default(f: dataclasses.Field):
 
 
 def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
-    """Every field against what its type declares (config_sections: Literal, Range, Divides), defaults
+    """Every field against what its type declares (config_sections: Literal, Range, Divides, Rule), defaults
     included, so a recipe fails at load and never hours into a run. Cross-field checks come last: they
     read fields that must already be valid."""
     values = {k: kwargs[k] if k in kwargs else _default(f) for k, f in fields.items()}
     checks = [(k, c) for k in fields for c in _constraints(hints[k])]
-    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], Divides)):
+    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], (Divides, Rule))):
         v = values[k]
         if v is None or c.holds(v, values):
             continue
         default = _default(fields[k])
         key = f"{where}.{k}"
+        if isinstance(c, Rule):
+            hint = c.hint or (f"e.g. --set {key}={_yaml_scalar(default)}" if c.holds(default, values) else f"change {key}")
+            raise PlmError(f"{key} {v} {c.says.format(where=where, **values)}", hint.format(where=where, **values))
         if isinstance(c, tuple):  # the choices of a Literal
             raise PlmError(f"{key} {v!r} is not one of {', '.join(map(str, c.choices))}", f"e.g. --set {key}={c.choices[0]}")
         if isinstance(c, Divides):

@@ -2,15 +2,20 @@
 
 A field's allowed values are declared in its type, and config.build_section checks them when a recipe
 (or a run's config.json) is loaded: `Literal[...]` for a choice, `Annotated[int, Range(1)]` for an
-interval, `Divides("d_model")` for a count that must split another field (attention heads). The name
+interval, `Divides("d_model")` for a count that must split another field (attention heads), `Rule` for
+another condition between fields of a section (what a model's constructor would refuse). The name
 lists of the settings that pick an implementation (optimizer, schedule, tokenizer) live here, at the
 bottom, so a recipe is checked against them before anything is built.
+
+`plm finetune`'s config has its own four sections (task, model, train, optim: the Finetune* classes at
+the end), checked by the same machinery; `TaskOptions`, the part of the task section the tasks read, is
+re-exported by plmcli.data.tasks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,24 @@ class Divides:
 
 
 @dataclass(frozen=True)
+class Rule:
+    """A condition a field must meet that reads other fields of its section too (what a family's constructor
+    would otherwise refuse with a ValueError, after the data is tokenized): `test(value, values)` with
+    `values` every field of the section. The error reads "<key> <value> <says>" and its hint is `hint`
+    (without one: the field's default), both formatted with the section's values and `where` (its name)."""
+
+    test: Callable[[Any, dict], bool]
+    says: str
+    hint: str = ""
+
+    def holds(self, v, values: dict) -> bool:
+        try:
+            return bool(self.test(v, values))
+        except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError):  # a malformed value fails it
+            return False
+
+
+@dataclass(frozen=True)
 class Folded:
     """A choice also read case-blind and without surrounding spaces ("AdamW" is adamw), as the optimizer
     and schedule names were before their fields became choices."""
@@ -66,6 +89,8 @@ OptimizerName = Literal["adamw", "adam", "lamb", "sgd"]
 """optim.name: what train/optim.build_optimizer builds."""
 ScheduleName = Literal["linear", "cosine", "constant", "inverse-sqrt", "polynomial", "step"]
 """optim.schedule: what train/schedule.build_scheduler builds."""
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+"""train.mixed_precision: what the loop's Accelerator runs in."""
 TokenizerKind = Literal["wordpiece", "bpe", "bytelevel-bpe", "unigram", "char", "word"]
 """tokenizer.kind: what data/tokenizers.train_tokenizer trains."""
 
@@ -103,3 +128,113 @@ class DataConfig:
     """Share of documents (taken from the end of the corpus) held out for validation."""
     num_proc: Size = 1
     """Worker processes for tokenization."""
+
+
+# ---------------------------------------------------------------- finetuning (config.FinetuneConfig)
+
+
+@dataclass
+class TaskOptions:
+    """Task settings from `plm finetune`'s options; each task reads the ones that concern it.
+
+    Their ranges are checked by the objectives that read them (naming the flag), not here: a finetuned
+    run's config.json keeps these fields as they are."""
+
+    train: str | None = None
+    """A training file of the task's format (own data, SQuAD JSON, CoNLL, SWAG CSV), instead of --data-dir."""
+    dev: str | None = None
+    """The matching dev file (evaluated after every epoch; its main metric picks the best weights)."""
+    test: str | None = None
+    """An optional test file: predictions are written for it."""
+    text_col: str | None = None
+    """Own data: the column (TSV/CSV header or JSONL key) holding the text."""
+    text_pair_col: str | None = None
+    """Own data: the column of the second text of a pair."""
+    label_col: str | None = None
+    """Own data: the label column."""
+    doc_stride: int = 128
+    """Span QA: tokens between the starts of consecutive windows over a long passage."""
+    max_query_len: int = 64
+    """Span QA: question tokens kept."""
+    max_answer_len: int = 30
+    """Span QA: longest answer decoded, in tokens."""
+    n_best: int = 20
+    """Span QA: start and end candidates combined per window."""
+    crf: bool = False
+    """Token classification: a linear-chain CRF over the tag scores."""
+    aux_lm_weight: float = 0.5
+    """Causal runs (GPT-style transfer): λ of the auxiliary language-modelling loss."""
+
+
+@dataclass
+class FinetuneTaskConfig(TaskOptions):
+    """finetune's `task` section: which task, where its data is, how long an example may be, and the
+    TaskOptions the task itself reads."""
+
+    name: Optional[str] = None
+    """The task: GLUE (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), squad, cmrc2018, conll2003, swag,
+    or own data (classification, regression, pair-classification). Required, here or by --task."""
+    data_dir: Optional[str] = None
+    """The task's data folder (GLUE: holding SST-2/, CoLA/, ... or one task's folder; glue-sample: the SST-2
+    sample shipped with plm); none = train/dev/test, else the Hub."""
+    max_seq_len: Optional[int] = None
+    """Tokens per example, special tokens included; none = min(128, the model's positions)."""
+
+
+FinetuneInit = Literal["pretrained", "random"]
+"""model.init: the run's weights, or the same architecture freshly initialised (the baseline that shows
+what pretraining buys)."""
+
+
+@dataclass
+class FinetuneModelConfig:
+    """finetune's `model` section: the run finetuned and what changes in it."""
+
+    from_run: Optional[str] = None
+    """The run directory finetuned (a pretrained run, or a finetuned one: its encoder); none = runs/latest."""
+    init: FinetuneInit = "pretrained"
+    """pretrained | random (same architecture, fresh weights: the baseline)."""
+    dropout: Optional[Probability] = None
+    """The backbone's dropout and attention dropout while finetuning; none = the run's own."""
+    classifier_dropout: Optional[Probability] = None
+    """Dropout before the task head; none = the backbone's dropout."""
+
+
+@dataclass
+class FinetuneTrainConfig:
+    """finetune's `train` section (Devlin et al. 2018 §4.1: dev evaluated after every epoch, best weights kept)."""
+
+    epochs: Size = 3
+    """Epochs; dev is evaluated after each and the best weights are kept."""
+    batch_size: Size = 32
+    """Examples per optimizer step, over all processes."""
+    micro_batch_size: Count = 0
+    """Examples per forward pass on one device; 0 = the whole batch (no accumulation)."""
+    max_steps: Optional[Size] = None
+    """Stop after this many optimizer steps instead of full epochs (also the schedule's horizon)."""
+    eval_every: Count = 0
+    """Evaluate dev (keeping the best weights) every N steps; 0 = after every epoch."""
+    log_every: Count = 0
+    """Log loss and lr every N steps; 0 = four times an epoch (at most every 50 steps)."""
+    seed: int = 42
+    """Seeds the head init, data order and dropout."""
+    grad_clip: NonNegative = 1.0
+    """Clip the global gradient norm to this; 0 disables."""
+    mixed_precision: MixedPrecision = "auto"
+    """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
+
+
+@dataclass
+class FinetuneOptimConfig:
+    """finetune's `optim` section: AdamW, linear warmup then linear decay to 0 (Devlin et al.)."""
+
+    name: Annotated[OptimizerName, Folded()] = "adamw"
+    """adamw | adam | lamb | sgd."""
+    lr: Positive = 2e-5
+    """Peak learning rate."""
+    weight_decay: NonNegative = 0.01
+    """Decoupled weight decay (never on biases or norm weights)."""
+    warmup_ratio: Probability = 0.1
+    """Share of the steps spent warming the learning rate up."""
+    schedule: Annotated[ScheduleName, Folded()] = "linear"
+    """linear | cosine | constant | inverse-sqrt | polynomial | step: the decay after the warmup."""

@@ -130,3 +130,37 @@ def test_the_declarations_are_the_checks(raw, message):
 def test_declarations_accept_what_they_allow():
     t = build_section(Toy, {"cap": 10, "kind": "b", "rate": 0, "heads2": 3, "free": 1}, "toy")
     assert (t.cap, t.kind, t.rate, t.heads2) == (10, "b", 0.0, 3)
+
+
+# What a family's constructor refuses with a ValueError (after the data is tokenized, as "internal error ...
+# this is a bug in plm"), its Config declares as a Rule: refused at load, one line, naming the setting.
+RULES = [
+    ("nnlm-ptb", "model.order=1", "error: model.order 1 must be ≥ 2 — e.g. --set model.order=5"),
+    ("seq2seq-attn-mini", "model.d_hidden=63",
+     "error: model.d_hidden 63 is odd, and a bidirectional encoder splits d_hidden between its two directions — "
+     "pick an even model.d_hidden, or --set model.bidirectional=false"),
+    ("elmo-mini", "model.max_chars=2", "error: model.max_chars 2 must be ≥ 3 and ≥ every width of model.filters"),
+    ("albert-mini", "model.position_offset=512", "error: model.position_offset 512 leaves no room in model.max_positions 512"),
+    ("txl-mini", "model.cutoffs=[5, 3]", "error: model.cutoffs [5, 3] must increase strictly from above 0"),
+    ("nezha-mini", "model.d_model=260", "error: model.n_head 4 gives an odd head size d_model 260 / n_head"),
+    ("gpt-mini", "optim.betas=[2, 3]", "error: optim.betas [2, 3] must be two moment decay rates in [0, 1)"),  # was: at the optimizer
+]
+
+
+@pytest.mark.parametrize("recipe,override,start", RULES)
+def test_what_a_constructor_refuses_is_refused_at_load(recipe, override, start, tmp_path):
+    res = runner.invoke(app, ["pretrain", "--recipe", recipe, "--set", override, "--max-steps", "1",
+                              "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith(start) and "\n" not in err and "internal error" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_rules_pass_what_the_constructors_take():
+    assert load_recipe("seq2seq-attn-mini", ["model.d_hidden=63", "model.bidirectional=false"]).model.d_hidden == 63
+    assert load_recipe("elmo-mini", ["model.token_encoder=word", "model.max_chars=2"]).model.max_chars == 2
+    assert load_recipe("txl-mini", ["model.cutoffs=[100, 2000]"]).model.cutoffs == [100, 2000]
+    with pytest.raises(PlmError, match=r"model.cutoffs \[100, 2000\] must increase strictly"):  # vocab_size known
+        load_recipe("txl-mini", ["model.cutoffs=[100, 2000]", "model.vocab_size=1000"])
+    assert load_recipe("nezha-mini", ["model.n_head=8"]).model.n_head == 8

@@ -64,48 +64,64 @@ def pretrain(
 @commands.command()
 @guarded
 def finetune(
-    task: str = typer.Option(..., "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
-                             "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag; own data: "
-                             "classification | regression | pair-classification."),
-    from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (default: runs/latest)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
+                                       "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag; own data: "
+                                       "classification | regression | pair-classification (= task.name; required unless "
+                                       "the --config file names it)."),
+    from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (= model.from_run; default: runs/latest)."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A finetune config YAML: sections task, model, train, optim "
+                                         "(a finished finetune's OUT/finetune.yaml is one)."),
+    overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key: section.key=value (repeatable), "
+                                                  "e.g. --set task.max_seq_len=256."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
-                                           "none = --train/--dev/--test, else the Hub."),
-    epochs: int = typer.Option(3, help="Epochs; dev is evaluated after each and the best weights are kept."),
-    lr: float = typer.Option(2e-5, help="Peak learning rate (10% warmup, linear decay)."),
-    batch_size: int = typer.Option(32, help="Examples per optimizer step."),
-    seed: int = typer.Option(42, help="Seeds the head init, data order and dropout."),
+                                           "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
+    epochs: Optional[int] = typer.Option(None, help="Epochs; dev is evaluated after each and the best weights are kept "
+                                         "(= train.epochs; default 3)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5)."),
+    batch_size: Optional[int] = typer.Option(None, help="Examples per optimizer step (= train.batch_size; default 32)."),
+    seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
-    max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (default min(128, model positions))."),
-    max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs."),
-    init: str = typer.Option("pretrained", help="pretrained | random (same architecture, fresh weights: the baseline)."),
-    warmup_ratio: float = typer.Option(0.1, help="Share of the steps spent warming the learning rate up."),
-    weight_decay: float = typer.Option(0.01, help="AdamW weight decay (not on biases and norms)."),
+    max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
+    max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),
+    init: Optional[str] = typer.Option(None, help="pretrained | random: fresh weights, the baseline (= model.init; default pretrained)."),
+    warmup_ratio: Optional[float] = typer.Option(None, help="Share of the steps spent warming the learning rate up "
+                                                 "(= optim.warmup_ratio; default 0.1)."),
+    weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay, not on biases and norms "
+                                                 "(= optim.weight_decay; default 0.01)."),
     dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
-                                            "(default: the run's own)."),
-    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (default: the backbone's)."),
-    train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, SQuAD JSON, CoNLL, SWAG CSV)."),
-    dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best weights."),
-    test: Optional[str] = typer.Option(None, "--test", help="Test file: predictions are written for it."),
-    text_col: Optional[str] = typer.Option(None, help="Own data: the text column (header name or JSONL key)."),
-    text_pair_col: Optional[str] = typer.Option(None, help="Own data: the second text of a pair."),
-    label_col: Optional[str] = typer.Option(None, help="Own data: the label column."),
-    doc_stride: int = typer.Option(128, help="Span QA: tokens between consecutive windows over a long passage."),
-    max_query_len: int = typer.Option(64, help="Span QA: question tokens kept."),
-    max_answer_len: int = typer.Option(30, help="Span QA: longest answer, in tokens."),
-    n_best: int = typer.Option(20, help="Span QA: start and end candidates combined per window."),
-    crf: bool = typer.Option(False, "--crf", help="NER: a linear-chain CRF over the tag scores (Viterbi decoding)."),
-    aux_lm_weight: float = typer.Option(0.5, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss."),
+                                            "(= model.dropout; default: the run's own)."),
+    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (= model.classifier_dropout)."),
+    train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, "
+                                        "SQuAD JSON, CoNLL, SWAG CSV) (= task.train)."),
+    dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best "
+                                      "weights (= task.dev)."),
+    test: Optional[str] = typer.Option(None, "--test", help="Test file: predictions are written for it (= task.test)."),
+    text_col: Optional[str] = typer.Option(None, help="Own data: the text column, header name or JSONL key (= task.text_col)."),
+    text_pair_col: Optional[str] = typer.Option(None, help="Own data: the second text of a pair (= task.text_pair_col)."),
+    label_col: Optional[str] = typer.Option(None, help="Own data: the label column (= task.label_col)."),
+    doc_stride: Optional[int] = typer.Option(None, help="Span QA: tokens between consecutive windows over a long passage "
+                                             "(= task.doc_stride; default 128)."),
+    max_query_len: Optional[int] = typer.Option(None, help="Span QA: question tokens kept (= task.max_query_len; default 64)."),
+    max_answer_len: Optional[int] = typer.Option(None, help="Span QA: longest answer, in tokens (= task.max_answer_len; default 30)."),
+    n_best: Optional[int] = typer.Option(None, help="Span QA: start and end candidates combined per window (= task.n_best; default 20)."),
+    crf: Optional[bool] = typer.Option(None, "--crf", help="NER: a linear-chain CRF over the tag scores, Viterbi decoding (= task.crf)."),
+    aux_lm_weight: Optional[float] = typer.Option(None, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss "
+                                                  "(= task.aux_lm_weight; default 0.5)."),
     eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics.json."),
 ):
-    """Finetune a run on a task; writes OUT/metrics.json, the best weights and test predictions.
+    """Finetune a run on a task; writes OUT/metrics.json, the best weights, test predictions and
+    OUT/finetune.yaml (the resolved config: `--config OUT/finetune.yaml` runs it again).
 
     From encoder runs (BERT family, XLNet, ELMo features) every task; from causal runs (GPT) classification,
     pairs, similarity and multiple choice GPT-style (<s> x $ y <e>, plus --aux-lm-weight × the LM loss).
 
+    Precedence, highest first: a flag (each sets the config key its help names) > --set section.key=value > the --config file > the defaults.
+
     Examples:
       plm pretrain --recipe bert-mini && plm finetune --task sst2 --data-dir glue-sample
+      plm finetune --config sst2.yaml --set train.epochs=2 --set task.max_seq_len=64
       plm finetune --task cmrc2018 --train cmrc2018_train.json --dev cmrc2018_dev.json --max-seq-len 384
       plm finetune --task conll2003 --data-dir conll2003/ --crf
       plm finetune --task classification --train a.tsv --dev b.tsv --text-col sentence --label-col label
@@ -118,7 +134,7 @@ def finetune(
                    aux_lm_weight=aux_lm_weight)
     res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
                        console=stderr(), eval_only=eval_only, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
-                       dropout=dropout, classifier_dropout=classifier_dropout, **options)
+                       dropout=dropout, classifier_dropout=classifier_dropout, config=config, overrides=overrides, **options)
     if process()[0]:  # one result for N processes
         return
     if as_json:

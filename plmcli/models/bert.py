@@ -13,17 +13,21 @@ the largest matmul in the model (d × vocab per token).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, NormPosition, bidirectional,
                                    init_weights, require_vocab)
+
+
+LEAVES_POSITIONS = Rule(lambda offset, c: offset < c["max_positions"],
+                        "leaves no room in {where}.max_positions {max_positions} (the first position_offset rows are unused)")
 
 
 @dataclass
@@ -52,7 +56,7 @@ class BertConfig:
     """LayerNorm epsilon (BERT 1e-12, RoBERTa 1e-5)."""
     init_std: NonNegative = 0.02
     """Std of the normal init (BERT's initializer_range)."""
-    position_offset: Count = 0
+    position_offset: Annotated[Count, LEAVES_POSITIONS] = 0
     """Position t reads row t + offset of the table (RoBERTa: 2, with max_positions 514)."""
     nsp_head: bool = True
     """A pooler (tanh on the [CLS] state) and a 2-way next-sentence / sentence-order classifier."""

@@ -23,19 +23,25 @@ Not done: the paper's sampled softmax (the full softmax is used), cell / project
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, Probability, Size
+from plmcli.config_sections import Count, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
 N_CHARS = BYTE0 + 256
+
+
+HOLDS_FILTERS = Rule(lambda n, c: c["token_encoder"] != "char"
+                     or (n >= 3 and c["filters"] and all(w <= n for w, _ in c["filters"])),
+                     "must be ≥ 3 and ≥ every width of {where}.filters {filters} ([width, n_filters] pairs, at least one)",
+                     "e.g. --set {where}.max_chars=50")
 
 
 @dataclass
@@ -52,7 +58,7 @@ class ELMoConfig:
     """LSTM hidden (cell) size before the projection to d_proj."""
     d_char: Size = 16
     """Character embedding size (char encoder)."""
-    max_chars: Size = 50
+    max_chars: Annotated[Size, HOLDS_FILTERS] = 50
     """Characters per token, begin / end of word marks included; longer tokens are cut."""
     filters: list = field(default_factory=lambda: [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]])
     """[width, n_filters] of each character convolution (char encoder)."""

@@ -26,15 +26,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.models.bert import MaskedLMEncoder, MLMHead
 from plmcli.models.layers import (Activation, FeedForward, MultiHeadAttention, init_weights, padding_mask,
                                    recorded, require_vocab)
+
+
+EVEN_HEADS = Rule(lambda n, c: (c["d_model"] // n) % 2 == 0,
+                  "gives an odd head size d_model {d_model} / n_head, and the relative positions are sin/cos pairs",
+                  "pick n_head so that d_model / n_head is even")
 
 
 @dataclass
@@ -49,7 +55,7 @@ class NezhaConfig:
     """Segment (token type) embeddings: 2 for sentence pairs, 0 = none."""
     n_layer: Size = 12
     """Transformer layers."""
-    n_head: Heads = 12
+    n_head: Annotated[Heads, EVEN_HEADS] = 12
     """Attention heads per layer (the relative table has d_model / n_head columns)."""
     d_model: Size = 768
     """Hidden size."""

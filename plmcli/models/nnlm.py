@@ -13,12 +13,13 @@ There are no positions, so any length is fine (max_positions is only a large bou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, NonNegative, Probability, Size
+from plmcli.config_sections import Count, NonNegative, Probability, Range, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 
@@ -27,7 +28,7 @@ from plmcli.models.layers import require_vocab
 class NNLMConfig:
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
-    order: Size = 5
+    order: Annotated[int, Range(2)] = 5
     """n: each word is predicted from the n-1 words before it."""
     d_embed: Size = 60
     """m: word feature vector size."""

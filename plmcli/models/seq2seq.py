@@ -17,19 +17,24 @@ the next-token logits come from h̃_t. Training is teacher-forced: the decoder r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, NonNegative, Probability, Size
+from plmcli.config_sections import Count, NonNegative, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import require_vocab
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
 SCORES = ("dot", "general", "additive")
+
+
+SPLITS_IN_TWO = Rule(lambda d, c: not c["bidirectional"] or d % 2 == 0,
+                     "is odd, and a bidirectional encoder splits d_hidden between its two directions",
+                     "pick an even {where}.d_hidden, or --set {where}.bidirectional=false")
 
 
 @dataclass
@@ -45,7 +50,7 @@ class Seq2SeqConfig:
     """Stacked RNN layers in the encoder and in the decoder."""
     d_embed: Size = 256
     """Token embedding size (one matrix for source and target)."""
-    d_hidden: Size = 512
+    d_hidden: Annotated[Size, SPLITS_IN_TWO] = 512
     """Decoder hidden size = memory width (a bidirectional encoder gives each direction half)."""
     bidirectional: bool = True
     """Bidirectional encoder."""

@@ -30,10 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Size
+from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Rule, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.layers import FeedForward, NormPosition, require_vocab, sinusoid_table
+
+
+CLUSTERS = Rule(lambda cut, c: all(0 < a < b for a, b in zip(cut, [*cut[1:], c["vocab_size"] or float("inf")])),
+                "must increase strictly from above 0 and stay below the vocabulary ({where}.vocab_size {vocab_size}; 0: the tokenizer's)",
+                "e.g. --set {where}.cutoffs=[]  (one full softmax), or [20000, 40000, 200000] as for WikiText-103")
 
 
 @dataclass
@@ -70,7 +75,7 @@ class TransformerXLConfig:
     """eval-ppl: clamp_len for evaluation; 0 = clamp_len."""
     eval_same_length: bool = False
     """eval-ppl: same_length for evaluation (the paper's WT103 evaluation sets it)."""
-    cutoffs: list = field(default_factory=list)
+    cutoffs: Annotated[list, CLUSTERS] = field(default_factory=list)
     """Adaptive input / softmax cluster boundaries in the frequency-sorted vocabulary; [] = one full softmax."""
     div_val: Size = 1
     """Adaptive input / softmax: cluster i embeds in d_embed // div_val**i dimensions."""

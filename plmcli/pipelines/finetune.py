@@ -5,8 +5,12 @@ warmup over the first 10% of steps then linear decay to 0, gradient clipping at 
 after every epoch and the best dev weights kept (selected on the task's main metric). The test split
 is then predicted with those weights and written in the GLUE submission format.
 
+The settings are a typed FinetuneConfig (plmcli.config: sections task, model, train, optim), from a YAML
+file (`--config`), `--set section.key=value` and the flags, each of which sets one key.
+
 OUT/ holds what a run dir holds (config.json, tokenizer.json, model.safetensors, metrics.jsonl)
-plus metrics.json (the result), data/ (the encoded splits) and the submission files.
+plus metrics.json (the result), finetune.yaml (the resolved config), data/ (the encoded splits) and
+the submission files.
 `--from OUT` finetunes further from such a directory (e.g. MNLI, then RTE).
 """
 
@@ -15,61 +19,112 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import typing
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
+from plmcli.config_sections import FinetuneInit, TaskOptions
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
                          load_encoder, load_run_tokenizer, resolve_run, run_config, runs_root, task_objective)
 
-INITS = ("pretrained", "random")
+INITS = typing.get_args(FinetuneInit)
+
+FINETUNE_CONFIG = "finetune.yaml"
+"""OUT/finetune.yaml: the resolved config a finetune ran with; `plm finetune --config` takes it back."""
+
+ARGUMENT_KEYS = {
+    "task": "task.name", "from_run": "model.from_run", "data_dir": "task.data_dir", "epochs": "train.epochs",
+    "lr": "optim.lr", "batch_size": "train.batch_size", "seed": "train.seed", "max_seq_len": "task.max_seq_len",
+    "max_steps": "train.max_steps", "init": "model.init", "warmup_ratio": "optim.warmup_ratio",
+    "weight_decay": "optim.weight_decay", "dropout": "model.dropout", "classifier_dropout": "model.classifier_dropout",
+}
+"""finetune()'s keyword arguments (plm finetune's flags) and the config key each one sets."""
 
 
-def finetune(task: str, from_run: str | None = None, data_dir: str | None = None, epochs: int = 3,
-             lr: float = 2e-5, batch_size: int = 32, seed: int = 42, out: str | None = None,
-             max_seq_len: int | None = None, max_steps: int | None = None, init: str = "pretrained",
-             warmup_ratio: float = 0.1, weight_decay: float = 0.01, classifier_dropout: float | None = None,
-             dropout: float | None = None, options=None, eval_only: bool = False, console=None) -> dict:
+def finetune(task: str | None = None, from_run: str | None = None, data_dir: str | None = None, epochs: int | None = None,
+             lr: float | None = None, batch_size: int | None = None, seed: int | None = None, out: str | None = None,
+             max_seq_len: int | None = None, max_steps: int | None = None, init: str | None = None,
+             warmup_ratio: float | None = None, weight_decay: float | None = None, classifier_dropout: float | None = None,
+             dropout: float | None = None, options=None, eval_only: bool = False, console=None,
+             config: str | None = None, overrides: list[str] | dict | None = None) -> dict:
     """Finetune run `from_run` (default runs/latest) on `task`; returns OUT/metrics.json.
 
+    Every argument left None takes its value from the config file `config`, its `overrides` (--set) or the
+    FinetuneConfig defaults, in that order of precedence (see config_sections' Finetune* sections):
     max_seq_len: tokens per example after the special tokens (default min(128, the model's positions)).
     max_steps: stop after this many optimizer steps instead of `epochs` full epochs (smoke tests).
     init: "pretrained" (the run's weights) or "random" (the same architecture freshly initialised,
     the baseline that shows what pretraining buys). dropout: the backbone's dropout and attention dropout
     while finetuning (default: the run's own; a run pretrained without dropout may want 0.1 here);
-    classifier_dropout: before the task head (default: the backbone's dropout). options: a TaskOptions (files, columns, QA windows,
-    CRF, auxiliary LM weight). eval_only: `from_run` is a finetuned run of this task; its dev split is
-    scored and its test split predicted, nothing is trained.
+    classifier_dropout: before the task head (default: the backbone's dropout). options: a TaskOptions or a
+    dict of its fields (files, columns, QA windows, CRF, auxiliary LM weight). eval_only: `from_run` is a
+    finetuned run of this task; its dev split is scored and its test split predicted, nothing is trained.
     """
+    arguments = dict(task=task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
+                     seed=seed, max_seq_len=max_seq_len, max_steps=max_steps, init=init, warmup_ratio=warmup_ratio,
+                     weight_decay=weight_decay, classifier_dropout=classifier_dropout, dropout=dropout)
+    return run_finetune(finetune_config(config, overrides, options, **arguments), out, eval_only, console)
+
+
+def finetune_config(config: str | None = None, overrides: list[str] | dict | None = None, options=None,
+                    **arguments) -> FinetuneConfig:
+    """The FinetuneConfig of a finetune: `arguments` (ARGUMENT_KEYS; None = not given) and `options` (the
+    task's fields) beat `overrides` (--set), which beat the file `config`, which beats the defaults."""
+    given = {k: v for k, v in arguments.items() if v is not None}
+    _check_arguments(given)
+    flags: dict = {"task": _given_options(options)}
+    for name, value in given.items():
+        section, key = ARGUMENT_KEYS[name].split(".")
+        flags.setdefault(section, {})[key] = value
+    cfg = load_finetune_config(config, overrides, flags)
+    if not cfg.task.name:
+        raise PlmError("no task given", "pass --task NAME (e.g. --task sst2), or name it in the --config file "
+                       "(task: {name: sst2}) or with --set task.name=sst2")
+    return cfg
+
+
+def _given_options(options) -> dict:
+    """The task options a caller set: a dict's non-None values, or a TaskOptions' fields that are not defaults."""
+    if options is None:
+        return {}
+    if isinstance(options, dict):
+        return {k: v for k, v in options.items() if v is not None}
+    default = TaskOptions()
+    return {k: v for k, v in asdict(options).items() if v != getattr(default, k)}
+
+
+def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = False, console=None) -> dict:
+    """Finetune as `cfg` says into `out` (default runs/<run>-<task>-<time>); returns OUT/metrics.json.
+    eval_only: cfg.model.from_run is a finetuned run of the task: score dev, predict test, train nothing."""
     from plmcli.data.store import load_meta
     from plmcli.data.tasks.registry import get_task
     from plmcli.train.distributed import process_state
 
-    _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout, dropout)
-    t = get_task(task, options)
-    run, cfg, run_label, out_dir = _source_and_out(from_run, out, t, eval_only)
+    t = get_task(cfg.task.name, cfg.task_options())
+    run, run_cfg, run_label, out_dir = _source_and_out(cfg.model.from_run, out, t, eval_only)
     if eval_only:
-        classifier_dropout = _restore_finetuned(t, cfg, run_label)
-    _check_backbone(cfg["family"], run_label, t)
-    special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    tok = load_run_tokenizer(run, cfg)
+        _restore_finetuned(t, run_cfg, run_label)
+    _check_backbone(run_cfg["family"], run_label, t)
+    tok = load_run_tokenizer(run, run_cfg)
     # Before OUT exists (bad data leaves nothing behind), and before the objective: a task may learn
     # its labels from the data (own data, CoNLL tags), which sizes the head.
-    splits = t.load(data_dir)
+    splits = t.load(cfg.task.data_dir)
     if eval_only:
-        model, obj = finetuned_model(run, cfg, tok)
-        L = obj.seq_len
+        model, obj = finetuned_model(run, run_cfg, tok)
     else:
-        cfg = _with_dropout(cfg, dropout, run_label)
-        encoder = load_encoder(run, cfg, pretrained=init == "pretrained", seed=seed)
-        L = _seq_len(max_seq_len, encoder.max_positions)
-        obj = task_objective(t, tok, special_ids, L, type(encoder), classifier_dropout)
+        run_cfg = _with_dropout(run_cfg, cfg.model.dropout, run_label)
+        model = load_encoder(run, run_cfg, pretrained=cfg.model.init == "pretrained", seed=cfg.train.seed)
+        cfg = _resolved(cfg, run, _seq_len(cfg.task.max_seq_len, model.max_positions))
+        special_ids = run_cfg.get("tokenizer", {}).get("special_token_ids", {})
+        obj = task_objective(t, tok, special_ids, cfg.task.max_seq_len, type(model), cfg.model.classifier_dropout)
 
     state = process_state()  # on N processes (accelerate launch, torchrun) they all get here
     if not eval_only:  # fail before encoding anything
-        _check_batch_split(batch_size, state.num_processes)
+        _check_batch_split(cfg.train.batch_size, state.num_processes)
     state.wait_for_everyone()
     made_dir = not out_dir.exists()
     if state.is_main_process:
@@ -82,11 +137,19 @@ def finetune(task: str, from_run: str | None = None, data_dir: str | None = None
         state.wait_for_everyone()
         meta = load_meta(data)
         if eval_only:
-            return _eval_only(t, obj, model, data, _counts(meta), meta, run, out_dir, batch_size, seed, state)
-        settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "max_seq_len": L,
-                    "max_steps": max_steps, "init": init, "warmup_ratio": warmup_ratio, "weight_decay": weight_decay,
-                    "classifier_dropout": classifier_dropout, "dropout": dropout, "data_dir": data_dir}
-        return _train(t, obj, encoder, cfg, run, out_dir, data, meta, settings, state, console)
+            return _eval_only(t, obj, model, data, meta, run, out_dir, cfg.train, state)
+        return _train(t, obj, model, run_cfg, run, out_dir, data, meta, cfg, state, console)
+
+
+def _resolved(cfg: FinetuneConfig, run: Path, max_seq_len: int) -> FinetuneConfig:
+    """`cfg` as it runs: the run and the sequence length it resolved to, and the data paths made absolute,
+    so OUT/finetune.yaml repeats this finetune from any directory."""
+    def absolute(p):
+        return str(Path(p).resolve()) if p else p
+
+    task = replace(cfg.task, max_seq_len=max_seq_len, data_dir=absolute(cfg.task.data_dir),
+                   **{k: absolute(getattr(cfg.task, k)) for k in ("train", "dev", "test")})
+    return replace(cfg, task=task, model=replace(cfg.model, from_run=str(run)))
 
 
 def _source_and_out(from_run: str | None, out: str | None, t, eval_only: bool):
@@ -103,15 +166,14 @@ def _source_and_out(from_run: str | None, out: str | None, t, eval_only: bool):
     return run, cfg, run_label, out_dir
 
 
-def _restore_finetuned(t, cfg: dict, run_label: str):
-    """--eval-only: the run must be finetuned on this task; its task state comes back, and its classifier dropout."""
+def _restore_finetuned(t, cfg: dict, run_label: str) -> None:
+    """--eval-only: the run must be finetuned on this task; its task state comes back."""
     prev = cfg.get("finetune")
     if not prev or prev.get("task") != t.name:
         raise PlmError(f"--eval-only needs a run finetuned on {t.name}, and {run_label} is "
                        + (f"finetuned on {prev.get('task')}" if prev else "not finetuned"),
                        f"pass --from a directory written by `plm finetune --task {t.name}`")
     t.restore(prev.get("task_state", {}))
-    return prev.get("classifier_dropout")
 
 
 def _seq_len(max_seq_len: int | None, positions: int) -> int:
@@ -133,73 +195,90 @@ def _counts(meta: dict) -> dict:
     return {k: v["documents"] for k, v in meta["counts"].items()}
 
 
-def _loop_recipe(s: dict, steps_per_epoch: int, total: int, warmup: int):
-    """THE loop's recipe for a finetune: the train and optim sections it reads, as Devlin et al. set them."""
-    from types import SimpleNamespace
-
-    from plmcli.config import OptimConfig, TrainConfig
-
-    return SimpleNamespace(
-        train=TrainConfig(seq_len=s["max_seq_len"], global_batch_size=s["batch_size"], max_steps=total,
-                          eval_every=steps_per_epoch, eval_batches=0, save_every=0, keep_checkpoints=1,
-                          log_every=max(1, min(50, steps_per_epoch // 4)), seed=s["seed"]),
-        optim=OptimConfig(name="adamw", lr=s["lr"], weight_decay=s["weight_decay"], schedule="linear",
-                          warmup_steps=warmup),
+def _loop_recipe(cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: int) -> LoopRecipe:
+    """THE loop's recipe for a finetune: the train and optim sections it reads, as Devlin et al. set them
+    unless the config says otherwise (dev after every epoch, the best weights kept, no checkpoints)."""
+    t, o = cfg.train, cfg.optim
+    return LoopRecipe(
+        train=TrainConfig(seq_len=cfg.task.max_seq_len, global_batch_size=t.batch_size,
+                          micro_batch_size=t.micro_batch_size, max_steps=total,
+                          eval_every=t.eval_every or steps_per_epoch, eval_batches=0, save_every=0, keep_checkpoints=1,
+                          log_every=t.log_every or max(1, min(50, steps_per_epoch // 4)), seed=t.seed,
+                          grad_clip=t.grad_clip, mixed_precision=t.mixed_precision),
+        optim=OptimConfig(name=o.name, lr=o.lr, weight_decay=o.weight_decay, schedule=o.schedule, warmup_steps=warmup),
     )
 
 
-def _train(t, obj, encoder, cfg: dict, run: Path, out_dir: Path, data: Path, meta: dict, s: dict, state, console) -> dict:
+def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path, meta: dict, cfg: FinetuneConfig,
+           state, console) -> dict:
     """Build the task model on `encoder`, train it with THE loop keeping the best dev weights, predict the
     test split with them, and write OUT/metrics.json."""
     import torch
     from safetensors.torch import load_model
 
-    from plmcli.train import checkpoint as ckpt
     from plmcli.train.loop import train
 
     counts = _counts(meta)
-    torch.manual_seed(s["seed"])
+    torch.manual_seed(cfg.train.seed)
     model = obj.build_model(encoder)
-    steps_per_epoch = math.ceil(counts["train"] / s["batch_size"])
-    total = s["max_steps"] or s["epochs"] * steps_per_epoch
-    warmup = int(s["warmup_ratio"] * total)
-    recipe = _loop_recipe(s, steps_per_epoch, total, warmup)
-    finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
-                     "label_names": list(t.label_names), "from_run": str(run), "init": s["init"],
-                     "max_seq_len": s["max_seq_len"], "classifier_dropout": s["classifier_dropout"],
-                     "dropout": s["dropout"], "task_state": t.state(), "options": asdict(t.options)}
+    steps_per_epoch = math.ceil(counts["train"] / cfg.train.batch_size)
+    total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    warmup = int(cfg.optim.warmup_ratio * total)
     if state.is_main_process:
-        ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in cfg.items() if k != "finetune"},
-                                               "objective": t.objective, "finetune": finetune_info})
-        shutil.copyfile(run / TOKENIZER, out_dir / TOKENIZER)
+        _write_run_files(t, run_cfg, run, out_dir, cfg)
 
-    select = f"val_{t.main_metric}"
-    summary = train(recipe, model, obj, data, out_dir, console=console, select_metric=select)
+    summary = train(_loop_recipe(cfg, steps_per_epoch, total, warmup), model, obj, data, out_dir, console=console,
+                    select_metric=f"val_{t.main_metric}")
     best = summary.get("best") or {}
 
     written = {}
     if state.is_main_process:
         load_model(model, str(out_dir / WEIGHTS))  # the best dev weights, for the test predictions
-        written = _predict_tests(t, obj, model, data, counts, out_dir, s["batch_size"], s["seed"])
+        written = _predict_tests(t, obj, model, data, counts, out_dir, cfg.train.batch_size, cfg.train.seed)
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
     result = {
-        "task": t.name, "from_run": str(run), "init": s["init"], "out_dir": str(out_dir),
+        "task": t.name, "from_run": str(run), "init": cfg.model.init, "out_dir": str(out_dir),
         "main_metric": t.main_metric, "dev": _strip(best), "best_step": best.get("step"),
         "best_epoch": round(best["step"] / steps_per_epoch, 2) if best else None,
         "history": _history(out_dir / "metrics.jsonl", steps_per_epoch) if state.is_main_process else [],
         "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
         "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
         "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if t.skipped else {}),
-        "settings": {"epochs": s["epochs"], "lr": s["lr"], "batch_size": s["batch_size"], "seed": s["seed"],
-                     "max_seq_len": s["max_seq_len"], "max_steps": s["max_steps"], "steps_per_epoch": steps_per_epoch,
-                     "total_steps": total, "warmup_steps": warmup, "weight_decay": s["weight_decay"],
-                     "classifier_dropout": s["classifier_dropout"], "dropout": s["dropout"],
-                     "data_dir": str(Path(s["data_dir"]).resolve()) if s["data_dir"] else _data_source(t)},
+        "settings": _settings(t, cfg, steps_per_epoch, total, warmup),
     }
     if state.is_main_process:
+        from plmcli.train import checkpoint as ckpt
+
         ckpt.write_json(out_dir / FINISHED_FINETUNE, result)
     state.wait_for_everyone()
     return result
+
+
+def _write_run_files(t, run_cfg: dict, run: Path, out_dir: Path, cfg: FinetuneConfig) -> None:
+    """OUT's config.json (the backbone's config and what a reader needs to rebuild the task model), its
+    tokenizer, and finetune.yaml (the config this finetune resolved to)."""
+    from plmcli.data import store
+    from plmcli.train import checkpoint as ckpt
+
+    m = cfg.model
+    finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
+                     "label_names": list(t.label_names), "from_run": str(run), "init": m.init,
+                     "max_seq_len": cfg.task.max_seq_len, "classifier_dropout": m.classifier_dropout,
+                     "dropout": m.dropout, "task_state": t.state(), "options": asdict(t.options)}
+    ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in run_cfg.items() if k != "finetune"},
+                                           "objective": t.objective, "finetune": finetune_info})
+    shutil.copyfile(run / TOKENIZER, out_dir / TOKENIZER)
+    store.write_text(out_dir / FINETUNE_CONFIG, cfg.to_yaml())
+
+
+def _settings(t, cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: int) -> dict:
+    """metrics.json's `settings`: what the finetune ran with."""
+    tr, m = cfg.train, cfg.model
+    return {"epochs": tr.epochs, "lr": cfg.optim.lr, "batch_size": tr.batch_size, "seed": tr.seed,
+            "max_seq_len": cfg.task.max_seq_len, "max_steps": tr.max_steps, "steps_per_epoch": steps_per_epoch,
+            "total_steps": total, "warmup_steps": warmup, "weight_decay": cfg.optim.weight_decay,
+            "classifier_dropout": m.classifier_dropout, "dropout": m.dropout,
+            "data_dir": cfg.task.data_dir if cfg.task.data_dir else _data_source(t)}
 
 
 @contextmanager
@@ -246,13 +325,14 @@ def _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed) -> di
     return written
 
 
-def _eval_only(t, obj, model, data, counts, meta, run, out_dir, batch_size, seed, state) -> dict:
+def _eval_only(t, obj, model, data, meta, run, out_dir, train, state) -> dict:
     """Score the dev split(s) and predict the test split with a finetuned model; OUT/metrics.json."""
     from accelerate import Accelerator
 
     from plmcli.train import checkpoint as ckpt
     from plmcli.train.distributed import use_cpu
 
+    counts, batch_size, seed = _counts(meta), train.batch_size, train.seed
     acc = Accelerator(cpu=use_cpu())
     model.to(acc.device).eval()
     # each process scores its share of the dev split; evaluate gathers them
@@ -292,23 +372,27 @@ def _with_dropout(cfg: dict, dropout: float | None, run_label: str) -> dict:
     return {**cfg, "model": {**cfg["model"], **dict.fromkeys(keys, dropout)}}
 
 
-def _check_settings(epochs, lr, batch_size, max_steps, init, warmup_ratio, weight_decay, classifier_dropout,
-                    dropout=None) -> None:
-    if init not in INITS:
+def _check_arguments(given: dict) -> None:
+    """The arguments (flags) given, each checked as its flag: these messages name what the user typed. The
+    config machinery checks the same ranges for values from a file or --set, naming the key."""
+    init = given.get("init")
+    if init is not None and init not in INITS:
         raise PlmError(f"--init '{init}' is not one of {', '.join(INITS)}", "use --init pretrained (default) or random")
-    for name, value, ok, fix in (
-        ("--epochs", epochs, isinstance(epochs, int) and epochs >= 1, "e.g. --epochs 3"),
-        ("--lr", lr, lr > 0, "e.g. --lr 2e-5"),
-        ("--batch-size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "e.g. --batch-size 32"),
-        ("--max-steps", max_steps, max_steps is None or max_steps >= 1, "e.g. --max-steps 100, or leave it out"),
-        ("--warmup-ratio", warmup_ratio, 0 <= warmup_ratio < 1, "e.g. --warmup-ratio 0.1"),
-        ("--weight-decay", weight_decay, weight_decay >= 0, "e.g. --weight-decay 0.01"),
-        ("--classifier-dropout", classifier_dropout, classifier_dropout is None or 0 <= classifier_dropout < 1,
-         "e.g. --classifier-dropout 0.1"),
-        ("--dropout", dropout, dropout is None or 0 <= dropout < 1, "e.g. --dropout 0.1"),
-    ):
-        if not ok:
-            raise PlmError(f"{name} {value} is out of range", fix)
+    checks = {
+        "epochs": (lambda v: isinstance(v, int) and v >= 1, "e.g. --epochs 3"),
+        "lr": (lambda v: v > 0, "e.g. --lr 2e-5"),
+        "batch_size": (lambda v: isinstance(v, int) and v >= 1, "e.g. --batch-size 32"),
+        "max_steps": (lambda v: v >= 1, "e.g. --max-steps 100, or leave it out"),
+        "warmup_ratio": (lambda v: 0 <= v < 1, "e.g. --warmup-ratio 0.1"),
+        "weight_decay": (lambda v: v >= 0, "e.g. --weight-decay 0.01"),
+        "classifier_dropout": (lambda v: 0 <= v < 1, "e.g. --classifier-dropout 0.1"),
+        "dropout": (lambda v: 0 <= v < 1, "e.g. --dropout 0.1"),
+    }
+    for name, (ok, fix) in checks.items():
+        value = given.get(name)
+        # a value of another type (a string from a library caller) is left to the config's coercion
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not ok(value):
+            raise PlmError(f"--{name.replace('_', '-')} {value} is out of range", fix)
 
 
 def _strip(evaluation: dict) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plmcli.config_sections import TaskOptions  # noqa: F401  (a typed section of finetune's config; read here)
 from plmcli.data.pairs import encode_framed, encoder_frame, truncate_pair  # noqa: F401  (truncate_pair: its old home)
 from plmcli.data.store import write_meta  # noqa: F401  (the task objectives write their data's meta.json through it)
 from plmcli.errors import PlmError
@@ -27,36 +28,6 @@ class Example:
     """Class index (GLUE label order), a float for regression, None where the split is unlabeled."""
     id: str | None = None
     """The example's id in its file (the test set's `index`), for submission files."""
-
-
-@dataclass
-class TaskOptions:
-    """Task settings from `plm finetune`'s options; each task reads the ones that concern it."""
-
-    train: str | None = None
-    """A training file of the task's format (own data, SQuAD JSON, CoNLL, SWAG CSV), instead of --data-dir."""
-    dev: str | None = None
-    """The matching dev file (evaluated after every epoch; its main metric picks the best weights)."""
-    test: str | None = None
-    """An optional test file: predictions are written for it."""
-    text_col: str | None = None
-    """Own data: the column (TSV/CSV header or JSONL key) holding the text."""
-    text_pair_col: str | None = None
-    """Own data: the column of the second text of a pair."""
-    label_col: str | None = None
-    """Own data: the label column."""
-    doc_stride: int = 128
-    """Span QA: tokens between the starts of consecutive windows over a long passage."""
-    max_query_len: int = 64
-    """Span QA: question tokens kept."""
-    max_answer_len: int = 30
-    """Span QA: longest answer decoded, in tokens."""
-    n_best: int = 20
-    """Span QA: start and end candidates combined per window."""
-    crf: bool = False
-    """Token classification: a linear-chain CRF over the tag scores."""
-    aux_lm_weight: float = 0.5
-    """Causal runs (GPT-style transfer): λ of the auxiliary language-modelling loss."""
 
 
 class Task:
