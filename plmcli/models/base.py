@@ -49,7 +49,7 @@ class Traits:
     stateful: bool = False
     """forward takes and returns a state (hidden state or memory) that objectives carry across batches."""
     has_memory: bool = False
-    """Segment memory with mem_len / tgt_len (Transformer-XL, XLNet): eval-ppl's --mem-len / --tgt-len apply."""
+    """Segment memory with mem_len / tgt_len (Transformer-XL, XLNet): eval-ppl's memory and segment-length options apply."""
     counts: bool = False
     """Fit by counting, no gradient (n-gram): trains through `Fits.fit`, not the loop."""
     seq2seq: bool = False

@@ -44,7 +44,7 @@ from plmcli.models.base import LanguageModel, Traits
 
 SMOOTHINGS = ("add-k", "kneser-ney")
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
-"""Used for an order whose count-of-counts cannot give D1 < 1 < ... (a tiny corpus), as KenLM's --discount_fallback."""
+"""Used for an order whose count-of-counts cannot give D1 < 1 < ... (a tiny corpus), as KenLM's discount_fallback option."""
 UNK, EOS = 0, 1  # n-gram ids; words follow, and <s> = |V| (never predicted, so V stays 0..|V|-1)
 WEIGHTS = "model.npz"
 

@@ -39,7 +39,7 @@ class SpanBertConfig(BertConfig):
     """A pooler and NSP head; SpanBERT trains on single segments without NSP (§3.3), so none."""
     sbo_max_span: Size = 15
     """Relative positions p_1..p_n the SBO head embeds: a token further into its span gets no SBO loss
-    (the released pretraining command's --max-pair-targets 15)."""
+    (the released pretraining command's max-pair-targets, 15)."""
     sbo_d_position: Size = 200
     """Width of the SBO position embedding, concatenated to the two boundary states (released code: 200)."""
 

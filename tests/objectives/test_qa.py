@@ -202,7 +202,7 @@ def test_offsets_map_answers_to_tokens_and_back(english, layout):
     logits[rows, w["start_positions"][rows], 0] = logits[rows, w["end_positions"][rows], 1] = 10.0
 
     class Stream:
-        windows, questions = w, table
+        windows, questions, padded = w, table, None  # padded: built by _answers on first use, as eval_stream leaves it
     seen, texts = obj._answers(Stream, logits, np.arange(n))
     assert seen == list(range(len(QUESTIONS))) and texts == [a for _, _, a in QUESTIONS]
     assert task.score(texts, table["answers"]) == {"exact_match": 100.0, "f1": 100.0}

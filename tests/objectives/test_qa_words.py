@@ -68,7 +68,7 @@ def test_decoded_answers_are_widened_words():
     logits[0, p0 + pieces[0], 0] = logits[0, p0 + ends[-1], 1] = 10.0
 
     class Stream:
-        windows, questions = w, table
+        windows, questions, padded = w, table, None  # padded: built by _answers on first use, as eval_stream leaves it
     raw = passage[enc.offsets[pieces[0]][0]:enc.offsets[ends[-1]][1]]
     assert raw != "bowling Somerset" and raw in "bowling Somerset"
     seen, texts = obj._answers(Stream, logits, np.arange(1))
