@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import eval_files, sequence_nll, window_length
+from plmcli.eval.perplexity import carried_nll, eval_files, sequence_nll, window_length
 
 FACTORISATION = ("left-to-right (identity permutation): the query stream predicts each token "
                  "from the content of all tokens before it")
@@ -63,13 +63,11 @@ def by_segments(model, files, tok, cfg: dict, mem_len, tgt_len, device) -> dict:
     return res
 
 
-@torch.no_grad()
 def stream_nll(model, seq: np.ndarray, tgt_len: int, mem_len: int, device="cpu") -> tuple[float, int]:
     """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time with memory."""
-    seq_t = torch.as_tensor(seq, dtype=torch.long, device=device)
-    total, mems = 0.0, None
-    for i in range(0, len(seq_t) - 1, tgt_len):
-        x = seq_t[i : min(i + tgt_len, len(seq_t) - 1)][None]  # (1, t)
+
+    def step(x, y, mems):
         logits, mems = model.next_token_logits(x, mems, mem_len)
-        total += F.cross_entropy(logits[0].float(), seq_t[i + 1 : i + 1 + x.shape[1]], reduction="sum").item()
-    return total, len(seq_t) - 1
+        return F.cross_entropy(logits[0].float(), y, reduction="sum"), mems
+
+    return carried_nll(seq, tgt_len, step, device)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import eval_files, sees_newlines
+from plmcli.eval.perplexity import carried_nll, eval_files, sees_newlines
 
 
 @torch.no_grad()
@@ -42,14 +42,6 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
     return res
 
 
-@torch.no_grad()
 def stream_nll(model, seq: np.ndarray, tgt_len: int, device="cpu") -> tuple[float, int]:
     """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time."""
-    seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
-    total, mems = 0.0, None
-    for i in range(0, len(seq_t) - 1, tgt_len):
-        x = seq_t[i : min(i + tgt_len, len(seq_t) - 1)][None]  # (1, t)
-        y = seq_t[i + 1 : i + 1 + x.shape[1]][None]
-        nll, mems = model(x, mems, labels=y)
-        total += nll.sum().item()
-    return total, len(seq_t) - 1
+    return carried_nll(seq, tgt_len, lambda x, y, mems: model(x, mems, labels=y[None]), device)

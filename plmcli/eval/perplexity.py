@@ -92,6 +92,19 @@ def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], seq: np.ndarray,
     return total, count
 
 
+@torch.no_grad()
+def carried_nll(seq: np.ndarray, chunk: int, step, device="cpu") -> tuple[float, int]:
+    """Summed NLL of seq[1:] given everything before, `chunk` tokens per forward pass, the model's state
+    (hidden state, memory) carried from one chunk to the next: `step(x (1, t), y (t,), state) -> (nll, state)`."""
+    seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
+    total, state = 0.0, None
+    for i in range(0, len(seq_t) - 1, chunk):
+        x = seq_t[i : min(i + chunk, len(seq_t) - 1)][None]  # (1, t)
+        nll, state = step(x, seq_t[i + 1 : i + 1 + x.shape[1]], state)
+        total += nll.sum().item()
+    return total, len(seq_t) - 1
+
+
 def check_lengths(**flags) -> None:
     """Refuse a window, stride, segment, memory or batch length below its least value, before a scorer
     reads 0 as "not given" (`x or default`) or loops without moving. `flags`: option name (max_length

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import eval_files
+from plmcli.eval.perplexity import carried_nll, eval_files
 
 
 @torch.no_grad()
@@ -28,14 +28,11 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
                       context="the whole text before it (hidden state carried)")
 
 
-@torch.no_grad()
 def stream_nll(model, seq: np.ndarray, chunk: int, device="cpu") -> tuple[float, int]:
     """Summed NLL of seq[1:] given everything before, reading `chunk` tokens per forward pass."""
-    seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
-    total, state = 0.0, None
-    for i in range(0, len(seq_t) - 1, chunk):
-        x = seq_t[i : min(i + chunk, len(seq_t) - 1)][None]  # (1, t)
-        y = seq_t[i + 1 : i + 1 + x.shape[1]]
+
+    def step(x, y, state):
         logits, state = model(x, state)
-        total += F.cross_entropy(logits[0].float(), y, reduction="sum").item()
-    return total, len(seq_t) - 1
+        return F.cross_entropy(logits[0].float(), y, reduction="sum"), state
+
+    return carried_nll(seq, chunk, step, device)
