@@ -61,7 +61,7 @@ def count_params(recipe) -> int:
     from plmcli.models.registry import build_model
 
     cfg = replace(recipe.model)
-    if getattr(cfg, "vocab_size", 1) == 0:
+    if cfg.vocab_size == 0:
         cfg.vocab_size = recipe.tokenizer.vocab_size
     with torch.device("meta"):
         model = build_model(recipe.family, cfg)

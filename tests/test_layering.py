@@ -55,11 +55,7 @@ PROBE_ALLOWED = {
     ("data/text.py", "buffer"): "sys.stdin may be a text-only stream (test runners, notebooks)",
     ("train/distributed.py", "accelerator"): "torch.accelerator exists from torch 2.6 on",
     ("train/distributed.py", "fsdp_plugin"): "older accelerate AcceleratorState has no fsdp_plugin",
-    ("objectives/base.py", "vocab_size"): _MODEL_SECTION,
-    ("recipe_params.py", "vocab_size"): _MODEL_SECTION,
-    ("pipelines/pretrain.py", "vocab_size"): _MODEL_SECTION,
     ("pipelines/pretrain.py", "max_positions"): _MODEL_SECTION,
-    ("analysis/attention.py", "vocab_size"): _MODEL_SECTION,
     ("models/bert.py", "position_offset"): _MODEL_SECTION + " (RoBERTa's offset; ALBERT's section has none)",
 }
 

@@ -74,8 +74,7 @@ def attention_families() -> list[str]:
     found = []
     for family in FAMILIES:
         cfg = model_config_class(family)()
-        if hasattr(cfg, "vocab_size"):
-            cfg.vocab_size = 8
+        cfg.vocab_size = 8
         if _records_attention(family, cfg):
             found.append(family)
     return found

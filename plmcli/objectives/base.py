@@ -40,7 +40,7 @@ class Objective:
 
     def configure_model(self, model_cfg, vocab_size: int) -> None:
         """Fill in model settings the data decides before the model is built: vocab_size 0 = the tokenizer's."""
-        if getattr(model_cfg, "vocab_size", None) == 0:
+        if model_cfg.vocab_size == 0:
             model_cfg.vocab_size = vocab_size
 
     def separator(self) -> int | None:

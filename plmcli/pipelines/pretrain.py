@@ -249,7 +249,7 @@ def objective(recipe, tok, special_ids):
 
 def check_sizes(r, stages, vocab: int) -> None:
     """The tokenizer must fit the model's vocabulary and every phase's sequences its positions."""
-    model_vocab = getattr(r.model, "vocab_size", vocab)
+    model_vocab = r.model.vocab_size
     if model_vocab < vocab:
         raise PlmError(f"the tokenizer has {vocab} tokens but model.vocab_size is {model_vocab}",
                        f"--set model.vocab_size={vocab} (or 0 to follow the tokenizer), or use a smaller tokenizer")
