@@ -66,8 +66,8 @@ def test_bad_set_fails_before_tokenizing(override, line, tmp_path):
     ("transformer-mini", "objective.label_smoothing=1", "objective.label_smoothing 1.0 must be in [0, 1)"),
     ("albert-mini", "model.share=layers", "model.share 'layers' is not one of all, attention, ffn, none"),
     ("ngram-bigram-addk", "model.smoothing=witten-bell", "model.smoothing 'witten-bell' is not one of add-k, kneser-ney"),
-    ("bert-mini", "objective.masking=wwn", "objective.masking 'wwn' is not one of token, wwm, ngram, chinese-wwm, span, "
-                                           "knowledge"),
+    ("bert-mini", "objective.masking=wwn", "objective.masking 'wwn' is not one of token, wwm, ngram, ngram_per_word, "
+                                           "chinese-wwm, span, knowledge"),
     ("bert-mini", "objective.pairs=nps", "objective.pairs 'nps' is not one of nsp, sop, none"),
     ("electra-mini", "objective.pairs=nps", "objective.pairs 'nps' is not one of nsp, sop, none"),
     ("transformer-mini-denoising", "objective.mask_length=words",

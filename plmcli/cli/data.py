@@ -82,11 +82,11 @@ def make_mlm_data(
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
     cross_documents: bool = typer.Option(True, help="--pairs none: pack across documents (RoBERTa's FULL-SENTENCES); "
                                          "--no-cross-documents keeps each instance inside one document (DOC-SENTENCES)."),
-    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches)."),
+    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | ngram_per_word (a 1-4-word span decided at each word, seed 003 §7.3.4.2) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches)."),
     span_p: float = typer.Option(0.2, help="--masking span: span length in words ~ Geometric(p), p in (0, 1]."),
     span_max: int = typer.Option(10, help="--masking span: longest span, in words (≥ 1)."),
     lexicon: Optional[str] = typer.Option(None, help="--masking knowledge: phrases or entities, one per line; each match is masked whole."),
-    ngram_probs: str = typer.Option("0.4,0.3,0.2,0.1", help="--masking ngram: P(1 word), P(2 words), ... comma-separated "
+    ngram_probs: str = typer.Option("0.4,0.3,0.2,0.1", help="--masking ngram, ngram_per_word: P(1 word), P(2 words), ... comma-separated "
                                     "(ALBERT: 0.5455,0.2727,0.1818)."),
     seed: int = typer.Option(12345, help="Random seed: the output is deterministic for a seed."),
     num_proc: int = typer.Option(1, help="Worker processes."),

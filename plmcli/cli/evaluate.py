@@ -76,6 +76,8 @@ def eval_ppl(
     typer.echo(f"ppl {res['ppl']:.3f}  nll {res['nll']:.4f}  tokens {res['tokens']:,}  bpb {res['bpb']:.4f}  "
                f"word ppl {res['word_ppl']:.3f} ({res['words']:,} words)  {context}  "
                f"first token {res['first_token']}" + (f"  oov {res['oov_rate']:.2%}" if "oov_rate" in res else "")
+               + (f"  zero-probability tokens {res['zero_prob_tokens']:,} (ppl of the rest "
+                  f"{res['ppl_excluding_zero_prob']:.3f})" if res.get("zero_prob_tokens") else "")
                + (f"  ({res['factorisation']} factorisation)" if "factorisation" in res else ""))
 
 

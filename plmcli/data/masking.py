@@ -15,6 +15,13 @@ Strategies:
          80/10/10 is decided per span.
   knowledge  ERNIE 1.0: the units `word_starts` gives (from `Lexicon.word_starts`: a lexicon match — a
          phrase or an entity — is one unit, other text whole words), 80/10/10 decided per unit.
+  ngram_per_word  n-gram masking as seed 003 §7.3.4.2 writes it: walk the words of each row in order; at
+         each word, while the budget lasts, start a span there with probability p — n whole words, n drawn
+         with `ngram_probs` (40/30/20/10), truncated to the words left before a special token and cut to
+         the whole words that fit the budget —, mask it (80/10/10 per token) and continue after it; else
+         move on to the next word. p = r / (E[n](1 - r) + r) for r = mask_prob, so that one walk's expected
+         masked share of words, p·E[n] / (p·E[n] + 1 - p), is mask_prob (`ngram_start_prob` overrides it);
+         a row left with budget walks again over its unmasked words, so it spends its budget as BERT does.
 Deviation (ngram, span): instead of drawing a length at every random start and skipping overlaps,
 each run of words between special tokens is cut into consecutive units whose lengths are drawn
 i.i.d. (the last one from the distribution truncated to the words left, as ALBERT does at a sequence
@@ -26,6 +33,7 @@ Chinese whole-word masking = "wwm" with the word starts of `chinese_word_starts`
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import re
@@ -36,7 +44,7 @@ import numpy as np
 
 from plmcli.errors import PlmError
 
-STRATEGIES = ("token", "wwm", "ngram", "span", "knowledge")
+STRATEGIES = ("token", "wwm", "ngram", "ngram_per_word", "span", "knowledge")
 PER_UNIT = ("span", "knowledge")
 """Strategies whose 80/10/10 choice is made once per unit (SpanBERT, ERNIE); the others decide per token."""
 
@@ -198,10 +206,61 @@ def _token_targets(special: np.ndarray, budget: np.ndarray, rng: np.random.Gener
     return chosen
 
 
+def start_prob(mask_prob: float, ngram_probs: Sequence[float]) -> float:
+    """ngram_per_word's p: the walk starts a span at a word with probability p, so it masks a share
+    p·E[n] / (p·E[n] + 1 - p) of the words; this p makes that share mask_prob."""
+    pmf = np.asarray(ngram_probs, dtype=float)
+    mean = float((np.arange(1, len(pmf) + 1) * pmf).sum() / pmf.sum())
+    return mask_prob / (mean * (1 - mask_prob) + mask_prob)
+
+
+def _walk(wstart, wend, run_first, T: int, budget: np.ndarray, pmf: np.ndarray, p: float,
+          rng: np.random.Generator) -> Units:
+    """ngram_per_word: the walk over the words (flat positions wstart/wend, in batch order) of every row.
+
+    Sequential by nature (each decision waits for the last span's end), so a plain loop. A span is cut at
+    its run's end and at a word already masked (n then comes from `pmf` truncated to the words there), and
+    to the whole words that fit the row's budget. Rows whose walk ends with budget left, and a word that
+    could still fit, walk again over their unmasked words with fresh draws, so a row spends its budget as
+    with the other strategies (one pass would leave short rows often unmasked)."""
+    W = len(wstart)
+    cdf = np.cumsum(pmf / pmf.sum()).tolist()
+    first = np.flatnonzero(run_first)
+    stop = np.append(first[1:], W)[np.cumsum(run_first) - 1].tolist()  # each word's run ends before this word
+    ws, we, row, left = wstart.tolist(), wend.tolist(), (wstart // T).tolist(), budget.tolist()
+    masked = [False] * W
+    units: list[tuple[int, int, int, int]] = []  # (row, flat start, tokens, words)
+    todo = list(range(W))  # the words of the rows still walking (whole rows, so a row's words are adjacent)
+    while todo:
+        go, u = (rng.random(len(todo)) < p).tolist(), rng.random(len(todo)).tolist()
+        k = 0
+        while k < len(todo):
+            i = todo[k]
+            r = row[i]
+            if go[k] and left[r] > 0 and not masked[i]:
+                avail = 1
+                while avail < len(cdf) and i + avail < stop[i] and not masked[i + avail]:
+                    avail += 1
+                n = min(avail, 1 + bisect.bisect_right(cdf, u[k] * cdf[avail - 1]))
+                while n and we[i + n - 1] - ws[i] > left[r]:  # cut to the whole words that fit the budget
+                    n -= 1
+                if n:
+                    units.append((r, ws[i], we[i + n - 1] - ws[i], n))
+                    left[r] -= we[i + n - 1] - ws[i]
+                    masked[i:i + n] = [True] * n
+                    k += n  # skip past it
+                    continue
+            k += 1
+        alive = {row[i] for i in todo if not masked[i] and we[i] - ws[i] <= left[row[i]]}
+        todo = [i for i in todo if row[i] in alive]
+    rows, starts, lens, words = np.asarray(units, dtype=np.int64).reshape(-1, 4).T
+    return Units(rows, starts % T, lens, words)
+
+
 def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.random.Generator, *,
                  mask_prob: float = 0.15, max_predictions: int = 0, strategy: str = "token",
                  ngram_probs: Sequence[float] = (0.4, 0.3, 0.2, 0.1), span_p: float = 0.2,
-                 span_max: int = 10) -> Units:
+                 span_max: int = 10, ngram_start_prob: float = 0.0) -> Units:
     """Choose the units to predict in each row of a (B, T) batch; see the module docstring."""
     if strategy not in STRATEGIES:
         raise PlmError(f"unknown masking strategy '{strategy}'", f"use one of: {', '.join(STRATEGIES)}")
@@ -215,6 +274,13 @@ def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.ra
         ones = np.ones(len(rows), dtype=np.int64)
         return Units(rows, cols, ones, ones)
     wstart, wend, run_first = _words(special, word_starts)
+    if strategy == "ngram_per_word":
+        check_ngram_probs(ngram_probs)
+        if not 0 <= ngram_start_prob <= 1:
+            raise PlmError(f"ngram_start_prob {ngram_start_prob} must be in [0, 1] (0: derived from mask_prob)",
+                           "leave it at 0, or give the probability of starting a span at a word")
+        p = ngram_start_prob or start_prob(mask_prob, ngram_probs)
+        return _walk(wstart, wend, run_first, T, budget, np.asarray(ngram_probs, dtype=float), p, rng)
 
     if strategy in ("wwm", "knowledge"):  # one word per unit
         first, nw = None, None
@@ -268,7 +334,7 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
                strategy: str = "token", mask_id: int, vocab_size: int,
                replace_probs: Sequence[float] = (0.8, 0.1, 0.1),
                ngram_probs: Sequence[float] = (0.4, 0.3, 0.2, 0.1), random_ids: np.ndarray | None = None,
-               span_p: float = 0.2, span_max: int = 10) -> tuple[np.ndarray, np.ndarray]:
+               span_p: float = 0.2, span_max: int = 10, ngram_start_prob: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Mask a padded (B, T) batch. Returns (masked copy of input_ids, target): labels are input_ids[target].
 
     `special` (B, T) marks tokens never to mask ([CLS], [SEP], padding); `word_starts` (B, T) marks
@@ -286,7 +352,8 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
         pos = np.flatnonzero(target)
         return _replace(input_ids, pos, rng.random(len(pos)), rng, mask_id, vocab_size, replace_probs, random_ids), target
     units = select_units(special, word_starts, rng, mask_prob=mask_prob, max_predictions=max_predictions,
-                         strategy=strategy, ngram_probs=ngram_probs, span_p=span_p, span_max=span_max)
+                         strategy=strategy, ngram_probs=ngram_probs, span_p=span_p, span_max=span_max,
+                         ngram_start_prob=ngram_start_prob)
     total = int(units.length.sum())
     unit_of = np.repeat(np.arange(len(units.length)), units.length)
     within = np.arange(total) - np.repeat(np.cumsum(units.length) - units.length, units.length)

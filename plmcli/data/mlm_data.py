@@ -42,7 +42,7 @@ from plmcli.errors import PlmError
 FORMAT = "plm-mlm"
 VERSION = 2  # 2: pair instances drawn chunk-vectorised (a new random stream)
 PAIRS = ("nsp", "sop", "none")
-MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span", "knowledge")
+MASKINGS = ("token", "wwm", "ngram", "ngram_per_word", "chinese-wwm", "span", "knowledge")
 SHARD_TOKENS = 1 << 18
 """Tokens per unit of work (whole documents). Fixed, so the output does not depend on num_proc."""
 BATCH = 1024
@@ -349,7 +349,7 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
     # Settings a masking does not use stay out, so they neither show in meta.json nor change the cache key.
     if masking == "span":
         settings |= dict(span_p=span_p, span_max=span_max)
-    if masking == "ngram":
+    if masking in ("ngram", "ngram_per_word"):
         settings |= dict(ngram_probs=[float(x) for x in ngram_probs])
     if masking == "knowledge":
         settings |= dict(lexicon=str(resolve_lexicon(lexicon).resolve()), lexicon_key=lexicon_key(lexicon))

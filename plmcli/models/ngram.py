@@ -8,6 +8,10 @@ Conventions (the same for fit, eval-ppl and export):
 - c(h) = Σ_w c(h, w) over the tokens that follow h; perplexity is over every predicted token, `</s>` included.
 
 add-k        P(w|h) = (c(h,w) + λ) / (c(h) + λ|V|), h = the N-1 previous tokens (an unseen h gives 1/|V|).
+  λ = 0 is the unsmoothed maximum-likelihood estimate P(w|h) = c(h,w)/c(h): an n-gram never seen has
+  probability 0, and so has every word after a history never seen (0/0: the counts say nothing there; NLTK's
+  MLE scores it 0 too). Nothing is smoothed: eval-ppl reports perplexity inf and counts the zero-probability
+  tokens, generation refuses a prompt whose context was never seen, and ARPA writes log10 0 as -99.
 kneser-ney   P_n(w|h) = max(c'(hw) − D_n(c'(hw)), 0) / c'(h) + γ(h)·P_{n-1}(w|h⁻),  P_0(w) = 1/|V|
              γ(h) = (D1·N1(h•) + D2·N2(h•) + D3+·N3+(h•)) / c'(h)      (Chen & Goodman 1998, interpolated)
   c' is the raw count at the top order and the continuation count N1+(•g) below it, except for n-grams that
@@ -56,7 +60,8 @@ class NGramConfig:
     smoothing: Literal[SMOOTHINGS] = "kneser-ney"
     """add-k (Lidstone: (c(h,w)+k)/(c(h)+k|V|)) | kneser-ney (interpolated modified KN, Chen & Goodman 1998)."""
     k: float = 1.0
-    """λ of add-k smoothing (> 0): 1 is Laplace's add-one."""
+    """λ of add-k smoothing (≥ 0): 1 is Laplace's add-one; 0 the unsmoothed maximum-likelihood estimate
+    c(h,w)/c(h), under which unseen events have probability 0."""
     min_count: int = 1
     """Training words seen fewer times than this become <unk> (≥ 1; 1 keeps every word)."""
     vocab_size: Count = 0
@@ -68,8 +73,9 @@ class NGramConfig:
         if self.smoothing not in SMOOTHINGS:
             raise PlmError(f"model.smoothing '{self.smoothing}' is not one of {', '.join(SMOOTHINGS)}",
                            "e.g. --set model.smoothing=kneser-ney")
-        if not self.k > 0:
-            raise PlmError(f"model.k {self.k} must be > 0 (add-λ needs λ > 0)", "e.g. --set model.k=0.1")
+        if not self.k >= 0:
+            raise PlmError(f"model.k {self.k} must be ≥ 0 (λ of add-λ; 0 = unsmoothed maximum likelihood)",
+                           "e.g. --set model.k=0.1")
         if not isinstance(self.min_count, int) or self.min_count < 1:
             raise PlmError(f"model.min_count {self.min_count} must be an integer ≥ 1", "e.g. --set model.min_count=2")
 
@@ -114,6 +120,11 @@ class NGramLM(LanguageModel):
     @property
     def bos(self) -> int:
         return len(self.words) - 1
+
+    @property
+    def unsmoothed(self) -> bool:
+        """add-λ with λ = 0: the maximum-likelihood estimate, where unseen events have probability 0."""
+        return self.cfg.smoothing == "add-k" and self.cfg.k == 0
 
     @functools.cached_property
     def word_index(self) -> dict[str, int]:
@@ -235,7 +246,8 @@ class NGramLM(LanguageModel):
         """P_m(w | h) for each row h + [w] of an (M, m) matrix, m ≤ N: the interpolation from order 1 up to m."""
         grams = np.asarray(grams, dtype=np.int64)
         g, h = self._rows(grams), self._rows(grams[:, :-1])
-        p = np.full(len(grams), 1.0 / self.vocab_size)
+        # The order below order 1: uniform, except under maximum likelihood, which has nothing below its counts.
+        p = np.full(len(grams), 0.0 if self.unsmoothed else 1.0 / self.vocab_size)
         for n in range(1, grams.shape[1] + 1):
             hid = np.maximum(h[n - 1], 0)
             den = np.where(h[n - 1] >= 0, self.denom[n - 1][hid], 0.0)
@@ -255,7 +267,8 @@ class NGramLM(LanguageModel):
         """log P(w | history) for every w in V (ids 0..|V|-1); a history shorter than N-1 is padded with <s>."""
         V = self.vocab_size
         grams = np.concatenate([np.tile(self._history(history), (V, 1)), np.arange(V)[:, None]], axis=1)
-        return np.log(self._prob(grams))
+        with np.errstate(divide="ignore"):  # log 0 = -inf: an event the unsmoothed model never saw
+            return np.log(self._prob(grams))
 
     def prob(self, history_ids, word_id: int) -> float:
         """P(word | history) with n-gram ids (see `word_id`); a short history is padded with <s>."""
@@ -264,15 +277,24 @@ class NGramLM(LanguageModel):
         return float(self._prob(np.append(self._history(history_ids), word_id)[None])[0])
 
     def score(self, words: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 18) -> tuple[float, int, int]:
-        """(summed NLL in nats, predicted tokens, of which <unk>) of sentences given as n-gram ids."""
+        """(summed NLL in nats, predicted tokens, of which <unk>) of sentences given as n-gram ids; the NLL is
+        inf when a token has probability 0 (see `score_parts`)."""
+        nll, n, oov, zero = self.score_parts(words, lengths, chunk)
+        return (math.inf if zero else nll), n, oov
+
+    def score_parts(self, words: np.ndarray, lengths: np.ndarray, chunk: int = 1 << 18) -> tuple[float, int, int, int]:
+        """(summed NLL in nats of the tokens with P > 0, predicted tokens, of which <unk>, of which P = 0)."""
         N = self.cfg.order
         flat, _ = self._pad(np.asarray(words, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
         ends = np.flatnonzero(flat != self.bos)
         windows = np.lib.stride_tricks.sliding_window_view(flat, N)
-        nll = 0.0
+        nll, zero = 0.0, 0
         for i in range(0, len(ends), chunk):
-            nll -= float(np.log(self._prob(windows[ends[i:i + chunk] - (N - 1)])).sum())
-        return nll, len(ends), int(np.count_nonzero(flat[ends] == UNK))
+            p = self._prob(windows[ends[i:i + chunk] - (N - 1)])
+            seen = p > 0
+            zero += int(len(p) - np.count_nonzero(seen))
+            nll -= float(np.log(p[seen]).sum())
+        return nll, len(ends), int(np.count_nonzero(flat[ends] == UNK)), zero
 
     def generation_session(self, prompts: list[list[int]]) -> "NGramSession":
         """`plm generate`'s decoding session (see plmcli.generate) over prompts given as tokenizer ids."""
@@ -309,8 +331,11 @@ class NGramLM(LanguageModel):
                 summary["discount_fallback"] = self.fallback
         v_ids, v_len = read_sentences(data_dir, "validation")
         if len(v_len):
-            nll, n, oov = self.score(self.to_ids(v_ids), v_len)
-            summary.update(val_loss=nll / n, val_ppl=math.exp(nll / n), val_oov_rate=oov_rate(oov, n, len(v_len)))
+            nll, n, oov, zero = self.score_parts(self.to_ids(v_ids), v_len)
+            loss = math.inf if zero else nll / n
+            summary.update(val_loss=loss, val_ppl=math.exp(loss), val_oov_rate=oov_rate(oov, n, len(v_len)))
+            if self.unsmoothed:
+                summary["val_zero_prob_tokens"] = zero
         summary["elapsed_s"] = time.monotonic() - started
         if console is not None:
             grams = " ".join(f"{i + 1}:{c:,}" for i, c in enumerate(summary["ngrams"]))
@@ -370,13 +395,15 @@ class NGramLM(LanguageModel):
         Every n-gram with a count is listed with the model's interpolated log10 P(w|h) and, as back-off, the
         log10 γ of the n-gram as a history (0 where it is none). A reader starts each sentence from the single
         context `<s>`, which is what the padding amounts to (see `_estimate`); `<s>` itself has log10 P -99.
+        ARPA has no log10 0: a probability or back-off weight of 0 (the unsmoothed model's) is written -99, the
+        convention SRILM and KenLM use for `<s>`, so a reader gives every such event log10 P ≤ -99.
         """
         N, B = self.cfg.order, len(self.words)
         bad = [w for w in self.words if not w or any(ch.isspace() for ch in w)]
         if bad:
             raise PlmError(f"the vocabulary has {len(bad)} word(s) with whitespace (e.g. {bad[0]!r}), which ARPA cannot hold",
                            "train the n-gram with the word tokenizer (tokenizer.kind: word)")
-        log10 = lambda x: np.log10(np.maximum(x, 1e-300))  # noqa: E731
+        log10 = lambda x: np.where(x > 0, np.log10(np.maximum(x, 1e-300)), -99.0)  # noqa: E731
 
         def backoff(n, rows):  # log10 γ of order-n table rows as histories (-1: not a history), None at the top order
             if n >= N:
@@ -418,19 +445,37 @@ class NGramSession:
     """Rows of n-gram histories for plmcli.generate's strategies: logits() are log P(w | the row's last N-1
     words) over V, so greedy, beam and sampling decode the n-gram distribution itself. Each prompt is the
     start of a sentence (after <s>); generation stops at </s>. Tokens are n-gram ids (<unk> may be drawn:
-    it holds the mass of every word the model never saw), and the output is its words joined by spaces."""
+    it holds the mass of every word the model never saw), and the output is its words joined by spaces.
+
+    The unsmoothed model (k = 0) gives no word any probability after a context it never saw: a prompt that
+    ends in one is refused. Decoding never reaches another such context — each word it picks was seen after
+    its context, so the new context was seen too — except in a beam that already scores -inf (a filler
+    candidate); that row gets flat logits, so its log-softmax stays finite and its score stays -inf."""
 
     eos = EOS
 
     def __init__(self, model: NGramLM, histories: list[list[int]]):
-        self.model, self.rows, self._logits = model, histories, None
+        self.model, self.rows, self._logits, self._prompted = model, histories, None, False
 
     def logits(self):
         import torch
 
         if self._logits is None:
-            self._logits = torch.from_numpy(np.stack([self.model.logprobs(h) for h in self.rows]))
+            logp = np.stack([self.model.logprobs(h) for h in self.rows])
+            dead = ~np.isfinite(logp).any(axis=1)
+            if dead.any() and not self._prompted:
+                raise self._unseen_prompt(self.rows[int(np.flatnonzero(dead)[0])])
+            logp[dead] = 0.0
+            self._logits = torch.from_numpy(logp)
+            self._prompted = True
         return self._logits
+
+    def _unseen_prompt(self, history) -> PlmError:
+        N = self.model.cfg.order
+        context = " ".join((["<s>"] * N + [self.model.words[i] for i in history])[len(history) + 1:])
+        return PlmError(f"the unsmoothed n-gram (model.k 0) never saw the context '{context}' in training, "
+                        "so every next word has probability 0", "prompt with text whose last words occur in the "
+                        "training data, or train with model.k > 0 (add-λ) or model.smoothing=kneser-ney")
 
     def push(self, tokens) -> None:
         self.rows = [h + [int(t)] for h, t in zip(self.rows, tokens.tolist())]

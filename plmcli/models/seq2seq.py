@@ -12,6 +12,13 @@ memory position m_s with
     additive  v · tanh(W_q h_t + W_k m_s)        (Bahdanau's "concat"/MLP score)
 padding excluded; a_t = softmax of the scores, c_t = Σ_s a_ts m_s, h̃_t = tanh(W_c [c_t; h_t]) and
 the next-token logits come from h̃_t. Training is teacher-forced: the decoder reads the gold target.
+
+Decoder (Bahdanau et al. 2015, §3.1 and eq. 4; `decoder: bahdanau`): attention comes BEFORE the RNN step.
+At step t the score reads the previous decoder state s_{t-1} (the top layer's; s_0 is the encoder's final
+state), e_tj = score(s_{t-1}, m_j) — the paper's vᵀ tanh(W s_{t-1} + U h_j) with `attention: additive` —,
+c_t = Σ_j α_tj m_j enters the RNN together with the embedding of y_{t-1}: s_t = f(s_{t-1}, [E y_{t-1}; c_t]),
+and the logits come from g(y_{t-1}, s_t, c_t) = tanh(W_o [c_t; s_t; E y_{t-1}]). Every step waits for the
+one before it (its query is the last step's state), so `input_feeding` does not apply.
 """
 
 from __future__ import annotations
@@ -58,9 +65,12 @@ class Seq2SeqConfig:
     """dot | general | additive (Bahdanau)."""
     d_attention: Count = 0
     """Additive score's inner size; 0 = d_hidden."""
+    decoder: Literal["luong", "bahdanau"] = "luong"
+    """luong (attend from the RNN's new state h_t, then combine: Luong et al. 2015) | bahdanau (attend from
+    the previous state s_{t-1} and feed the context c_t into the RNN step: Bahdanau et al. 2015, §3.1)."""
     input_feeding: bool = True
-    """Feed h̃_{t-1} into the decoder RNN with the next token (Luong §3.3); off, the decoder RNN runs
-    over the whole target at once (faster)."""
+    """decoder luong: feed h̃_{t-1} into the decoder RNN with the next token (Luong §3.3); off, the decoder
+    RNN runs over the whole target at once (faster). decoder bahdanau always feeds its context c_t."""
     dropout: Probability = 0.2
     """Dropout on embeddings, between RNN layers and on h̃ before the output layer."""
     tie_embeddings: bool = True
@@ -123,9 +133,12 @@ class Seq2Seq(LanguageModel):
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder = rnn(E, H // 2 if cfg.bidirectional else H, L, batch_first=True, dropout=between,
                            bidirectional=cfg.bidirectional)
-        self.decoder = rnn(E + (H if cfg.input_feeding else 0), H, L, batch_first=True, dropout=between)
+        self.bahdanau = cfg.decoder == "bahdanau"
+        fed = self.bahdanau or cfg.input_feeding  # c_t (Bahdanau) or h̃_{t-1} (Luong) enters the RNN step
+        self.decoder = rnn(E + (H if fed else 0), H, L, batch_first=True, dropout=between)
         self.attention = Attention(cfg.attention, H, H, cfg.d_attention)
-        self.combine = nn.Linear(2 * H, H, bias=False)  # W_c: [c_t; h_t] -> h̃_t
+        # Luong's W_c: [c_t; h_t] -> h̃_t; Bahdanau's readout g(y_{t-1}, s_t, c_t): [c_t; s_t; E y_{t-1}] -> h̃_t
+        self.combine = nn.Linear(2 * H + (E if self.bahdanau else 0), H, bias=False)
         if cfg.tie_embeddings:
             self.to_embed = nn.Linear(H, E, bias=False) if H != E else nn.Identity()
             self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
@@ -190,6 +203,8 @@ class Seq2Seq(LanguageModel):
     def _run(self, tgt_in_ids, state):
         """Teacher-forced decoder over (B, T) inputs -> h̃ (B, T, H), weights (B, T, S), state after the last step."""
         emb = self.drop(self.embed(tgt_in_ids))
+        if self.bahdanau:
+            return self._run_bahdanau(emb, state)
         if not self.cfg.input_feeding:  # no recurrence through h̃: one RNN call over the whole target
             out, hidden = self.decoder(emb, self._hidden(state))
             h_tilde, weights = self._attend(out, state)
@@ -199,6 +214,20 @@ class Seq2Seq(LanguageModel):
             inp = torch.cat([emb[:, t : t + 1], state["feed"][:, None]], -1)
             out, hidden = self.decoder(inp, self._hidden(state))
             h_tilde, weights = self._attend(out, state)
+            state = {**self._store(state, hidden), "feed": h_tilde[:, 0]}
+            steps.append(h_tilde)
+            all_w.append(weights)
+        return torch.cat(steps, 1), torch.cat(all_w, 1), state
+
+    def _run_bahdanau(self, emb, state):
+        """Bahdanau's decoder over (B, T, E) embedded inputs -> h̃ (B, T, H), weights (B, T, S), the last state."""
+        steps, all_w = [], []
+        for t in range(emb.shape[1]):
+            query = state["h"][:, -1:]  # s_{t-1}: the top layer's state before this step, (B, 1, H)
+            ctx, weights = self.attention(query, state["keys"], state["memory"], state["mask"])
+            x = emb[:, t : t + 1]
+            out, hidden = self.decoder(torch.cat([x, ctx], -1), self._hidden(state))  # out = s_t (top layer)
+            h_tilde = torch.tanh(self.combine(torch.cat([ctx, out, x], -1)))
             state = {**self._store(state, hidden), "feed": h_tilde[:, 0]}
             steps.append(h_tilde)
             all_w.append(weights)

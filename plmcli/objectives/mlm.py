@@ -29,7 +29,7 @@ from plmcli.models.spanbert import SpanBertOutput
 from plmcli.objectives.base import Objective, StepOutput
 
 MLM_FORMAT = "plm-mlm"
-MASKINGS = ("token", "wwm", "ngram", "chinese-wwm", "span", "knowledge")
+MASKINGS = ("token", "wwm", "ngram", "ngram_per_word", "chinese-wwm", "span", "knowledge")
 PAIRS = ("nsp", "sop", "none")
 STRATEGY = {"chinese-wwm": "wwm"}  # masking -> mask_batch strategy: Chinese words are whole words
 _WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the masks draw independent streams
@@ -42,10 +42,12 @@ class MLMConfig:
     max_predictions: Count = 20
     """At most this many targets per sequence (BERT: 20 at 128 tokens, 80 at 512); 0 = no cap."""
     masking: Literal[MASKINGS] = "token"
-    """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10) | chinese-wwm (jieba words; static) |
+    """token | wwm (whole words) | ngram (1..4 words, 40/30/20/10, the words tiled into n-grams) |
+    ngram_per_word (seed 003 §7.3.4.2: walk the words, at each one start a 1..4-word n-gram with a probability
+    set by mask_prob, mask it, continue after it) | chinese-wwm (jieba words; static) |
     span (SpanBERT: geometric spans of whole words) | knowledge (ERNIE: whole lexicon matches, else words)."""
     ngram_probs: list = field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])
-    """masking ngram: P(n whole words) for n = 1, 2, ... (MacBERT 0.4/0.3/0.2/0.1; ALBERT ∝ 1/n for n ≤ 3)."""
+    """masking ngram, ngram_per_word: P(n whole words) for n = 1, 2, ... (MacBERT 0.4/0.3/0.2/0.1; ALBERT ∝ 1/n for n ≤ 3)."""
     span_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.2
     """masking span: span length in words ~ Geometric(span_p), in (0, 1] (SpanBERT: 0.2, mean 3.8 words)."""
     span_max: Size = 10
@@ -171,7 +173,7 @@ class MaskedLM(Objective):
         # Only the settings a masking uses join in, so changing another one keeps the cached data.
         if c.masking == "span":
             settings |= dict(span_p=c.span_p, span_max=c.span_max)
-        if c.masking == "ngram":
+        if c.masking in ("ngram", "ngram_per_word"):
             settings |= dict(ngram_probs=list(c.ngram_probs))
         keyed = dict(settings)
         if c.masking == "knowledge":
