@@ -28,9 +28,9 @@ TITLES = {
     "punct": "attention to punctuation (Unicode P*)", "breadth": "entropy ÷ uniform's (red: broad, ≥ {broad:.0%})",
 }
 COLUMNS = {"entropy": "entropy (nats)", "next": "next", "previous": "previous", "cls": "→ {cls}", "sep": "→ {sep}",
-           "self": "self", "same_token": "same token", "same_token_other": "same token, other sent.",
-           "same_word": "same word", "same_word_other": "same word, other sent.",
-           "punct": "punct.", "breadth": "entropy ÷ uniform"}
+           "self": "self", "same_token": "same token", "same_token_other": "… other sent.",
+           "same_word": "same word", "same_word_other": "… other sent.",
+           "punct": "punct.", "breadth": "breadth"}
 
 
 def tick_label(token: str | None) -> str:
