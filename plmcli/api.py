@@ -279,14 +279,14 @@ def plot(runs: list[str], out: str | None = None, metrics: list[str] | None = No
 def attention(run: str | None, text: str | None = None, text_pair: str | None = None, corpus: str | None = None,
               out: str | None = None, max_seq_len: int | None = None, batch_size: int = 16,
               max_lines: int | None = None) -> dict:
-    """Attention heatmaps and per-head patterns of a run (see plmcli.analysis.attention.attention)."""
+    """Attention heatmaps, per-head patterns and a heatmap per pattern of a run (see plmcli.analysis.attention)."""
     from plmcli.analysis.attention import attention as run_attention
 
     return run_attention(run, text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
 
 
 def print_attention(res: dict, console=None) -> None:
-    from plmcli.analysis.attention import print_report
+    from plmcli.analysis.attention_report import print_report
 
     print_report(res, console)
 

@@ -109,17 +109,22 @@ def attention(
     text: Optional[str] = typer.Argument(None, help="The text whose attention is drawn (default: the first line of --corpus)."),
     text_pair: Optional[str] = typer.Option(None, "--text-pair", help="Encoders: a second text, read as [CLS] TEXT [SEP] PAIR [SEP]."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Average the statistics over this file's lines (a tab splits a line into a pair)."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory: layer_{i}.png, attention.tsv, attention.json."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory: layer_{i}.png, patterns.png, attention.tsv, attention.json."),
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per input, special tokens included (default: the model's positions)."),
     max_lines: Optional[int] = typer.Option(None, help="--corpus: read at most this many non-blank lines."),
     batch_size: int = typer.Option(16, help="--corpus: lines per forward pass (every layer's maps are held at once)."),
     as_json: bool = typer.Option(False, "--json", help="Print attention.json instead of the table."),
 ):
-    """Where each attention head looks (Clark et al. 2019): a heatmap per layer and six patterns per head.
+    """Where each attention head looks (Clark et al. 2019): a heatmap per layer, the patterns per head,
+    and a layer × head heatmap per pattern (patterns.png).
 
     Per layer × head: entropy (nats) and the share of attention on the next token, the previous token,
     [CLS], [SEP] and the token itself, averaged over real query tokens (over every line of --corpus,
-    padding excluded). Causal runs (gpt): [CLS] is the first token, [SEP] the bos/eos tokens, next is n/a.
+    padding excluded); on other occurrences of the same token id and of the same word (anywhere, and in the
+    other sentence of a pair), over the tokens that recur; on punctuation (tokens whose text is all
+    Unicode P* characters); and entropy ÷ uniform attention's entropy, with the broad heads (≥ 0.9)
+    listed. Causal runs (gpt):
+    [CLS] is the first token, [SEP] the bos/eos tokens, next and the other sentence are n/a.
 
     Example: plm attention runs/bert-mini "the cat sat on the mat" --text-pair "it was warm" --out att/
 

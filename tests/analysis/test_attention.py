@@ -1,4 +1,4 @@
-"""`plm attention`: the recorded maps against a hand computation from the weights, the six patterns against
+"""`plm attention`: the recorded maps against a hand computation from the weights, the patterns against
 loops, a head built to look one token back, and the command on tiny BERT and GPT runs."""
 
 import json
@@ -126,21 +126,23 @@ def test_recording_leaves_the_outputs_unchanged(name, monkeypatch):
     assert len(maps) == model.cfg.n_layer
 
 
-# ---------------------------------------------------------------- the six patterns
+# ---------------------------------------------------------------- the patterns
 
 
-def _brute(maps, real, cls_keys, sep_keys, causal):
+def _brute(maps, real, cls_keys, sep_keys, causal, ids=None, special=None, segments=None, punct_keys=None):
     """Each pattern by loops over layer, head, example and position."""
     L, (B, H, T, _) = len(maps), maps[0].shape
     rows = []
     for layer in range(L):
         for h in range(H):
             acc = {p: [] for p in PATTERNS}
+            uniform = []
             for b in range(B):
                 n = int(real[b].sum())
                 for i in range(n):
                     a = maps[layer][b, h, i].double()
                     acc["entropy"].append(-sum(float(x * math.log(x)) for x in a if x > 0))
+                    uniform.append(math.log(i + 1 if causal else n))
                     acc["self"].append(float(a[i]))
                     if i > 0:
                         acc["previous"].append(float(a[i - 1]))
@@ -149,36 +151,60 @@ def _brute(maps, real, cls_keys, sep_keys, causal):
                     acc["cls"].append(float(sum(a[j] for j in range(T) if cls_keys[b, j])))
                     if sep_keys is not None:
                         acc["sep"].append(float(sum(a[j] for j in range(T) if sep_keys[b, j])))
-            rows.append({"layer": layer + 1, "head": h + 1, **{p: sum(v) / len(v) if v else None for p, v in acc.items()}})
+                    if punct_keys is not None:
+                        acc["punct"].append(float(sum(a[j] for j in range(T) if punct_keys[b, j])))
+                    if ids is None or special[b, i]:
+                        continue
+                    twins = [j for j in range(i if causal else n) if j != i and ids[b, j] == ids[b, i] and not special[b, j]]
+                    if twins:
+                        acc["same_token"].append(float(sum(a[j] for j in twins)))
+                    other = [j for j in twins if segments is not None and segments[b, j] != segments[b, i]]
+                    if other:
+                        acc["same_token_other"].append(float(sum(a[j] for j in other)))
+            row = {p: sum(v) / len(v) if v else None for p, v in acc.items()}
+            row["breadth"] = row["entropy"] / (sum(uniform) / len(uniform)) if sum(uniform) else None
+            rows.append({"layer": layer + 1, "head": h + 1, **row})
     return rows
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_patterns_equal_loops_over_a_padded_batch(causal):
-    g = torch.Generator().manual_seed(0)
-    B, H, T, lengths = 3, 2, 7, torch.tensor([7, 5, 2])
-    real = torch.arange(T)[None, :] < lengths[:, None]
+def _random_maps(causal, B=3, H=2, T=7, lengths=(7, 5, 2), seed=0):
+    """Two layers of peaked random attention over a right-padded batch, and ids from a 5-token vocabulary
+    (so tokens recur) with [CLS] = 2 first and [SEP] = 3 inside rows 0 and 1."""
+    g = torch.Generator().manual_seed(seed)
+    real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
     allowed = real[:, None, None, :] & (torch.ones(T, T, dtype=torch.bool).tril() if causal else True)
     maps = [torch.softmax((torch.randn(B, H, T, T, generator=g) * 3).masked_fill(~allowed, float("-inf")), -1)
             for _ in range(2)]
     ids = torch.randint(4, 9, (B, T), generator=g)
-    ids[:, 0], ids[0, 3], ids[1, 4] = 2, 3, 3  # [CLS] first, a [SEP] inside rows 0 and 1
+    ids[:, 0], ids[0, 3], ids[1, 4] = 2, 3, 3
+    return maps, real, ids
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_patterns_equal_loops_over_a_padded_batch(causal):
+    maps, real, ids = _random_maps(causal)
+    T = real.shape[1]
     cls_keys, sep_keys = (ids == 2) & real, None if causal else (ids == 3) & real
-    sums = PatternSums()
-    sums.add(maps, real, cls_keys, sep_keys, causal)
-    rows = sums.rows()
-    expect = _brute(maps, real, cls_keys, sep_keys, causal)
-    for r, e in zip(rows, expect):
-        for p in PATTERNS:
-            assert (r[p] is None) == (e[p] is None), p
-            if e[p] is not None:
-                assert r[p] == pytest.approx(e[p], abs=1e-6), (r, e)
-    assert (rows[0]["next"] is None) == causal and (rows[0]["sep"] is None) == causal
+    extra = {"ids": ids, "special": (ids == 2) | (ids == 3), "punct_keys": (ids == 5) & real,
+             "segments": None if causal else (torch.arange(T)[None, :] >= torch.tensor([[4], [5], [2]])).long()}
+    for kw in ({}, extra):  # without ids and punctuation keys those patterns are n/a
+        sums = PatternSums()
+        sums.add(maps, real, cls_keys, sep_keys, causal, **kw)
+        rows = sums.rows()
+        expect = _brute(maps, real, cls_keys, sep_keys, causal, **kw)
+        for r, e in zip(rows, expect):
+            for p in PATTERNS:
+                assert (r[p] is None) == (e[p] is None), p
+                if e[p] is not None:
+                    assert r[p] == pytest.approx(e[p], abs=1e-6), (r, e)
+        assert (rows[0]["next"] is None) == causal and (rows[0]["sep"] is None) == causal
+        assert (rows[0]["same_token"] is None) == (not kw) and (rows[0]["same_token_other"] is None) == (causal or not kw)
     halves = PatternSums()  # the same rows in two batches, each padded to its own length: token-weighted sums
     for sl in (slice(0, 1), slice(1, 3)):
         t = int(real[sl].sum(1).max())
         halves.add([m[sl, :, :t, :t] for m in maps], real[sl, :t], cls_keys[sl, :t],
-                   None if sep_keys is None else sep_keys[sl, :t], causal)
+                   None if sep_keys is None else sep_keys[sl, :t], causal,
+                   **{k: None if v is None else v[sl, :t] for k, v in extra.items()})
     for r, e in zip(halves.rows(), rows):
         assert all(r[p] == pytest.approx(e[p], abs=1e-9) for p in PATTERNS if e[p] is not None)
 
@@ -238,14 +264,16 @@ def _png_size(path: Path) -> tuple[int, int]:
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_command_writes_heatmaps_and_tables(runs, family, tmp_path):
     out = tmp_path / "att"
-    pair = ["--text-pair", "dogs ran far"] if family == "bert" else []
+    pair = ["--text-pair", "the dogs ran far"] if family == "bert" else []  # "the" in both: same_token_other
     res = run("attention", runs[family], "the cat sat on a mat", *pair, "--out", out, "--json")
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     saved = json.loads((out / "attention.json").read_text())
     assert got == {**saved, "out_dir": str(out)}
-    assert sorted(p.name for p in out.iterdir()) == ["attention.json", "attention.tsv", "layer_1.png", "layer_2.png"]
-    for png in ("layer_1.png", "layer_2.png"):
+    assert got["figures"] == ["layer_1.png", "layer_2.png", "patterns.png"]
+    assert all((h["same_token_other"] is None) == (family == "gpt") for h in got["heads"])  # "the" in both texts
+    assert sorted(p.name for p in out.iterdir()) == sorted(["attention.json", "attention.tsv", *got["figures"]])
+    for png in got["figures"]:
         w, h = _png_size(out / png)
         assert w > 300 and h > 200
     assert got["n_layer"] == 2 and got["n_head"] == 2 and len(got["heads"]) == 4
@@ -273,7 +301,7 @@ def test_command_writes_heatmaps_and_tables(runs, family, tmp_path):
 
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_corpus_statistics_are_token_weighted_means_of_its_lines(runs, family, tmp_path):
-    lines = [("the cat sat", "dogs ran"), ("away", None), ("a mat while dogs ran", None)]
+    lines = [("the cat sat", "the dogs ran"), ("away", None), ("a mat while dogs ran on a mat", None)]
     if family == "gpt":
         lines = [(a, None) for a, _ in lines]
     corpus = tmp_path / "lines.txt"
@@ -283,14 +311,27 @@ def test_corpus_statistics_are_token_weighted_means_of_its_lines(runs, family, t
     each = [attention(str(runs[family]), a, b, out=str(tmp_path / f"one{i}")) for i, (a, b) in enumerate(lines)]
     n = [e["query_tokens"] for e in each]
     assert whole["query_tokens"] == sum(n)
+    for p in PATTERNS[:-1]:  # each pattern over its own queries: every token, or those with a neighbour / a twin
+        weights = [e["queries"][p] for e in each]
+        assert whole["queries"][p] == sum(weights)
+        if p in ("next", "previous"):
+            assert weights == ([0] * 3 if family == "gpt" and p == "next" else [x - 1 for x in n])
+        elif not p.startswith("same_"):
+            assert weights == n
+    other = (whole["queries"]["same_token_other"], whole["queries"]["same_word_other"])  # "the" in both sentences of line 1
+    assert all(c > 0 for c in other) if family == "bert" else other == (0, 0)
+    assert whole["queries"]["same_token"] > 0  # "a mat" twice
     for k, head in enumerate(whole["heads"]):
-        for p in PATTERNS:
-            weights = [x - 1 for x in n] if p in ("next", "previous") else n
+        for p in PATTERNS[:-1]:
+            weights = [e["queries"][p] for e in each]
             if head[p] is None:
-                assert family == "gpt" and p == "next"
+                assert family == "gpt" and p in ("next", "same_token_other", "same_word_other") and sum(weights) == 0
                 continue
-            expect = sum(w * e["heads"][k][p] for w, e in zip(weights, each)) / sum(weights)
+            expect = sum(w * e["heads"][k][p] for w, e in zip(weights, each) if w) / sum(weights)
             assert head[p] == pytest.approx(expect, abs=1e-6), (p, head)
+        # breadth: the corpus' mean entropy over the corpus' uniform entropy, a token-weighted mean itself
+        assert head["breadth"] == pytest.approx(head["entropy"] / whole["uniform_entropy"], abs=1e-9)
+    assert whole["uniform_entropy"] == pytest.approx(sum(x * e["uniform_entropy"] for x, e in zip(n, each)) / sum(n))
     # the heatmaps are of the given text even with a corpus
     text = attention(str(runs[family]), "a mat", corpus=str(corpus), out=str(tmp_path / "t"), batch_size=2)
     assert text["heads"] == whole["heads"] and text["text"] == "a mat"
