@@ -265,6 +265,35 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
     return [{"prompt": p, "output": o} for p, o in zip(texts, outputs)]
 
 
+# ---------------------------------------------------------------- zero-shot
+
+
+def zero_shot(run: str | None = None, task: str | None = None, config: str | None = None, data_dir: str | None = None,
+              data: str | None = None, split: str | None = None, prompt: str | None = None,
+              verbalizers: dict | None = None, option: str | None = None, score: str | None = None,
+              max_examples: int | None = None, max_length: int | None = None, batch_size: int = 8,
+              predictions: str | None = None) -> dict:
+    """Score a task with a causal LM run and no finetuning (plmcli.eval.zero_shot): the task's shipped config
+    (prompt, verbalizers, option, score), under the YAML file `config`, under the other arguments (None: not
+    given). Returns the metrics, what was asked and `predictions` (one dict per example), which `predictions`
+    also writes as JSON Lines."""
+    import json
+
+    from plmcli.data.store import write_text
+    from plmcli.eval.zero_shot import zero_shot as score_zero_shot
+    from plmcli.eval.zero_shot import zero_shot_config
+
+    cfg = zero_shot_config(config, dict(task=task, data_dir=data_dir, data=data, split=split, prompt=prompt,
+                                        verbalizers=verbalizers, option=option, score=score, max_examples=max_examples))
+    cfg = replace(cfg, data_dir=sample_data_dir(cfg.data_dir))
+    quiet_datasets_off_terminal()
+    res = score_zero_shot(run, cfg, max_length=max_length, batch_size=batch_size)
+    if predictions:
+        write_text(predictions, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in res["predictions"]))
+        res["predictions_file"] = predictions
+    return res
+
+
 # ---------------------------------------------------------------- insight, and what the CLI's error line needs
 # Thin doors for plmcli.cli, which reaches nothing below this module.
 

@@ -43,6 +43,8 @@ TINY = {
 }
 
 EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6,
+                   # GPT-2's published sizes, exactly as transformers' GPT2LMHeadModel counts gpt2-large and gpt2-xl
+                   "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
                    # As transformers' BertForPreTraining (bert-base-uncased) and RobertaForMaskedLM (roberta-base).
                    "bert-base": 110.1e6, "bert-large": 336.2e6, "roberta-base": 124.7e6,
                    # transformers' AlbertForPreTraining at vocab 30000 (Table 1: 12M, 18M, 235M — HF and plm: 223M)

@@ -1,4 +1,4 @@
-"""`plm eval-ppl` and `plm generate`: the commands that use a trained run."""
+"""`plm eval-ppl`, `plm generate` and `plm zero-shot`: the commands that use a trained run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from plmcli.cli._common import Commands, guarded, print_json
+from plmcli.errors import PlmError
 
 commands = Commands()
 
@@ -118,3 +119,66 @@ def generate(
         return print_json(rows)
     for row in rows:
         typer.echo(row["output"])
+
+
+# ---------------------------------------------------------------- zero-shot
+
+
+@commands.command("zero-shot")
+@guarded
+def zero_shot(
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest): a causal LM (gpt)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="sst2 (or another GLUE classification task, "
+                                       "classification, pair-classification), swag, race, or lambada; a shipped "
+                                       "config sets its prompt (sst2, race, swag, lambada). Default sst2."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A zero-shot config YAML (keys: task, split, "
+                                         "data_dir, data, prompt, verbalizers, option, score, max_examples)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder, as for plm finetune "
+                                           "(glue-sample: the shipped SST-2 sample)."),
+    data: Optional[str] = typer.Option(None, "--data", help="lambada: the text file, one passage a line."),
+    split: Optional[str] = typer.Option(None, "--split", help="The split scored (default dev)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Template before each continuation: {text} {text_b} "
+                                         "(labels), {context} {question} (options)."),
+    verbalizer: Optional[List[str]] = typer.Option(None, "--verbalizer", help="LABEL=TEXT, the continuation for a "
+                                                   "label (repeat for every label), e.g. 'positive= It was great.'"),
+    option: Optional[str] = typer.Option(None, "--option", help="How an option continues the prompt (default ' {option}')."),
+    score: Optional[str] = typer.Option(None, "--score", help="sum | mean log-likelihood of a continuation picks the "
+                                        "prediction (default: sum for labels, mean for options)."),
+    max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Score the first N examples only."),
+    max_length: Optional[int] = typer.Option(None, help="Tokens a row reads (default: the run's training seq_len, "
+                                             "capped by its positions); longer prompts lose their start."),
+    batch_size: int = typer.Option(8, help="Rows (example × continuation) per forward pass."),
+    predictions: Optional[str] = typer.Option(None, "--predictions", help="Write one JSON line per example: id, label, "
+                                              "prediction, log-likelihood and tokens of each continuation."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: the metrics and what was asked."),
+):
+    """Score a task with a causal LM and no finetuning: the likelihood of each verbalised label or option.
+
+    Classification: each label's verbaliser continues the prompt (SST-2's shipped config: "{text}" then
+    " It was great." / " It was terrible."); the most likely one is the prediction. Multiple choice (swag,
+    race): each option continues the prompt. --score sum is log P(continuation | prompt), mean divides it by
+    the continuation's tokens; both accuracies are reported. lambada: the last word of each line predicted
+    from the rest; accuracy counts words whose every token is the argmax, ppl is over the last words.
+
+    Example: plm zero-shot runs/gpt --task sst2 --data-dir glue-sample --verbalizer 'positive= Great!' --verbalizer 'negative= Awful!'
+    """
+    from plmcli import api
+
+    verbalizers = None
+    if verbalizer:
+        bad = [v for v in verbalizer if "=" not in v]
+        if bad:
+            raise PlmError(f"--verbalizer {bad[0]!r} is not LABEL=TEXT", "e.g. --verbalizer 'positive= It was great.'")
+        verbalizers = dict(v.split("=", 1) for v in verbalizer)
+    res = api.zero_shot(run, task=task, config=config, data_dir=data_dir, data=data, split=split, prompt=prompt,
+                        verbalizers=verbalizers, option=option, score=score, max_examples=max_examples,
+                        max_length=max_length, batch_size=batch_size, predictions=predictions)
+    summary = {k: v for k, v in res.items() if k != "predictions"}
+    if as_json:
+        return print_json(summary)
+    if res["kind"] == "lambada":
+        return typer.echo(f"zero-shot lambada: last-word accuracy {res['accuracy']:.4f}  ppl {res['ppl']:.3f}  "
+                          f"({res['examples']:,} passages, {res['tokens']:,} tokens)  window {res['window']}")
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in res.items() if isinstance(v, float) and not k.startswith("accuracy_"))
+    typer.echo(f"zero-shot {res['task']} {res['split']}: {metrics}  ({res['examples']:,} examples, score {res['score']}; "
+               f"accuracy by sum {res['accuracy_sum']:.4f}, by mean {res['accuracy_mean']:.4f})  window {res['window']}")

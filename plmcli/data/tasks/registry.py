@@ -19,6 +19,7 @@ TASKS: dict[str, str] = {
     "cmrc2018": "plmcli.data.tasks.squad:CMRC2018",
     "conll2003": "plmcli.data.tasks.conll:Conll2003",
     "swag": "plmcli.data.tasks.swag:SwagTask",
+    "race": "plmcli.data.tasks.race:RaceTask",
     "classification": "plmcli.data.tasks.custom:CLASSIFICATION",
     "regression": "plmcli.data.tasks.custom:REGRESSION",
     "pair-classification": "plmcli.data.tasks.custom:PAIR_CLASSIFICATION",
