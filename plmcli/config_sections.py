@@ -172,7 +172,7 @@ class FinetuneTaskConfig(TaskOptions):
     TaskOptions the task itself reads."""
 
     name: Optional[str] = None
-    """The task: GLUE (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), squad, cmrc2018, conll2003, swag,
+    """The task: GLUE (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), squad, cmrc2018, conll2003, swag, race,
     or own data (classification, regression, pair-classification). Required, here or by --task."""
     data_dir: Optional[str] = None
     """The task's data folder (GLUE: holding SST-2/, CoLA/, ... or one task's folder; glue-sample: the SST-2

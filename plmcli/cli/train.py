@@ -65,7 +65,7 @@ def pretrain(
 @guarded
 def finetune(
     task: Optional[str] = typer.Option(None, "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
-                                       "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag; own data: "
+                                       "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag | race; own data: "
                                        "classification | regression | pair-classification (= task.name; required unless "
                                        "the --config file names it)."),
     from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (= model.from_run; default: runs/latest)."),
