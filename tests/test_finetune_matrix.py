@@ -2,8 +2,7 @@
 
 A "yes" cell finetunes a tiny model of that family a few steps on tiny data and checks the task's metric is
 written to OUT/metrics.json; a "no" cell checks the one-line refusal (before anything is read or written).
-BERT's, XLNet's and GPT's rows are pinned here too (their span QA: tests/objectives/test_qa.py); ELMo's
-classification in tests/models/test_elmo.py. Hand computations
+BERT's, XLNet's, ELMo's and GPT's rows are pinned here too (span QA: tests/objectives/test_qa.py). Hand computations
 pin what the new rows read: ULMFiT's concat pooling, a fresh state / memory per example, Transformer-XL's
 segments with memory, tags at the last sub-token of a left-to-right row.
 """
@@ -45,6 +44,7 @@ TINY = {  # family, model section: a second or two per finetune on one CPU core
                                           "dropout": 0.0}),
     "bert": ("bert", {"max_positions": 64, "n_layer": 1, "n_head": 2, "d_model": 16}),
     "gpt": ("gpt", {"max_positions": 64, "n_layer": 1, "n_head": 2, "d_model": 16}),
+    "elmo": ("elmo", {"token_encoder": "word", "d_proj": 8, "n_layer": 2, "d_hidden": 16, "max_positions": 64}),
     "xlnet": ("xlnet", {"max_positions": 64, "n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32}),
     "transformer": ("transformer", {"max_positions": 64, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_model": 16,
                                     "d_ff": 32, "n_head": 2}),
@@ -57,7 +57,7 @@ TASKS = {"classification": ("sst2", "accuracy"), "pair": ("rte", "accuracy"), "r
 YES = ([("lstm", t) for t in TASKS] + [("lstm", "tagging+crf")]
        + [("gru", "classification"), ("gru", "tagging"), ("rnn", "classification"), ("rnn", "regression")]
        + [("transformer_xl", t) for t in TASKS] + [("transformer", t) for t in TASKS]
-       + [("bert", t) for t in TASKS] + [("xlnet", t) for t in TASKS] + [("gpt", t) for t in TASKS if t != "tagging"])
+       + [("bert", t) for t in TASKS] + [("xlnet", t) for t in TASKS] + [("elmo", t) for t in TASKS] + [("gpt", t) for t in TASKS if t != "tagging"])
 
 
 @pytest.fixture(scope="module")
