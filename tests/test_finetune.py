@@ -226,23 +226,23 @@ def test_stsb_regression(toy_run, tmp_path):
 
 
 def test_runs_without_a_representation_to_transfer_are_refused(tmp_path, tokenizer, families):
-    """Encoders and GPT-style causal LMs are finetuned (tests/objectives/test_gpt_transfer.py). Refused: a causal
-    LM without per-position hidden states (an n-gram model counts; ToyCausal has none either), an encoder-decoder
-    (no sentence representation), a stateful LM (its state depends on the examples before)."""
+    """Encoders, GPT-style causal LMs and families with per-token states are finetuned (tests/test_finetune_matrix.py).
+    Refused: a causal LM without per-position hidden states (ToyCausal has none), an n-gram model (it counts), an
+    RNN encoder-decoder (it declares no encoder states)."""
     tok, meta = tokenizer
     make_run(tmp_path / "toycausal", "toycausal", ToyCausal(ToyCausalConfig(vocab_size=tok.get_vocab_size())), tok, meta)
-    for family in ("ngram", "seq2seq", "rnn"):  # refused from config.json alone, before any weights are read
+    for family in ("ngram", "seq2seq"):  # refused from config.json alone, before any weights are read
         (tmp_path / family).mkdir()
         (tmp_path / family / "config.json").write_text(json.dumps({"family": family, "model": {}, "tokenizer": meta}))
         (tmp_path / family / "model.safetensors").write_bytes(b"")
     why = {"toycausal": "is a causal LM without per-position hidden states to transfer",
-           "ngram": "is a causal LM without per-position hidden states to transfer",
-           "seq2seq": "is an encoder-decoder (sequence-to-sequence) model with no sentence representation to finetune",
-           "rnn": "is a recurrent LM that carries its state from batch to batch, not one example at a time"}
+           "ngram": "counts n-grams and has no learned states to finetune",
+           "seq2seq": "is an encoder-decoder that declares no encoder states for transfer"}
+    need = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer run"
     for family, clause in why.items():
         with pytest.raises(PlmError) as e:
             finetune("sst2", from_run=str(tmp_path / family), data_dir=str(SAMPLE), out=str(tmp_path / "o"))
-        assert f"{clause} ({family}); GLUE finetuning needs an encoder run (bert) or a GPT-style decoder run (gpt)" in str(e.value)
+        assert f"{clause} ({family}); GLUE finetuning needs {need}" in str(e.value)
         assert "plm pretrain --recipe bert-mini" in str(e.value)
         assert not (tmp_path / "o").exists()
 

@@ -9,7 +9,8 @@ Who reads what:
 - objectives check the pretraining heads a model has (`masked_lm`, `permutation_lm`, ...);
 - plmcli.eval picks the perplexity scorer named by `scoring`;
 - finetuning, export templates, attention and probing build pair inputs by `pair_layout`;
-- task heads are served to `bidirectional` encoders (`encode`) and stateless `causal` LMs (`hidden`).
+- task heads are served to `bidirectional` encoders (`encode`), stateless `causal` LMs (`hidden`) and families
+  whose per-token states read one example at a time (`HasTokenStates`), summarised as their `pooling` says.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from torch import nn
 PairLayout = Literal["cls_first", "cls_last", "causal"]
 """How a text pair becomes one input: `[CLS] a [SEP] b [SEP]` (BERT), `a <sep> b <sep> <cls>` (XLNet),
 `<s> a $ b <e>` (GPT's transfer)."""
+
+Pooling = Literal["cls", "last", "concat", "mean"]
+"""How a sequence task head (classification, pair, regression, multiple choice) reads one row's states:
+cls     the encoder's pooled [CLS] state (BERT)
+last    the final state of the last real token, <e> (GPT-style transfer, Radford et al. 2018 §3.3)
+concat  [last; max-pool; mean-pool] over the real tokens (ULMFiT's concat pooling, Howard & Ruder 2018 §3.3)
+mean    the mean of the real tokens' states (an encoder without a [CLS] of its own: a translation encoder)"""
 
 Scoring = Literal["window", "fixed_context", "state", "memory", "counts", "conditional", "pseudo",
                   "left_to_right", "bidirectional_lm"]
@@ -66,11 +74,16 @@ class Traits:
     """None: derived — `causal` for causal LMs, `cls_first` for bidirectional encoders."""
     scoring: Scoring | None = None
     """The perplexity protocol (see `Scoring`); None: the family has no perplexity."""
+    pooling: Pooling | None = None
+    """What a sequence task head reads (see `Pooling`); None: derived — `cls` for bidirectional encoders,
+    `last` for causal LMs. Which primitive gives the states: `Encodes`, `HasHidden` or `HasTokenStates`."""
 
     def __post_init__(self):
         if self.pair_layout is None:
             derived = "causal" if self.causal and not self.bidirectional else "cls_first" if self.bidirectional else None
             object.__setattr__(self, "pair_layout", derived)
+        if self.pooling is None:
+            object.__setattr__(self, "pooling", "cls" if self.bidirectional else "last" if self.causal else None)
 
 
 class LanguageModel(nn.Module):
@@ -236,3 +249,23 @@ class HasLMHead(Protocol):
     """An output layer a task head can reuse: lm_head(hidden (B, T, C)) -> (B, T, V) (GPT's auxiliary LM loss)."""
 
     lm_head: nn.Module
+
+
+@runtime_checkable
+class HasTokenStates(Protocol):
+    """Per-token states for transfer, each row read alone: token_states(ids (B, T), mask (B, T)) -> (B, T, C).
+
+    A stateful LM starts every row from a fresh state (RNNs: zeros; Transformer-XL: an empty memory), so an
+    example's features never depend on the examples batched or read before it; rows are right-padded and
+    no real position may see the padding. Tagging reads every token's state, sequence heads pool them as
+    `Traits.pooling` says."""
+
+    def token_states(self, input_ids, attention_mask=None): ...
+
+
+@runtime_checkable
+class HasStateLogits(Protocol):
+    """Next-token logits of `token_states`' states: state_logits(states (B, T, C)) -> (B, T, V) (log-probabilities
+    are valid logits), for GPT-style transfer's auxiliary LM loss on a stateful LM."""
+
+    def state_logits(self, states): ...

@@ -8,6 +8,10 @@ every step, which is why plain dropout did not work for RNNs before that paper.
 The model is stateful: forward(input_ids, state) returns the next state, the objective carries it
 from one BPTT segment to the next, and eval-ppl carries it across the whole text (no windows: plmcli.eval.state).
 
+Transfer (ULMFiT, Howard & Ruder 2018): `token_states` reads each example from a zero state; a sequence
+task head concatenates the last state with the max- and mean-pooled states over the real tokens
+(`pooling="concat"`), tagging reads every token's state.
+
 Line ends. The `word` tokenizer drops newlines, so a line end must be a token: as Mikolov's and
 Zaremba's PTB setup, <eos> ends every line. In training that is `data.doc_per_line: true` (every line a
 document, the token stream puts eos after each); eval-ppl appends eos after every non-blank line and
@@ -55,7 +59,7 @@ class RNNConfig:
 
 
 class RNNLM(LanguageModel):
-    traits = Traits(causal=True, stateful=True, scoring="state")
+    traits = Traits(causal=True, stateful=True, scoring="state", pooling="concat")
     Config = RNNConfig
 
     def __init__(self, cfg: RNNConfig):
@@ -89,14 +93,22 @@ class RNNLM(LanguageModel):
 
         The state is (h, c), each (n_layer, B, d_hidden), for an LSTM, and h alone for rnn / gru.
         """
-        x = self.drop_embed(self.wte(input_ids))  # (B, T, E)
-        h, state = self.rnn(x, state)  # (B, T, H)
-        if self.proj is not None:
-            h = self.proj(h)  # (B, T, E)
-        logits = self.lm_head(self.drop_output(h))  # (B, T, V)
+        h, state = self.rnn(self.drop_embed(self.wte(input_ids)), state)  # (B, T, H)
+        logits = self.state_logits(h)  # (B, T, V)
         if labels is None:
             return logits, state
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(labels.shape), state
+
+    def token_states(self, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, d_hidden) last-layer states, every row from a zero state: an example's features
+        never depend on the rows beside or before it. Right padding comes after every real step of a
+        left-to-right RNN, so no mask is needed."""
+        return self.rnn(self.drop_embed(self.wte(input_ids)))[0]
+
+    def state_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_hidden) states -> (B, T, V) next-token logits (the projection first, when tied through one)."""
+        h = self.proj(states) if self.proj is not None else states
+        return self.lm_head(self.drop_output(h))
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per weight (forward + backward), the embedding lookup excluded."""

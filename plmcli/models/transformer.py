@@ -7,6 +7,11 @@ softmax, multiplied by √d_model on input (§3.4) so that it is not drowned by 
 positions. Built from the shared layers: the encoder is `layers.Block`, the decoder adds
 `layers.CrossAttention`. Generation decodes incrementally, caching each layer's self-attention keys
 and values and the memory's cross-attention keys and values.
+
+Transfer: the encoder alone (`token_states`) is a bidirectional encoder without a [CLS] of its own, so a
+sequence task head reads the mean of its states over the real tokens (`pooling="mean"`) and tagging every
+token's state. Its tokenizer has no [CLS]/[SEP]: examples are framed as GPT's transfer frames them
+(`<s> a $ b <e>`, `pair_layout="causal"`), which its bos/eos spell.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
 
 
 class Transformer(LanguageModel):
-    traits = Traits(seq2seq=True, scoring="conditional")
+    traits = Traits(seq2seq=True, scoring="conditional", pair_layout="causal", pooling="mean")
     Config = TransformerConfig
 
     def __init__(self, cfg: TransformerConfig):
@@ -167,6 +172,11 @@ class Transformer(LanguageModel):
         for block in self.encoder:
             x = block(x, attn_mask=attn_mask)
         return self.enc_norm(x)
+
+    def token_states(self, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """(B, S) ids, (B, S) mask (1 = real token; None: all real) -> (B, S, C) the encoder's states, for transfer."""
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        return self.encode_hidden(input_ids, mask)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.embed.weight) if self.out is None else self.out(h)

@@ -17,6 +17,10 @@ distance once, aligned with the relative-shift trick, and enters SDPA as an addi
 The model is stateful like the RNN LMs: forward(ids, state) returns the next memory, the `bptt` objective
 carries it between consecutive segments of parallel token streams, and eval-ppl carries it across the
 whole text (plmcli.eval.memory: segments of tgt_len tokens, mem_len of memory), each token scored once.
+
+Transfer (GPT-style, from the last token): `token_states` reads every example from an empty memory, so its
+features never depend on the examples before it; a row longer than `eval_tgt_len` (when set) is read in
+segments of that many tokens, each attending to the memory the ones before it left.
 """
 
 from __future__ import annotations
@@ -246,6 +250,24 @@ class TransformerXL(LanguageModel):
             cat = layer_inputs if mems is None else [torch.cat([m, h], 1) for m, h in zip(mems, layer_inputs)]
             return [c[:, -self.mem_len :].detach() for c in cat]
 
+    def token_states(self, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, C) final states, every row from an empty memory (the memory is reset per example).
+
+        Segments of `eval_tgt_len` tokens (0: the whole row at once), each attending to mem_len states of the
+        segments before it, as eval-ppl reads a text; with mem_len ≥ the row that is the whole row's causal
+        attention. Padding sits on the right, after every real token, so no real position sees it.
+        """
+        seg = self.cfg.eval_tgt_len or input_ids.shape[1]
+        mems, out = None, []
+        for lo in range(0, input_ids.shape[1], seg):
+            h, mems = self.hidden(input_ids[:, lo:lo + seg], mems)
+            out.append(h)
+        return torch.cat(out, 1)
+
+    def state_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) states -> (B, T, V) next-token log-probabilities through the (adaptive) softmax."""
+        return self.softmax.log_prob(states.flatten(0, 1)).view(*states.shape[:2], -1)
+
     def forward(self, input_ids: torch.Tensor, state=None, labels: torch.Tensor | None = None):
         """(B, T) ids, memory -> ((B, T, V) log-probabilities, memory); with labels (B, T) -> ((B, T) NLL, memory).
 
@@ -254,7 +276,7 @@ class TransformerXL(LanguageModel):
         """
         h, state = self.hidden(input_ids, state)
         if labels is None:
-            return self.softmax.log_prob(h.flatten(0, 1)).view(*h.shape[:2], -1), state
+            return self.state_logits(h), state
         return self.softmax.nll(h.flatten(0, 1), labels.flatten()).view(labels.shape), state
 
     def flops_per_token(self, seq_len: int) -> float:

@@ -6,10 +6,13 @@ pooler when it has one, else the [CLS] hidden state). [CLS] leads each example u
 class says `pair_layout = "cls_last"` (XLNet: a [SEP] b [SEP] [CLS]).
 
 Causal LMs (finetune passes layout "causal"): GPT's traversal-style input transforms, `<s> x <e>` and
-`<s> x1 $ x2 <e>` for pairs; for similarity (a regression on pairs, STS-B) both orders, whose final
-states are added before the head. The head reads the final hidden state of the extract token <e>
-(each row's last real token). The loss adds GPT's auxiliary language-modelling objective on the same
-inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight (`--aux-lm-weight`, 0.5 as in the paper).
+`<s> x1 $ x2 <e>` for pairs; for similarity (a regression on pairs, STS-B) both orders, whose features
+are added before the head. The features are what the backbone's `Traits.pooling` names: GPT and
+Transformer-XL the final state of the extract token <e> (each row's last real token); RNN/LSTM/GRU LMs
+ULMFiT's concat pooling [last; max; mean] over the real tokens; a Transformer's encoder (framed the same
+way: its tokenizer has no [CLS]) the mean of its states. Stateful LMs read every example from a fresh
+state (`HasTokenStates`). For a causal LM the loss adds GPT's auxiliary language-modelling objective on
+the same inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight (`--aux-lm-weight`, 0.5 as in the paper).
 
 Cross-entropy for classes, MSE for a single regression output (STS-B). Batches are padded (right) only to
 their own longest sequence, and training batches hold examples of similar length (LengthGroupedOrder in
@@ -34,9 +37,13 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import Frame, causal_frame, encode_framed, encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
-from plmcli.models.base import HasHidden, HasLMHead, HasTaskHead
+from plmcli.models.base import HasHidden, HasLMHead, HasStateLogits, HasTaskHead, traits_of
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
-from plmcli.objectives.heads import TaskHead, encoder_problem, freeze_unreached  # noqa: F401  (encoder_problem: its old home)
+from plmcli.objectives.heads import (TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
+                                     state_width, states_problem)  # encoder_problem: its old home
+
+NEEDS = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer run"
+"""What sequence classification, regression and multiple choice can be finetuned from."""
 
 CAUSAL = "causal"
 """The `layout` of a causal LM (its class's traits.pair_layout): GPT's transforms."""
@@ -126,35 +133,39 @@ def encode_transformed(tokenizer, tokens: TransferTokens, texts_a: list[str], te
 
 
 class CausalTransfer(TaskHead):
-    """decoder -> final state of each row's last real token (<e>) (B, C) -> dropout -> Linear -> (B, num_labels).
+    """backbone -> per-token states -> each row's features (`Traits.pooling`: last / concat / mean) (B, C')
+    -> dropout -> Linear -> (B, num_labels).
 
-    A (B, R, T) input holds R orderings of one example (similarity: both orders); their final states are
-    added element-wise before the head. Rows are right-padded: attention_mask gives each row's length
-    (causal attention, so the padding never reaches a real position). With `return_lm` the decoder's
-    next-token logits (N, T, V) over the same rows come too, for the auxiliary LM loss. The dropout
-    defaults to the backbone's (GPT: clf_pdrop 0.1).
+    A (B, R, T) input holds R orderings of one example (similarity: both orders); their features are added
+    element-wise before the head. Rows are right-padded: attention_mask gives each row's length (causal
+    attention, or a fresh RNN state, so the padding never reaches a real position; an encoder masks it).
+    With `return_lm` the backbone's next-token logits (N, T, V) over the same rows come too, for the
+    auxiliary LM loss. The dropout defaults to the backbone's (GPT: clf_pdrop 0.1).
     """
 
     network_name = "backbone"
 
     def __init__(self, backbone: nn.Module, num_labels: int, dropout: float | None = None):
-        super().__init__(backbone, num_labels, dropout)
+        pooling = traits_of(backbone).pooling
+        super().__init__(backbone, num_labels, dropout, width=state_width(backbone) * (3 if pooling == "concat" else 1))
+        self.pooling = pooling
         self.num_labels = num_labels
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, return_lm: bool = False):
         lead, T = input_ids.shape[:-1], input_ids.shape[-1]
         ids = input_ids.reshape(-1, T)  # (N, T), N = B·R
-        if attention_mask is None:
-            lengths = torch.full((ids.shape[0],), T, device=ids.device)
-        else:
-            lengths = attention_mask.reshape(-1, T).sum(-1)
-        h = self.backbone.hidden(ids)  # (N, T, C)
-        last = h[torch.arange(ids.shape[0], device=ids.device), lengths - 1]  # (N, C): each row's <e>
-        last = last.reshape(*lead, -1)
-        if last.dim() == 3:
-            last = last.sum(1)  # (B, R, C) -> (B, C): Radford's similarity, both orders added
-        logits = self.head(self.dropout(last))  # (B, num_labels)
-        return (logits, self.backbone.lm_head(h)) if return_lm else logits
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(-1, T)
+        h, _ = self.states(ids, None, mask)  # (N, T, C)
+        feats = pool(h, mask.sum(-1), self.pooling).reshape(*lead, -1)  # (N, C') -> (B, [R,] C')
+        if feats.dim() == 3:
+            feats = feats.sum(1)  # (B, R, C') -> (B, C'): Radford's similarity, both orders added
+        logits = self.head(self.dropout(feats))  # (B, num_labels)
+        return (logits, self.lm_logits(h)) if return_lm else logits
+
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(N, T, V) next-token logits of the states: a stateful LM's `state_logits`, else GPT's lm_head."""
+        net = self.backbone
+        return net.state_logits(h) if isinstance(net, HasStateLogits) else net.lm_head(h)
 
     def freeze_unused(self, tokens: TransferTokens | None, with_lm: bool) -> list[str]:
         """As SequenceClassifier.freeze_unused (an untied LM head when λ = 0, say), starting from all trainable."""
@@ -215,24 +226,16 @@ class Classify(Objective):
     def backbone_problem(cls, model_cls) -> str | None:
         """Why runs of `model_cls` cannot be finetuned by this objective, or None when they can.
 
-        Encoders; and causal LMs that read a whole sequence at once and expose `hidden(ids) -> (B, T, C)`
-        (GPT-style transfer). Not: stateful LMs (RNNs, Transformer-XL carry memory from batch to batch, so
-        an example's state would depend on the examples before it), causal LMs without hidden states
-        (n-gram counts), encoder-decoders (a sentence representation is not what they learn).
+        Encoders (the pooled [CLS]); causal LMs that read a whole sequence at once and expose `hidden(ids)`
+        (GPT-style transfer); families whose per-token states read one example at a time (`HasTokenStates`:
+        RNN LMs, Transformer-XL with its memory reset per example, a Transformer's encoder), pooled as their
+        traits say. Not: n-gram counts, a feed-forward NNLM (it sees only n-1 tokens), encoder-decoders
+        without encoder states (models/heads.states_problem says why and what to use instead).
         """
-        need = "; it needs an encoder run (bert) or a GPT-style decoder run (gpt)"
         traits = model_cls.traits
-        if traits.bidirectional:
-            return None
-        if traits.causal:
-            if traits.stateful:
-                return "is a recurrent LM that carries its state from batch to batch, not one example at a time" + need
-            if not issubclass(model_cls, HasHidden):
-                return "is a causal LM without per-position hidden states to transfer" + need
-            return None
-        if traits.seq2seq:
-            return "is an encoder-decoder (sequence-to-sequence) model with no sentence representation to finetune" + need
-        return "has no encoder to finetune" + need
+        if traits.causal and not traits.stateful and not traits.counts and issubclass(model_cls, HasHidden):
+            return None  # GPT-style transfer from `hidden`
+        return states_problem(model_cls, NEEDS)
 
     def build_model(self, encoder: nn.Module) -> nn.Module:
         if self.layout == CAUSAL:
@@ -245,9 +248,13 @@ class Classify(Objective):
 
     def _causal_model(self, backbone: nn.Module, num_outputs: int) -> CausalTransfer:
         kind = type(backbone)
-        if self.backbone_problem(kind) or not kind.traits.causal:
-            raise PlmError(f"{kind.__name__} is not a causal LM with hidden states", "finetune from a gpt run")
-        if self.aux_lm_weight > 0 and not isinstance(backbone, HasLMHead):
+        problem = self.backbone_problem(kind)
+        if problem or kind.traits.pooling == "cls":
+            raise PlmError(f"{kind.__name__} {problem or 'reads its pooled [CLS], not GPT-style inputs'}",
+                           "finetune from a gpt, rnn, transformer_xl or transformer run")
+        if not kind.traits.causal:
+            self.aux_lm_weight = 0.0  # an encoder's states predict no next token: no auxiliary LM loss
+        if self.aux_lm_weight > 0 and not isinstance(backbone, (HasStateLogits, HasLMHead)):
             raise PlmError(f"{kind.__name__} has no lm_head for the auxiliary LM loss", "pass --aux-lm-weight 0")
         model = CausalTransfer(backbone, num_outputs, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.transfer, with_lm=self.aux_lm_weight > 0)

@@ -1,12 +1,16 @@
 """Token classification (NER) on an encoder, as BERT finetunes CoNLL-2003 (Devlin et al. 2018, §5.3),
-optionally with a linear-chain CRF over the tag scores (Lample et al. 2016).
+optionally with a linear-chain CRF over the tag scores (Lample et al. 2016); or on the per-token states of
+a family that reads one example at a time (`HasTokenStates`: an LSTM LM, as the LSTM-CRF taggers of Lample
+et al. read words; Transformer-XL; a Transformer's encoder).
 
 Words become sub-tokens in context: each sentence is encoded as its words joined by single spaces
 (the text the tokenizer saw in pretraining, so byte-level BPE keeps its Ġ-marked word starts) and each
 token goes to the word holding its last character; a word the tokenizer drops entirely (a stray
 control character) becomes one [UNK]. The tag of a word is predicted at its first sub-token only;
 the other sub-tokens and the special tokens carry no label (-100), as in BERT's NER setup. Rows are
-[CLS] tokens [SEP] (`cls_last` encoders: tokens [SEP] [CLS]).
+[CLS] tokens [SEP] (`cls_last` encoders: tokens [SEP] [CLS]). In the `causal` layout rows are <s> tokens <e>
+(the run's transfer tokens, classify.transfer_tokens) and a word's tag is read at its LAST sub-token: a
+left-to-right state has seen the whole word only there.
 
 A sentence longer than `max_seq_len` - 2 sub-tokens is split into windows at word boundaries, each
 filled greedily; every word is labeled and predicted in exactly one window, and the windows'
@@ -44,7 +48,8 @@ from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.models.crf import LinearChainCRF, bio_constraints
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
-from plmcli.objectives.heads import TaskHead, encoder_problem
+from plmcli.objectives.classify import CAUSAL, transfer_tokens
+from plmcli.objectives.heads import TaskHead, state_width, states_problem
 
 IGNORE = -100
 """Label of a sub-token that is not a word's first (and of special tokens): no loss, no prediction."""
@@ -68,28 +73,17 @@ class TokenClassifier(TaskHead):
     """
 
     def __init__(self, encoder: nn.Module, num_tags: int, dropout: float | None = None, crf: LinearChainCRF | None = None):
-        super().__init__(encoder, num_tags, dropout, width=self._hidden_size(encoder))
+        super().__init__(encoder, num_tags, dropout, width=state_width(encoder))
         self.num_tags = num_tags
         self.crf = crf
 
-    @staticmethod
-    def _hidden_size(encoder) -> int:
-        """The width of encode()'s hidden states: d_model for most, 2·d_proj for ELMo; asked, not guessed."""
-        p0 = next(encoder.parameters())
-        was_training = encoder.training
-        encoder.eval()
-        with torch.no_grad():
-            hidden, _ = encoder.encode(torch.zeros(1, 2, dtype=torch.long, device=p0.device), None,
-                                       torch.ones(1, 2, dtype=torch.long, device=p0.device))
-        encoder.train(was_training)
-        return hidden.shape[-1]
-
     def forward(self, input_ids, attention_mask, first) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) ids, mask and first-sub-token flags -> (tag scores (B, W, K), word mask (B, W)).
+        """(B, T) ids, mask and the flags of the sub-token that carries each word's tag (`first`: the first
+        sub-token, or the last in the causal layout) -> (tag scores (B, W, K), word mask (B, W)).
 
         Words are packed to the left in sentence order (W = most words in a row of the batch).
         """
-        hidden, _ = self.encoder.encode(input_ids, None, attention_mask)  # (B, T, C)
+        hidden, _ = self.states(input_ids, None, attention_mask)  # (B, T, C)
         n_words = first.sum(1)  # (B,)
         W = int(n_words.max())
         # A stable sort of "not first" puts each row's first-sub-token positions first, in order.
@@ -99,8 +93,9 @@ class TokenClassifier(TaskHead):
         return self.head(self.dropout(h)), word_mask
 
     def freeze_unused(self, cls_id: int, sep_id: int) -> list[str]:
-        """Freeze (and name) encoder parameters tagging never reaches (MLM/NSP heads, the pooler): the
-        optimizer holds no state for them and DDP does not wait for their gradients. Saved as before."""
+        """Freeze (and name) encoder parameters tagging never reaches (MLM/NSP heads, the pooler, an LM's
+        softmax, a Transformer's decoder): the optimizer holds no state for them and DDP does not wait for
+        their gradients. Saved as before. `cls_id`, `sep_id`: the row's opening and closing special tokens."""
         p0 = next(self.parameters())
         x = torch.tensor([[cls_id, sep_id, sep_id]] * 2, device=p0.device)
         mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=p0.device)
@@ -155,9 +150,13 @@ class Tagging(Objective):
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
         """`layout`: where the encoder wants [CLS] (its class's `pair_layout`)."""
         super().__init__(cfg, tokenizer, special_ids, seq_len)
-        if tokenizer is not None:
-            require_roles(special_ids, ("cls", "sep"))
         self.layout = layout
+        self.transfer = None
+        if tokenizer is not None:
+            if layout == CAUSAL:
+                self.transfer = transfer_tokens(tokenizer, special_ids)
+            else:
+                require_roles(special_ids, ("cls", "sep"))
         if task is None:
             from plmcli.data.tasks.registry import get_task
 
@@ -167,31 +166,41 @@ class Tagging(Objective):
 
     @classmethod
     def backbone_problem(cls, model_cls) -> str | None:
-        """Encoders only: a word's tag needs its bidirectional state (GPT-style transfer reads one token)."""
-        return encoder_problem(model_cls)
+        """Encoders and families with per-token states read one example at a time (heads.states_problem):
+        GPT-style transfer reads one token per row."""
+        return states_problem(model_cls)
 
     @property
     def use_crf(self) -> bool:
         return bool(self.task.options.crf)
 
     def build_model(self, encoder: nn.Module) -> TokenClassifier:
-        if not type(encoder).traits.bidirectional:
-            raise PlmError(f"{type(encoder).__name__} has no encoder interface",
-                           "finetune from an encoder run (bert recipes)")
+        problem = states_problem(type(encoder))
+        if problem:
+            raise PlmError(f"{type(encoder).__name__} {problem}", "finetune from an encoder run (bert recipes)")
         crf = None
         if self.use_crf:
             allowed, start = bio_constraints(list(self.task.label_names))
             crf = LinearChainCRF(self.cfg.num_labels, allowed, start)
         model = TokenClassifier(encoder, self.cfg.num_labels, self.cfg.classifier_dropout, crf)
-        model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
+        frame = self.frame
+        model.frozen = model.freeze_unused(frame.before[0] if frame.before else frame.after[-1], frame.after[0])
         return model
+
+    @property
+    def frame(self):
+        """[CLS] words [SEP] where the encoder's layout puts them, or <s> words <e> (the run's transfer tokens)."""
+        if self.layout == CAUSAL:
+            return self.transfer.frame
+        return encoder_frame(self.layout, self.special_ids["cls"], self.special_ids["sep"])
 
     # -------------------------------------------------------------- data
 
     def encode_sentences(self, sentences, group: int = 0) -> tuple[dict[str, np.ndarray], dict]:
         """Arrays of one split (windows: ids/offsets/first/labels/sentence; sentences: example_id,
         word_offsets/word_tags (-1 unlabeled), group) and its counts."""
-        frame = encoder_frame(self.layout, self.special_ids["cls"], self.special_ids["sep"])
+        frame = self.frame
+        at_last = self.layout == CAUSAL  # a left-to-right state has read the whole word at its last piece
         unk = self.special_ids.get("unk", self.pad_id)
         budget = self.seq_len - len(frame.before) - len(frame.after)
         pad_before, pad_after = [False] * len(frame.before), [False] * len(frame.after)
@@ -208,11 +217,12 @@ class Tagging(Objective):
                 for w in range(a, b):
                     p = words[w][:budget]
                     toks += p
-                    flag += [True] + [False] * (len(p) - 1)
+                    rest = [False] * (len(p) - 1)
+                    flag += rest + [True] if at_last else [True] + rest
                     tag = IGNORE if s.tags is None else s.tags[w]
                     if w == a and a > 0 and tag != IGNORE:
                         tag = self._window_start_tag(tag)
-                    lab += [tag] + [IGNORE] * (len(p) - 1)
+                    lab += [IGNORE] * len(rest) + [tag] if at_last else [tag] + [IGNORE] * len(rest)
                 row = frame.single(toks)
                 ids += row
                 first += pad_before + flag + pad_after

@@ -118,7 +118,7 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
     else:
         run_cfg = _with_dropout(run_cfg, cfg.model.dropout, run_label)
         model = load_encoder(run, run_cfg, pretrained=cfg.model.init == "pretrained", seed=cfg.train.seed)
-        cfg = _resolved(cfg, run, _seq_len(cfg.task.max_seq_len, model.max_positions))
+        cfg = _resolved(cfg, run, _seq_len(cfg.task.max_seq_len, _positions(model)))
         special_ids = run_cfg.get("tokenizer", {}).get("special_token_ids", {})
         obj = task_objective(t, tok, special_ids, cfg.task.max_seq_len, type(model), cfg.model.classifier_dropout)
 
@@ -182,6 +182,13 @@ def _seq_len(max_seq_len: int | None, positions: int) -> int:
         raise PlmError(f"--max-seq-len {L} is outside 8..{positions} (the model's positions)",
                        f"use --max-seq-len ≤ {positions}")
     return L
+
+
+def _positions(model) -> int:
+    """The longest input the backbone reads: its position limit, unbounded for one without (an RNN)."""
+    from plmcli.models.base import HasPositionLimit
+
+    return model.max_positions if isinstance(model, HasPositionLimit) else 2**31 - 1
 
 
 def _check_batch_split(batch_size: int, processes: int) -> None:
@@ -348,7 +355,8 @@ def _eval_only(t, obj, model, data, meta, run, out_dir, train, state) -> dict:
 
 
 def _check_backbone(family: str, run_label: str, task) -> None:
-    """The task's objective says which model classes it can finetune (`backbone_problem`)."""
+    """The task's objective says which model classes it can finetune (`backbone_problem`): one line that says
+    why not and which runs to finetune instead (the README's finetune table)."""
     from plmcli.models.registry import model_class
     from plmcli.objectives.registry import objective_class
 
@@ -357,7 +365,8 @@ def _check_backbone(family: str, run_label: str, task) -> None:
         what = f"{task.suite} finetuning" if task.suite else f"finetuning on {task.name}"
         clause, _, need = problem.partition("; it needs ")
         raise PlmError(f"run {run_label} {clause} ({family}); {what} needs {need or 'another kind of run'}",
-                       "pretrain one with `plm pretrain --recipe bert-mini` (or elmo-mini for ELMo features)")
+                       "pretrain one with `plm pretrain --recipe bert-mini` (or gpt-mini, lstm-ptb-small, txl-mini, "
+                       "transformer-mini; elmo-mini for ELMo features)")
 
 
 def _with_dropout(cfg: dict, dropout: float | None, run_label: str) -> dict:

@@ -19,7 +19,9 @@ def test_family_declares_traits_and_vocab_size(family):
     t = cls.traits
     # What a family is decides how it is scored and how a pair is laid out.
     assert t.scoring is not None
-    assert (t.pair_layout is not None) == (t.causal or t.bidirectional)
+    assert (t.pair_layout is not None) == (t.causal or t.bidirectional or t.pooling is not None)
+    # A family that serves sequence task heads says how they read it (a Transformer's encoder: the mean).
+    assert (t.pooling is not None) == (t.pair_layout is not None)
 
 
 def test_traits_refuse_a_misspelt_trait():
