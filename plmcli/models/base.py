@@ -236,3 +236,12 @@ class HasLMHead(Protocol):
     """An output layer a task head can reuse: lm_head(hidden (B, T, C)) -> (B, T, V) (GPT's auxiliary LM loss)."""
 
     lm_head: nn.Module
+
+
+@runtime_checkable
+class HasWordVectors(Protocol):
+    """Static word vectors (word2vec): `word_vectors(token strings by id)` -> (the words that have a vector, most
+    frequent first; their vectors, an (n, dim) float32 array). `plm export --format word2vec` writes them and
+    `plm eval-vectors` scores them."""
+
+    def word_vectors(self, token_strings: list[str]) -> tuple[list[str], Any]: ...
