@@ -112,7 +112,7 @@ Penn Treebank's training text ({args.corpus.name}: 887,521 words, each line a se
 word-level corpus with a training split in the shared data; its 10k lowercased vocabulary, with numbers as `N`,
 leaves most analogy questions out of vocabulary, and both sides skip the same ones. Same settings on both sides
 (the recipe's: dim {m.dim}, window {m.window}, negative {m.negative}, sample {m.sample:g}, min_count {m.min_count},
-{args.epochs} epochs, alpha from the recipe to {m.min_alpha:g}; gensim `workers={args.threads}`, plm
+{args.epochs} epochs, alpha 0.025 (skip-gram) or 0.05 (CBOW) falling to {m.min_alpha:g}; gensim `workers={args.threads}`, plm
 {args.threads} torch thread(s)). Words/s = corpus words × epochs / training time, vocabulary building and
 tokenizing left out on both sides. Each side's vectors are written in the word2vec text format and scored on
 gensim's own questions-words.txt and wordsim353.tsv by gensim's `evaluate_word_analogies` /

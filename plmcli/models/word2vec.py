@@ -72,7 +72,7 @@ class Word2VecConfig:
     """Passes over the train split."""
     min_count: Size = 5
     """Words seen fewer times than this in the train split get no vector and are dropped from the text."""
-    batch_size: Size = 1024
+    batch_size: Size = 512
     """Examples per update: (centre, context) pairs for skip-gram, centre words for CBOW."""
 
 
@@ -198,30 +198,32 @@ class Word2Vec(LanguageModel):
     def _update(self, h: torch.Tensor, target: torch.Tensor, negs: torch.Tensor, alpha: float):
         """Negative sampling for hidden vectors h (B, D) predicting `target`: updates v' in place; returns the
         error to add to h's input vectors (B, D) and the summed loss."""
-        rows = torch.cat([target[:, None], negs], 1)  # (B, 1 + k)
-        out = self.output_vectors[rows]  # (B, 1 + k, D)
-        score = torch.bmm(out, h.unsqueeze(2)).squeeze(2)
-        label = torch.zeros_like(score)
-        label[:, 0] = 1.0
-        live = torch.ones_like(score)
-        live[:, 1:] = (negs != target[:, None]).to(score.dtype)  # word2vec.c skips noise equal to the target
-        g = (label - torch.sigmoid(score)) * live * alpha
+        B, D = h.shape
+        rows = torch.cat([target[:, None], negs], 1).view(-1)  # (B·(1 + k)): the target, then the noise words
+        out = self.output_vectors.index_select(0, rows).view(B, -1, D)
+        score = (out * h.unsqueeze(1)).sum(2)  # (B, 1 + k); elementwise beats bmm for these tiny products
+        live = (negs != target[:, None]).to(h.dtype)  # word2vec.c skips noise equal to the target
+        g = torch.sigmoid(score).mul_(-alpha)  # α(label − σ): label 1 for the target, 0 for noise
+        g[:, 0] += alpha
+        g[:, 1:] *= live
         err = torch.bmm(g.unsqueeze(1), out).squeeze(1)
-        self.output_vectors.index_add_(0, rows.reshape(-1), (g.unsqueeze(2) * h.unsqueeze(1)).reshape(-1, h.shape[1]))
-        loss = -(nn.functional.logsigmoid(score[:, 0]).sum() + (nn.functional.logsigmoid(-score[:, 1:]) * live[:, 1:]).sum())
-        return err, float(loss)
+        self.output_vectors.index_add_(0, rows, (g.unsqueeze(2) * h.unsqueeze(1)).view(-1, D))
+        loss = nn.functional.logsigmoid(score[:, 0]).sum() + (nn.functional.logsigmoid(-score[:, 1:]) * live).sum()
+        return err, -float(loss)
 
     def _sg_step(self, centre, context, negs, alpha: float) -> float:
-        err, loss = self._update(self.input_vectors[centre], context, negs, alpha)
+        err, loss = self._update(self.input_vectors.index_select(0, centre), context, negs, alpha)
         self.input_vectors.index_add_(0, centre, err)
         return loss
 
     def _cbow_step(self, centre, ctx, mask, negs, alpha: float) -> float:
-        m = mask.to(self.input_vectors.dtype)
-        h = (self.input_vectors[ctx] * m.unsqueeze(2)).sum(1) / m.sum(1, keepdim=True)
+        B, W2 = ctx.shape
+        m = mask.to(self.input_vectors.dtype).unsqueeze(2)  # (B, 2·window, 1)
+        h = (self.input_vectors.index_select(0, ctx.view(-1)).view(B, W2, -1) * m).sum(1) / m.sum(1)
         err, loss = self._update(h, centre, negs, alpha)
-        # word2vec.c (and gensim's cbow_mean) give every context word the whole error, not error / count
-        self.input_vectors.index_add_(0, ctx[mask], err.unsqueeze(1).expand(-1, ctx.shape[1], -1)[mask])
+        # word2vec.c (and gensim's cbow_mean) give every context word the whole error, not error / count;
+        # an empty slot adds zero to whatever row it holds
+        self.input_vectors.index_add_(0, ctx.view(-1), (err.unsqueeze(1) * m).view(B * W2, -1))
         return loss
 
     # ------------------------------------------------------------ fit / vectors
