@@ -27,6 +27,7 @@ BENCHMARKS = {
     "startup": "benchmarks.startup",
     "bert-plateau": "benchmarks.bert_plateau",
     "gpu-varlen": "benchmarks.gpu_varlen",
+    "word2vec": "benchmarks.word2vec",
 }
 
 

@@ -168,7 +168,7 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
 
 
 def export(run: str | None, format: str, out: str, force: bool = False) -> dict:
-    """Write a run in another tool's format: arpa (n-gram runs) or hf (a transformers directory);
+    """Write a run in another tool's format: arpa (n-gram runs), hf (a transformers directory) or word2vec (word2vec runs);
     returns {"format", "out", ...} (hf adds architecture, parameters and what was left out, see plmcli.interop.export)."""
     from plmcli.interop.export import export_report
 
@@ -238,6 +238,20 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return scoring.score(net, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
                          device=device, mem_len=mem_len, tgt_len=tgt_len, max_tokens_per_batch=max_tokens_per_batch)
+
+
+# ---------------------------------------------------------------- eval-vectors
+
+
+def eval_vectors(vectors: str | None = None, analogies: str | None = None, similarity: str | None = None,
+                 restrict_vocab: int = 300000, case_insensitive: bool = True) -> dict:
+    """Score static word vectors `vectors` (a word2vec run, default runs/latest, or a word2vec text file) on word
+    analogies (questions-words.txt: accuracy per section and in total, OOV questions counted) and/or word
+    similarity (WordSim-353 TSV: Spearman's ρ, OOV pairs counted), as gensim's KeyedVectors scores them
+    (see plmcli.eval.vectors)."""
+    from plmcli.eval.vectors import evaluate
+
+    return evaluate(vectors, analogies, similarity, restrict_vocab, case_insensitive)
 
 
 # ---------------------------------------------------------------- generate

@@ -40,6 +40,7 @@ TINY = {
     # plain forward(x): the content stream's logits at every position
     "xlnet": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.mem_len=8",
               "model.vocab_size=50", "objective.reuse_len=8", "objective.num_predict=3", "objective.perm_size=0"],
+    "word2vec": ["model.dim=8", "model.epochs=1", "model.min_count=1", "model.vocab_size=50"],  # SGD: well under a second
 }
 
 EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6,
@@ -84,7 +85,9 @@ def test_recipe_loads_and_builds(name, tmp_path):
     if fits:
         summary = pretrain(name, data=[str(tiny_corpus(tmp_path / "c.txt"))], out=str(tmp_path / "run"),
                            overrides=TINY[r.family])
-        assert summary["stop_reason"] == "fit" and math.isfinite(summary["val_ppl"])
+        assert summary["stop_reason"] == "fit"
+        # a family with a perplexity scores the held-out text; word vectors (no scoring) report their training loss
+        assert math.isfinite(summary["val_ppl"] if model_class(r.family).traits.scoring else summary["loss"])
         return
     x = torch.randint(0, 50, (2, 16))
     # encoder-decoders take (source, source mask, decoder input)

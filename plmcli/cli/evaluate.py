@@ -1,4 +1,4 @@
-"""`plm eval-ppl`, `plm generate` and `plm zero-shot`: the commands that use a trained run."""
+"""`plm eval-ppl`, `plm eval-vectors`, `plm generate` and `plm zero-shot`: the commands that use a trained run."""
 
 from __future__ import annotations
 
@@ -80,6 +80,51 @@ def eval_ppl(
                + (f"  zero-probability tokens {res['zero_prob_tokens']:,} (ppl of the rest "
                   f"{res['ppl_excluding_zero_prob']:.3f})" if res.get("zero_prob_tokens") else "")
                + (f"  ({res['factorisation']} factorisation)" if "factorisation" in res else ""))
+
+
+# ---------------------------------------------------------------- eval-vectors
+
+
+@commands.command("eval-vectors")
+@guarded
+def eval_vectors(
+    vectors: Optional[str] = typer.Argument(None, help="A word2vec run directory (default runs/latest), or a word2vec text "
+                                            "file (`plm export --format word2vec`, gensim's save_word2vec_format)."),
+    analogies: Optional[str] = typer.Option(None, "--analogies", help="Word analogies in the questions-words.txt format: "
+                                            "': section' lines, then 'a b c d' lines (a is to b as c is to d)."),
+    similarity: Optional[str] = typer.Option(None, "--similarity", help="Word pairs in the WordSim-353 format: "
+                                             "word1 TAB word2 TAB score, '#' comment lines."),
+    restrict_vocab: int = typer.Option(300000, help="Only the first N words of the vectors (a run's: most frequent first)."),
+    case_sensitive: bool = typer.Option(False, "--case-sensitive", help="Compare words as written (default: upper-cased, "
+                                        "the first case of a word standing for it)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: per-section and total accuracy, OOV counts, "
+                                 "Spearman's ρ and Pearson's r."),
+):
+    """Score static word vectors on word analogies and word similarity, as gensim's KeyedVectors does.
+
+    Analogies: 3CosAdd over unit vectors (the word nearest b̂ + ĉ − â, a, b and c excluded), accuracy per
+    section and in total; a question with a word outside the vocabulary is skipped and counted as OOV.
+    Similarity: Spearman's ρ between the cosines and the human scores; OOV pairs are counted and left out.
+    gensim ships both standard files in gensim/test/test_data.
+
+    Example: plm eval-vectors runs/latest --analogies questions-words.txt --similarity wordsim353.tsv
+    """
+    from plmcli import api
+
+    res = api.eval_vectors(vectors, analogies, similarity, restrict_vocab, not case_sensitive)
+    if as_json:
+        return print_json(res)
+    typer.echo(f"{res['vectors']}: {res['words']:,} words × {res['dim']}, the first {res['restrict_vocab']:,} scored")
+    if "analogies" in res:
+        a = res["analogies"]
+        for s in a["sections"]:
+            typer.echo(f"  {s['section']:<28} {s['accuracy']:7.2%}  ({s['correct']}/{s['scored']}, {s['oov']} OOV)")
+        typer.echo(f"analogies {a['accuracy']:.2%} ({a['correct']:,}/{a['scored']:,}); {a['oov']:,} of "
+                   f"{a['questions']:,} questions skipped as OOV ({a['oov_ratio']:.1%})")
+    if "similarity" in res:
+        s = res["similarity"]
+        typer.echo(f"similarity Spearman ρ {s['spearman']:.4f}  Pearson r {s['pearson']:.4f}  over {s['pairs']} pairs; "
+                   f"{s['oov']} OOV ({s['oov_ratio']:.1%})")
 
 
 # ---------------------------------------------------------------- generate

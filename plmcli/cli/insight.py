@@ -45,8 +45,9 @@ def plot(
 def export(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
     format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format; "
-                               "hf: a transformers directory (BERT, RoBERTa, SpanBERT, ERNIE, GPT-2, GPT, ALBERT, ELECTRA, XLNet runs)."),
-    out: str = typer.Option(..., "--out", "-o", help="File (arpa) or directory (hf) to write."),
+                               "hf: a transformers directory (BERT, RoBERTa, SpanBERT, ERNIE, GPT-2, GPT, ALBERT, ELECTRA, XLNet runs); "
+                               "word2vec: word2vec runs, in the word2vec text format (gensim, fastText, … read it)."),
+    out: str = typer.Option(..., "--out", "-o", help="File (arpa, word2vec) or directory (hf) to write."),
     force: bool = typer.Option(False, "--force", help="hf: replace an existing non-empty --out directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
@@ -59,6 +60,8 @@ def export(
     Example: plm pretrain --recipe ngram-kn5 --data train.txt && plm export runs/latest --format arpa --out lm.arpa
 
     Example: plm export runs/bert-mini --format hf --out hf/bert-mini
+
+    Example: plm export runs/latest --format word2vec --out vectors.txt
     """
     from plmcli import api
 

@@ -269,3 +269,12 @@ class HasStateLogits(Protocol):
     are valid logits), for GPT-style transfer's auxiliary LM loss on a stateful LM."""
 
     def state_logits(self, states): ...
+
+
+@runtime_checkable
+class HasWordVectors(Protocol):
+    """Static word vectors (word2vec): `word_vectors(token strings by id)` -> (the words that have a vector, most
+    frequent first; their vectors, an (n, dim) float32 array). `plm export --format word2vec` writes them and
+    `plm eval-vectors` scores them."""
+
+    def word_vectors(self, token_strings: list[str]) -> tuple[list[str], Any]: ...

@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "transformer_xl": "plmcli.models.transformer_xl:TransformerXL",
     "electra": "plmcli.models.electra:Electra",
     "xlnet": "plmcli.models.xlnet:XLNet",
+    "word2vec": "plmcli.models.word2vec:Word2Vec",
 }
 
 

@@ -16,8 +16,9 @@ from plmcli.models.registry import FAMILIES, model_class
 EXPECTED = {"gpt": "window", "bert": "pseudo", "spanbert": "pseudo", "albert": "pseudo", "nezha": "pseudo",
             "electra": "pseudo", "ngram": "counts", "seq2seq": "conditional", "transformer": "conditional",
             "nnlm": "fixed_context", "rnn": "state", "elmo": "bidirectional_lm", "transformer_xl": "memory",
-            "xlnet": "left_to_right"}
-"""What each family is scored by (the protocols' definitions are in plmcli.models.base.Scoring)."""
+            "xlnet": "left_to_right", "word2vec": None}
+"""What each family is scored by (the protocols' definitions are in plmcli.models.base.Scoring); None: it has no
+perplexity (static word vectors), and eval-ppl refuses it in one line."""
 
 
 def test_the_table_covers_every_protocol():
@@ -31,6 +32,10 @@ def test_the_table_covers_every_protocol():
 def test_every_family_maps_to_a_scorer_that_imports(family):
     cls = model_class(family)
     assert cls.traits.scoring == EXPECTED[family]
+    if EXPECTED[family] is None:
+        with pytest.raises(PlmError, match="is not a causal LM, so it has no left-to-right perplexity"):
+            scoring.scorer(cls)
+        return
     fn = scoring.scorer(cls)
     assert fn.__module__ == f"plmcli.eval.{cls.traits.scoring}" and fn.__name__ == "score"
     memory = cls.traits.scoring in ("memory", "left_to_right")

@@ -1,0 +1,122 @@
+"""word2vec on PTB: plm's skip-gram and CBOW against gensim's Word2Vec with the same settings on the same text.
+
+Both train on ptb.train.txt, each line a sentence (gensim: LineSentence; plm: data.doc_per_line), with the
+recipe's settings passed to gensim one by one. Each side's vectors go through the word2vec text format, and
+each file is scored twice on gensim's own copies of questions-words.txt and wordsim353.tsv: by gensim's
+KeyedVectors.evaluate_word_analogies / evaluate_word_pairs and by `plm eval-vectors`, which must agree.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+NAME = "word2vec"
+HELP = "word2vec-sg / word2vec-cbow on PTB vs gensim's Word2Vec: analogy accuracy, WordSim-353 ρ, training words/s"
+RECIPES = {"skip-gram": "word2vec-sg", "cbow": "word2vec-cbow"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--corpus", type=Path, default=common.SHARED_DATA / "ptb" / "ptb.train.txt",
+                   help="one sentence per line, whitespace-separated words")
+    p.add_argument("--archs", default="skip-gram,cbow", help="comma-separated: skip-gram, cbow")
+    p.add_argument("--epochs", type=int, default=5, help="passes over the corpus, both sides")
+    p.add_argument("--seed", type=int, default=1)
+
+
+def gensim_run(corpus: Path, m, arch: str, epochs: int, threads: int, seed: int, out: Path) -> dict:
+    """gensim's Word2Vec with plm's model section `m`; vectors written to `out`."""
+    from gensim.models import Word2Vec
+    from gensim.models.word2vec import LineSentence
+
+    sentences = LineSentence(str(corpus))
+    model = Word2Vec(vector_size=m.dim, window=m.window, negative=m.negative, hs=0, ns_exponent=m.ns_exponent,
+                     sample=m.sample, alpha=m.alpha, min_alpha=m.min_alpha, min_count=m.min_count,
+                     sg=int(arch == "skip-gram"), cbow_mean=1, workers=threads, seed=seed, epochs=epochs)
+    model.build_vocab(sentences)
+    t0 = time.perf_counter()
+    _, raw = model.train(sentences, total_examples=model.corpus_count, epochs=epochs)
+    train_s = time.perf_counter() - t0
+    model.wv.save_word2vec_format(str(out))
+    return {"vocab": len(model.wv), "train_s": train_s, "words_per_s": raw / train_s}
+
+
+def plm_run(corpus: Path, arch: str, epochs: int, seed: int, root: Path, out: Path) -> dict:
+    from plmcli import api
+
+    t0 = time.perf_counter()
+    s = api.pretrain(RECIPES[arch], [str(corpus)], str(root / arch), overrides=[f"model.epochs={epochs}", f"train.seed={seed}"])
+    wall = time.perf_counter() - t0
+    api.export(str(root / arch), "word2vec", str(out))
+    return {"vocab": s["vocab"], "train_s": s["train_s"], "words_per_s": s["tokens"] * epochs / s["train_s"], "wall_s": wall}
+
+
+def scores(vectors: Path, questions: str, pairs: str) -> dict:
+    """Both evaluators on one file; they must agree on every section."""
+    from gensim.models import KeyedVectors
+
+    from plmcli import api
+
+    kv = KeyedVectors.load_word2vec_format(str(vectors))
+    acc, sections = kv.evaluate_word_analogies(questions)
+    _, spearman, oov_ratio = kv.evaluate_word_pairs(pairs)
+    ours = api.eval_vectors(str(vectors), questions, pairs)
+    a = ours["analogies"]
+    theirs = [(s["section"], len(s["correct"]), len(s["correct"]) + len(s["incorrect"])) for s in sections[:-1]]
+    agree = theirs == [(s["section"], s["correct"], s["scored"]) for s in a["sections"]] and \
+        abs(ours["similarity"]["spearman"] - spearman[0]) < 1e-6
+    return {"gensim_acc": acc, "plm_acc": a["accuracy"], "correct": a["correct"], "scored": a["scored"],
+            "questions": a["questions"], "rho": spearman[0], "plm_rho": ours["similarity"]["spearman"],
+            "pairs": ours["similarity"]["pairs"], "agree": agree}
+
+
+def run(args) -> int:
+    if not args.corpus.is_file():
+        print(f"word2vec: skipped — {args.corpus} not found")
+        return 0
+    try:
+        from gensim.test.utils import datapath
+    except ImportError:
+        print("word2vec: skipped — gensim is not installed (pip install -e '.[peers]')")
+        return 0
+    import gensim
+
+    from plmcli.config import load_recipe
+
+    common.set_threads(args.threads)
+    info = common.machine_info()
+    questions, pairs = datapath("questions-words.txt"), datapath("wordsim353.tsv")
+    root = Path(tempfile.mkdtemp(prefix="plm-bench-word2vec-"))
+    rows, disagree = [], []
+    for arch in [a.strip() for a in args.archs.split(",") if a.strip()]:
+        m = load_recipe(RECIPES[arch]).model
+        for tool in ("plm", "gensim"):
+            vec = root / f"{tool}-{arch}.txt"
+            t = plm_run(args.corpus, arch, args.epochs, args.seed, root, vec) if tool == "plm" else \
+                gensim_run(args.corpus, m, arch, args.epochs, args.threads, args.seed, vec)
+            s = scores(vec, questions, pairs)
+            if not s["agree"]:
+                disagree.append(f"{tool} {arch}")
+            print(f"{tool} {arch}: {t} {s}")
+            rows.append([f"{tool} {arch}" + (f" (`{RECIPES[arch]}`)" if tool == "plm" else f" {gensim.__version__}"),
+                         f"{t['vocab']:,}", f"**{s['gensim_acc']:.2%}**", f"{s['plm_acc']:.2%}",
+                         f"{s['correct']:,} / {s['scored']:,} of {s['questions']:,}", f"{s['rho']:.3f} ({s['pairs']} pairs)",
+                         f"**{t['words_per_s']:,.0f}**", f"{t['train_s']:.1f} s"])
+    table = common.markdown_table(["side", "vocab", "analogies (gensim's eval)", "(plm eval-vectors)",
+                                   "correct / in vocab of all", "WordSim-353 ρ", "train words/s", "train time"], rows)
+    text = f"""
+Penn Treebank's training text ({args.corpus.name}: 887,521 words, each line a sentence) because it is the largest
+word-level corpus with a training split in the shared data; its 10k lowercased vocabulary, with numbers as `N`,
+leaves most analogy questions out of vocabulary, and both sides skip the same ones. Same settings on both sides
+(the recipe's: dim {m.dim}, window {m.window}, negative {m.negative}, sample {m.sample:g}, min_count {m.min_count},
+{args.epochs} epochs, alpha 0.025 (skip-gram) or 0.05 (CBOW) falling to {m.min_alpha:g}; gensim `workers={args.threads}`, plm
+{args.threads} torch thread(s)). Words/s = corpus words × epochs / training time, vocabulary building and
+tokenizing left out on both sides. Each side's vectors are written in the word2vec text format and scored on
+gensim's own questions-words.txt and wordsim353.tsv by gensim's `evaluate_word_analogies` /
+`evaluate_word_pairs` and by `plm eval-vectors`: {"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)}.
+"""
+    common.publish(NAME, common.section_body("word2vec on PTB: plm vs gensim", args, text, table, info), args)
+    return 0

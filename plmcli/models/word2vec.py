@@ -1,0 +1,267 @@
+"""word2vec (Mikolov et al. 2013a, 2013b): skip-gram and CBOW with negative sampling, the step between the
+feed-forward NNLM and ELMo. No perplexity (no distribution over the vocabulary): what it makes is static word
+vectors, which `plm export --format word2vec` writes and `plm eval-vectors` scores on word analogies and
+similarity. Trained by its own fit (`Fits`), not the loop: plain SGD over sparse rows, as the paper's code.
+
+Conventions (those of word2vec.c, which gensim follows, so that both train on the same examples):
+- the words are the tokenizer's tokens (recipes: the `word` tokenizer, whitespace-separated words); each line
+  is a sentence and no window crosses one. Special tokens and words seen fewer than `min_count` times in the
+  train split are dropped from the text before anything else (so the windows close over them);
+- subsampling (2013b §2.3) keeps each occurrence of a word of corpus frequency f = c/T with probability
+  min(1, (√(f/t) + 1)·t/f), drawn afresh each epoch (word2vec.c's form of the paper's 1 − √(t/f));
+- each centre word takes a window of b ∈ 1..`window` words on each side, b uniform (2013a §3.2's "R");
+- noise words are drawn from the unigram distribution raised to `ns_exponent` (3/4), a noise word equal to
+  the target is skipped, and the loss of one example is
+      −log σ(v'_O · h) − Σ_k log σ(−v'_k · h)     (2013b eq. 4)
+  with h = v_I (skip-gram: the centre word predicts each context word) or the mean of the context words'
+  v (CBOW predicts the centre word; as in word2vec.c, each context word then takes the whole error of h);
+- the learning rate falls linearly from `alpha` to `min_alpha` over all epochs.
+
+Vectorised: one epoch's examples are made chunk by chunk with numpy, then trained in batches of `batch_size`
+examples — one gather, one dot product per target and one `index_add_` per table (Hogwild!-style, several
+updates of one row in a batch add up). v (input_vectors) starts uniform in ±0.5/dim and v' (output_vectors)
+at zero, as in word2vec.c. The exported vectors are v.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from plmcli.config_sections import Count, NonNegative, Positive, Range, Rule, Size
+from plmcli.errors import PlmError
+from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.layers import require_vocab
+
+WEIGHTS = "model.safetensors"
+CHUNK = 1 << 16
+"""Kept words whose examples are made (and shuffled) at once: bounds memory, not results."""
+
+BELOW_ALPHA = Rule(lambda v, c: v <= c["alpha"], "exceeds model.alpha {alpha}: the rate falls from alpha to min_alpha",
+                   "pick {where}.min_alpha ≤ {where}.alpha, e.g. --set {where}.min_alpha=0.0001")
+
+
+@dataclass
+class Word2VecConfig:
+    vocab_size: Count = 0
+    """The tokenizer's size (0 = take it from the tokenizer): one vector per token; only the words seen ≥
+    min_count times in the train split are trained and exported."""
+    arch: Literal["skip-gram", "cbow"] = "skip-gram"
+    """skip-gram (the centre word predicts each context word) | cbow (the mean of the context predicts the centre)."""
+    dim: Size = 100
+    """Vector size."""
+    window: Size = 5
+    """Largest number of words on each side of the centre; each centre draws its own 1..window."""
+    negative: Size = 5
+    """Noise words per example (k of negative sampling)."""
+    ns_exponent: NonNegative = 0.75
+    """Noise distribution ∝ count^ns_exponent (3/4 in the paper; 1 = unigram, 0 = uniform)."""
+    sample: NonNegative = 1e-3
+    """Subsampling threshold t of frequent words (0 = keep every word)."""
+    alpha: Positive = 0.025
+    """Starting learning rate (word2vec.c: 0.025 for skip-gram, 0.05 for CBOW)."""
+    min_alpha: Annotated[float, Range(0), BELOW_ALPHA] = 1e-4
+    """Learning rate at the end of the last epoch; it falls linearly from alpha."""
+    epochs: Size = 5
+    """Passes over the train split."""
+    min_count: Size = 5
+    """Words seen fewer times than this in the train split get no vector and are dropped from the text."""
+    batch_size: Size = 512
+    """Examples per update: (centre, context) pairs for skip-gram, centre words for CBOW."""
+
+
+class Word2Vec(LanguageModel):
+    """Input vectors v and output vectors v' per token; `fit` trains them, `word_vectors` gives the trained ones."""
+
+    # Neither causal nor an encoder, and no distribution over words: eval-ppl, generate and finetune refuse it.
+    traits = Traits()
+    Config = Word2VecConfig
+
+    def __init__(self, cfg: Word2VecConfig):
+        super().__init__()
+        require_vocab(cfg)
+        self.cfg = cfg
+        V, D = cfg.vocab_size, cfg.dim
+        self.input_vectors = nn.Parameter((torch.rand(V, D) - 0.5) / D, requires_grad=False)
+        self.output_vectors = nn.Parameter(torch.zeros(V, D), requires_grad=False)
+        # the train-split count of each token with a vector; 0 for the rest (specials, rare words)
+        self.register_buffer("counts", torch.zeros(V, dtype=torch.int64))
+
+    def forward(self, input_ids):
+        """The word vectors v of `input_ids`."""
+        return self.input_vectors[input_ids]
+
+    # ------------------------------------------------------------ vocabulary and noise
+
+    def count_words(self, ids: np.ndarray, skip=()) -> np.ndarray:
+        """Set `counts` from the training ids: tokens in `skip` (specials) and rarer than min_count get 0."""
+        V = self.cfg.vocab_size
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= V):
+            raise PlmError(f"token ids reach {int(ids.max())} but model.vocab_size is {V}",
+                           "leave model.vocab_size at 0 so that it follows the tokenizer")
+        counts = np.bincount(ids, minlength=V)
+        counts[np.asarray(list(skip), dtype=np.int64)] = 0
+        counts[counts < self.cfg.min_count] = 0
+        self.counts.copy_(torch.from_numpy(counts))
+        return counts
+
+    def keep_probability(self, counts: np.ndarray) -> np.ndarray:
+        """P(an occurrence is kept) per token: 0 without a vector; word2vec.c's subsampling otherwise."""
+        c = counts.astype(np.float64)
+        p = (c > 0).astype(np.float64)
+        if self.cfg.sample > 0:
+            threshold = self.cfg.sample * c.sum()  # t·T: f/t = c/(t·T)
+            seen = c > 0
+            p[seen] = np.minimum(1.0, (np.sqrt(c[seen] / threshold) + 1) * threshold / c[seen])
+        return p
+
+    def noise_table(self, counts: np.ndarray) -> torch.Tensor:
+        """Cumulative noise distribution ∝ count^ns_exponent (zero-count tokens are never drawn), for searchsorted."""
+        w = np.where(counts > 0, counts.astype(np.float64) ** self.cfg.ns_exponent, 0.0)
+        cum = np.cumsum(w)
+        return torch.from_numpy(cum / cum[-1])
+
+    # ------------------------------------------------------------ training
+
+    def train_ids(self, ids, lengths, skip=(), seed: int = 0, console=None) -> dict:
+        """Train on sentences given as token ids (`lengths` words each); `skip`: ids that are no words (specials)."""
+        ids, lengths = np.asarray(ids, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        counts = self.count_words(ids, skip)
+        if not counts.any():
+            raise PlmError(f"no word of the train split is seen ≥ model.min_count = {self.cfg.min_count} times",
+                           "use more text, or lower it, e.g. --set model.min_count=1")
+        in_vocab = counts[ids] > 0
+        raw_words = int(in_vocab.sum())
+        sentence = np.repeat(np.arange(len(lengths)), lengths)[in_vocab]
+        words = ids[in_vocab]
+        keep, noise = self.keep_probability(counts), self.noise_table(counts)
+        rng = np.random.default_rng(seed)
+        gen = torch.Generator().manual_seed(seed)
+        losses, examples, started = [], 0, time.perf_counter()
+        for epoch in range(self.cfg.epochs):
+            kept = rng.random(len(words)) < keep[words]
+            loss, n = self._epoch(words[kept], sentence[kept], noise, epoch, rng, gen)
+            losses.append(loss / max(n, 1))
+            examples += n
+            if console is not None:
+                console.print(f"word2vec epoch {epoch + 1}/{self.cfg.epochs}: loss {losses[-1]:.4f} over {n:,} examples")
+        train_s = time.perf_counter() - started
+        return {"steps": 0, "epochs": self.cfg.epochs, "words": raw_words, "sentences": int(len(lengths)),
+                "vocab": int((counts > 0).sum()), "examples": examples, "loss": losses[-1], "epoch_loss": losses,
+                "train_s": round(train_s, 3), "words_per_s": raw_words * self.cfg.epochs / max(train_s, 1e-9),
+                "stop_reason": "fit"}
+
+    def _epoch(self, words: np.ndarray, sentence: np.ndarray, noise, epoch: int, rng, gen) -> tuple[float, int]:
+        """One pass over the kept words: (summed loss, examples)."""
+        M, total, n_done = len(words), 0.0, 0
+        step = self._sg_step if self.cfg.arch == "skip-gram" else self._cbow_step
+        for a in range(0, M, CHUNK):
+            b = min(a + CHUNK, M)
+            examples = self._examples(words, sentence, a, b, rng)
+            n = len(examples[0])
+            u = torch.rand(n, self.cfg.negative, generator=gen, dtype=torch.float64)
+            negs = torch.searchsorted(noise, u, right=True).clamp_(max=len(noise) - 1)
+            B = self.cfg.batch_size
+            for s in range(0, n, B):
+                progress = (epoch + (a + (b - a) * s / n) / M) / self.cfg.epochs
+                alpha = self.cfg.alpha - (self.cfg.alpha - self.cfg.min_alpha) * progress
+                total += step(*(x[s:s + B] for x in examples), negs[s:s + B], alpha)
+            n_done += n
+        return total, n_done
+
+    def _examples(self, words: np.ndarray, sentence: np.ndarray, a: int, b: int, rng) -> tuple:
+        """The examples of the centres a..b-1 of the kept words, in random order: skip-gram (centre word,
+        context word) pairs; CBOW (centre word, (n, 2·window) context words, their mask)."""
+        W, M = self.cfg.window, len(words)
+        pos = np.arange(a, b)[:, None]
+        offsets = np.array([*range(-W, 0), *range(1, W + 1)])
+        j = pos + offsets  # (b - a, 2W) context positions
+        reach = W - rng.integers(0, W, (b - a, 1))  # word2vec.c: window - b, b uniform in 0..window-1
+        ok = (np.abs(offsets) <= reach) & (j >= 0) & (j < M)
+        j = np.clip(j, 0, M - 1)
+        ok &= sentence[j] == sentence[pos]  # no window crosses a sentence
+        if self.cfg.arch == "skip-gram":
+            centre, slot = np.nonzero(ok)
+            order = rng.permutation(len(centre))
+            return torch.from_numpy(words[a + centre[order]]), torch.from_numpy(words[j[centre, slot][order]])
+        has = np.flatnonzero(ok.any(1))  # a word alone in its sentence has no context: no example
+        order = has[rng.permutation(len(has))]
+        return (torch.from_numpy(words[a + order]), torch.from_numpy(words[j[order]]), torch.from_numpy(ok[order]))
+
+    def _update(self, h: torch.Tensor, target: torch.Tensor, negs: torch.Tensor, alpha: float):
+        """Negative sampling for hidden vectors h (B, D) predicting `target`: updates v' in place; returns the
+        error to add to h's input vectors (B, D) and the summed loss."""
+        B, D = h.shape
+        rows = torch.cat([target[:, None], negs], 1).view(-1)  # (B·(1 + k)): the target, then the noise words
+        out = self.output_vectors.index_select(0, rows).view(B, -1, D)
+        score = (out * h.unsqueeze(1)).sum(2)  # (B, 1 + k); elementwise beats bmm for these tiny products
+        live = (negs != target[:, None]).to(h.dtype)  # word2vec.c skips noise equal to the target
+        g = torch.sigmoid(score).mul_(-alpha)  # α(label − σ): label 1 for the target, 0 for noise
+        g[:, 0] += alpha
+        g[:, 1:] *= live
+        err = torch.bmm(g.unsqueeze(1), out).squeeze(1)
+        self.output_vectors.index_add_(0, rows, (g.unsqueeze(2) * h.unsqueeze(1)).view(-1, D))
+        loss = nn.functional.logsigmoid(score[:, 0]).sum() + (nn.functional.logsigmoid(-score[:, 1:]) * live).sum()
+        return err, -float(loss)
+
+    def _sg_step(self, centre, context, negs, alpha: float) -> float:
+        err, loss = self._update(self.input_vectors.index_select(0, centre), context, negs, alpha)
+        self.input_vectors.index_add_(0, centre, err)
+        return loss
+
+    def _cbow_step(self, centre, ctx, mask, negs, alpha: float) -> float:
+        B, W2 = ctx.shape
+        m = mask.to(self.input_vectors.dtype).unsqueeze(2)  # (B, 2·window, 1)
+        h = (self.input_vectors.index_select(0, ctx.view(-1)).view(B, W2, -1) * m).sum(1) / m.sum(1)
+        err, loss = self._update(h, centre, negs, alpha)
+        # word2vec.c (and gensim's cbow_mean) give every context word the whole error, not error / count;
+        # an empty slot adds zero to whatever row it holds
+        self.input_vectors.index_add_(0, ctx.view(-1), (err.unsqueeze(1) * m).view(B * W2, -1))
+        return loss
+
+    # ------------------------------------------------------------ fit / vectors
+
+    def fit(self, data_dir, recipe, run_dir, console=None) -> dict:
+        """Train on the train split of a `plm tokenize` dir (each line a sentence) and write RUN/model.safetensors."""
+        from plmcli.data.store import load_meta
+        from plmcli.models.ngram import read_sentences
+
+        started = time.monotonic()
+        ids, lengths = read_sentences(data_dir, "train")
+        if len(lengths) == 0:
+            raise PlmError(f"the train split of {data_dir} has no sentences", "add text (one sentence per line)")
+        specials = load_meta(data_dir)["tokenizer"]["special_token_ids"].values()
+        with torch.no_grad():
+            summary = self.train_ids(ids, lengths, skip=set(specials), seed=recipe.train.seed, console=console)
+        self.save(run_dir)
+        summary["tokens"] = int(lengths.sum())
+        summary["elapsed_s"] = time.monotonic() - started
+        if console is not None:
+            console.print(f"word2vec ({self.cfg.arch}): {summary['vocab']:,} words × {self.cfg.dim}, "
+                          f"{summary['words']:,} words × {self.cfg.epochs} epochs in {summary['train_s']:.1f}s "
+                          f"({summary['words_per_s']:,.0f} words/s)")
+        return summary
+
+    def save(self, run_dir) -> Path:
+        from safetensors.torch import save_model
+
+        from plmcli.data.store import atomic_path
+
+        path = Path(run_dir) / WEIGHTS
+        with atomic_path(path, path.with_name(f".{path.name}.tmp")) as tmp:
+            save_model(self, str(tmp))
+        return path
+
+    def word_vectors(self, token_strings: list[str]) -> tuple[list[str], np.ndarray]:
+        """The trained words (most frequent first, ties by id) and their vectors v, (n, dim) float32."""
+        counts = self.counts.cpu().numpy()
+        rows = np.flatnonzero(counts > 0)
+        rows = rows[np.argsort(-counts[rows], kind="stable")]
+        return [token_strings[i] for i in rows], self.input_vectors.detach().cpu().numpy()[rows].astype(np.float32)
