@@ -256,11 +256,12 @@ WHY = {
     "ngram": "counts n-grams and has no learned states to finetune",
     "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example",
     "seq2seq": "is an encoder-decoder that declares no encoder states for transfer",
+    "word2vec": "gives one static vector per word, no contextual states to finetune",
 }
 NO = [(f, kind) for f in WHY for kind in ("classification", "pair", "regression", "tagging", "multiple_choice", "span_qa")] \
     + [(f, "span_qa") for f in ("gpt", "rnn", "transformer_xl", "transformer")] + [("gpt", "tagging")]
 QA_WHY = {**dict.fromkeys(("gpt", "rnn", "transformer_xl", "ngram", "nnlm"), "is a causal LM"),
-          **dict.fromkeys(("transformer", "seq2seq"), "is an encoder-decoder")}
+          **dict.fromkeys(("transformer", "seq2seq"), "is an encoder-decoder"), "word2vec": "has no encoder to finetune"}
 
 
 @pytest.mark.parametrize("family,kind", NO)

@@ -37,7 +37,7 @@ def scorer(model_or_cls):
 def no_perplexity(what: str) -> PlmError:
     """The error for a family whose `traits.scoring` is None."""
     return PlmError(f"{what} is not a causal LM, so it has no left-to-right perplexity, nor a masked LM for "
-                    "pseudo-perplexity", "evaluate a causal (gpt) or masked-LM (bert) run instead")
+                    "pseudo-perplexity", "evaluate a causal (gpt) or masked-LM (bert) run instead (word vectors: plm eval-vectors)")
 
 
 def check_options(cls, family: str, run: str, *, mem_len: int | None = None, tgt_len: int | None = None,

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from plmcli.models.base import Encodes, HasHidden, HasTokenStates, head_dropout, head_init_std, traits_of, uses_token_types
+from plmcli.models.base import Encodes, HasHidden, HasTokenStates, HasWordVectors, head_dropout, head_init_std, traits_of, uses_token_types
 
 NEEDS_STATES = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, "
                 "transformer)")
@@ -41,6 +41,8 @@ def states_problem(model_cls, needs: str = NEEDS_STATES) -> str | None:
     traits = model_cls.traits
     if (traits.bidirectional and issubclass(model_cls, Encodes)) or issubclass(model_cls, HasTokenStates):
         return None
+    if issubclass(model_cls, HasWordVectors):
+        return "gives one static vector per word, no contextual states to finetune; it needs " + needs
     if traits.counts:
         return "counts n-grams and has no learned states to finetune; it needs " + needs
     if traits.scoring == "fixed_context":

@@ -25,8 +25,8 @@ class Counting(Objective):
     def check_model(self, model):
         if not isinstance(model, Fits):
             raise PlmError(f"{type(model).__name__} is trained by gradient descent, not by counting",
-                           "use objective.name: counts only with model.family: ngram")
+                           "use objective.name: counts only with a family that fits itself (ngram, word2vec)")
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
-        raise PlmError("the counts objective has no batches: n-gram models are fitted by counting",
+        raise PlmError("the counts objective has no batches: its models (n-gram, word2vec) fit themselves",
                        "train it with `plm pretrain` (which calls the model's fit)")

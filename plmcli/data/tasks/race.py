@@ -24,8 +24,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plmcli.data.tasks import Task
-from plmcli.data.tasks.swag import ChoiceExample
+from plmcli.data.tasks.swag import ChoiceExample, ChoiceTask
 from plmcli.errors import PlmError
 
 SPLITS = ("train", "dev", "test")
@@ -41,26 +40,14 @@ class RaceExample(ChoiceExample):
 
 
 @dataclass
-class RaceTask(Task):
+class RaceTask(ChoiceTask):
     name: str = "race"
-    objective: str = "choice"
-    num_labels: int = 4
-    """Options per question, taken from the data (RACE: 4)."""
     label_names: tuple = ("A", "B", "C", "D")
-    metrics: tuple = ("accuracy",)
-    main_metric: str = "accuracy"
-    eval_splits: dict = field(default_factory=lambda: {"dev": ""})
     test_splits: dict = field(default_factory=lambda: {"test": "RACE.tsv"})
 
-    def state(self) -> dict:
-        return {"choices": self.num_labels}
-
-    def restore(self, state: dict) -> None:
-        self._set_choices(int(state.get("choices", self.num_labels)))
-
-    def _set_choices(self, k: int) -> None:
-        self.num_labels = k
-        self.label_names = tuple(chr(ord("A") + i) for i in range(k))
+    def choice_name(self, i: int) -> str:
+        """RACE names its options by letter (answers "A".."D")."""
+        return chr(ord("A") + i)
 
     # -------------------------------------------------------------- reading
 
@@ -75,7 +62,7 @@ class RaceTask(Task):
             if k != choices["train"]:
                 raise PlmError(f"{paths[split]} has {k} options per question but {paths['train']} has {choices['train']}",
                                "every split of a run needs the same number of options")
-        self._set_choices(choices["train"])
+        self.set_choices(choices["train"])
         return splits
 
     def files(self, data_dir: str | None) -> dict[str, Path]:

@@ -40,26 +40,36 @@ class ChoiceExample:
 
 
 @dataclass
-class SwagTask(Task):
-    name: str = "swag"
+class ChoiceTask(Task):
+    """A multiple-choice task (SWAG, RACE): the number of choices comes from the data and is kept with the run."""
+
     objective: str = "choice"
     num_labels: int = 4
-    """The number of choices (endings), taken from the files' ending<k> columns."""
-    label_names: tuple = ("0", "1", "2", "3")
+    """The number of choices, taken from the data."""
     metrics: tuple = ("accuracy",)
     main_metric: str = "accuracy"
     eval_splits: dict = field(default_factory=lambda: {"dev": ""})
-    test_splits: dict = field(default_factory=lambda: {"test": "SWAG.tsv"})
+
+    def choice_name(self, i: int) -> str:
+        """How choice i is named in predictions (SWAG: its index)."""
+        return str(i)
 
     def state(self) -> dict:
         return {"choices": self.num_labels}
 
     def restore(self, state: dict) -> None:
-        self._set_choices(int(state.get("choices", self.num_labels)))
+        self.set_choices(int(state.get("choices", self.num_labels)))
 
-    def _set_choices(self, k: int) -> None:
+    def set_choices(self, k: int) -> None:
         self.num_labels = k
-        self.label_names = tuple(str(i) for i in range(k))
+        self.label_names = tuple(self.choice_name(i) for i in range(k))
+
+
+@dataclass
+class SwagTask(ChoiceTask):
+    name: str = "swag"
+    label_names: tuple = ("0", "1", "2", "3")
+    test_splits: dict = field(default_factory=lambda: {"test": "SWAG.tsv"})
 
     # -------------------------------------------------------------- reading
 
@@ -74,7 +84,7 @@ class SwagTask(Task):
             if k != choices[first]:
                 raise PlmError(f"{path} has {k} endings per row (ending0..ending{k - 1}) but {first} has {choices[first]}",
                                "every file of a run needs the same number of choices")
-        self._set_choices(choices[first])
+        self.set_choices(choices[first])
         return splits
 
     def files(self, data_dir: str | None) -> dict[str, Path]:
