@@ -55,6 +55,9 @@ def test_phrases_follow_the_grammar():
     tagged = [("打", "v"), ("球", "n"), ("三", "m"), ("个", "q"), ("是", "v"), ("学生", "n"), ("大", "a"), ("红", "a")]
     assert phrase_chunks(tagged) == [(0, 2), (2, 4)]
     assert phrase_chunks([("三", "m"), ("个", "q"), ("学", "n"), ("生", "n")]) == [(0, 4)]
+    # 年 after Arabic digits is their unit (Q), not a numeral that starts an NP; a modal heads no VO
+    assert phrase_chunks([("60", "eng"), ("年", "m"), ("铁树", "n"), ("形状", "n")]) == [(2, 4)]
+    assert phrase_chunks([("能", "v"), ("吃", "v"), ("饭", "n")]) == [(1, 3)]
 
 
 def wordpiece():

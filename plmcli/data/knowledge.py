@@ -9,9 +9,11 @@ entities  a maximal run of words tagged as proper nouns is one unit: persons (nr
           transliterated and nrfg for full names), places (ns), organisations (nt) and other proper
           nouns (nz). 北京/ns 天安门/ns is one unit, 毛泽东/nr another.
 phrases   each word is given a class — N (common noun: n, ng, nl, vn, an, j), E (proper noun: the entity
-          tags), A (noun modifier: a, b), V (verb: v, but not the copula 是 or 有, which ICTCLAS tags vshi
-          and vyou and jieba v), M (numeral: m, mq), Q (classifier: q, qt, qv), O (anything else, and every
-          word that is not all Chinese) — and the class string is cut leftmost-longest into
+          tags), A (noun modifier: a, b), V (verb: v, but not the copula 是, the existential 有 — ICTCLAS's
+          vshi, vyou, which jieba tags v — nor a modal such as 能), M (numeral: m, mq), Q (classifier: q,
+          qt, qv, and a one-character m after Arabic digits, as 年 in 60/eng 年/m, which jieba tags m), O
+          (anything else, and every word that is not all Chinese) — and the class string is cut
+          leftmost-longest into
               VO  V N+                     a verb and its bare common-noun object   处理/v 技术/n
               NP  (M+ Q?)? (A|N|E)* (N|E)  a noun with its modifiers and count  中国/ns 人民/n, 三款/m 新/a 产品/n
               MQ  M+ Q                     a numeral and its classifier             三/m 个/q
@@ -41,8 +43,8 @@ GRAMMAR_VERSION = 1
 ENTITY_TAGS = frozenset({"nr", "nr1", "nr2", "nrj", "nrf", "nrfg", "nrt", "ns", "nsf", "nt", "nz"})
 CLASSES = {**{t: "E" for t in ENTITY_TAGS}, **{t: "N" for t in ("n", "ng", "nl", "vn", "an", "j")},
            "a": "A", "b": "A", "v": "V", "m": "M", "mq": "M", "q": "Q", "qt": "Q", "qv": "Q"}
-LIGHT_VERBS = frozenset({"是", "有"})
-"""Verbs that head no verb-object phrase (the copula and the existential: ICTCLAS's vshi, vyou)."""
+LIGHT_VERBS = frozenset({"是", "有", "能", "会", "要", "可以", "可能", "应该", "应当", "能够", "需要", "得"})
+"""Verbs that head no verb-object phrase: the copula and the existential (ICTCLAS's vshi, vyou), modals."""
 PHRASE_GRAMMAR = r"VN+|(?:M+Q?)?[ANE]*[NE]|M+Q"
 _PHRASE = re.compile(PHRASE_GRAMMAR)
 
@@ -73,9 +75,20 @@ def entity_chunks(tagged: list[tuple[str, str]]) -> list[tuple[int, int]]:
     return out
 
 
+def word_classes(tagged: list[tuple[str, str]]) -> str:
+    """One class letter per word (N E A V M Q O, see above): what PHRASE_GRAMMAR reads."""
+    out = []
+    for k, (w, t) in enumerate(tagged):
+        c = CLASSES.get(t, "O") if is_chinese(w) and w not in LIGHT_VERBS else "O"
+        if c == "M" and len(w) == 1 and k and tagged[k - 1][0].isascii() and tagged[k - 1][0].isdigit():
+            c = "Q"  # 60/eng 年/m: the unit of an Arabic number, which is no part of a unit itself
+        out.append(c)
+    return "".join(out)
+
+
 def phrase_chunks(tagged: list[tuple[str, str]]) -> list[tuple[int, int]]:
     """Word ranges [i, j) of the phrases: PHRASE_GRAMMAR's chunks of two or more words."""
-    classes = "".join(CLASSES.get(t, "O") if is_chinese(w) and w not in LIGHT_VERBS else "O" for w, t in tagged)
+    classes = word_classes(tagged)
     return [m.span() for m in _PHRASE.finditer(classes) if m.end() - m.start() > 1]
 
 
@@ -109,7 +122,7 @@ def units_key(kind: str) -> str:
 
     check_kind(kind)
     desc = [jieba.__version__, "posseg HMM=False", kind, GRAMMAR_VERSION, sorted(ENTITY_TAGS), sorted(CLASSES.items()),
-            sorted(LIGHT_VERBS), PHRASE_GRAMMAR]
+            sorted(LIGHT_VERBS), "Q after Arabic digits", PHRASE_GRAMMAR]
     return hashlib.sha256(repr(desc).encode("utf-8")).hexdigest()
 
 
