@@ -240,6 +240,13 @@ def test_settings_are_checked():
                      (MLMConfig(masking="wwm", knowledge_units="phrases"), "objective.knowledge_units applies to masking knowledge")):
         with pytest.raises(PlmError, match=msg):
             MaskedLM(cfg, None, {}, 64)
+    from plmcli.config import load_recipe
+
+    with pytest.raises(PlmError, match="objective.knowledge_units 'people' is not one of phrases, entities"):
+        load_recipe("ernie-chinese-mini", ["objective.knowledge_units=people"])
+    phases = load_recipe("ernie-chinese-mini").phases
+    assert [(p["set"]["objective.masking"], p["set"].get("objective.knowledge_units")) for p in phases] == [
+        ("token", None), ("knowledge", "phrases"), ("knowledge", "entities")]
 
 
 def test_cli(zh, tmp_path):
