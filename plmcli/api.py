@@ -90,10 +90,11 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
 def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
-                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True) -> dict:
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True,
+                  knowledge_units: str | None = None) -> dict:
     """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics).
 
-    ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT); `lexicon` gives the units of masking "knowledge" (ERNIE).
+    ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT); `lexicon` gives the units of masking "knowledge" (ERNIE), or `knowledge_units` (phrases | entities) has jieba's tagger find them.
     """
     from plmcli.data.mlm_data import make_mlm_data as build
     from plmcli.data.outdir import check_writable
@@ -103,7 +104,7 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
                  num_proc=num_proc, force=force, span_p=span_p, span_max=span_max, lexicon=lexicon,
-                 ngram_probs=ngram_probs, cross_documents=cross_documents)
+                 ngram_probs=ngram_probs, cross_documents=cross_documents, knowledge_units=knowledge_units)
 
 
 # ---------------------------------------------------------------- pretrain

@@ -82,10 +82,12 @@ def make_mlm_data(
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
     cross_documents: bool = typer.Option(True, help="--pairs none: pack across documents (RoBERTa's FULL-SENTENCES); "
                                          "--no-cross-documents keeps each instance inside one document (DOC-SENTENCES)."),
-    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | ngram_per_word (a 1-4-word span decided at each word, seed 003 §7.3.4.2) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches)."),
+    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | ngram_per_word (a 1-4-word span decided at each word, seed 003 §7.3.4.2) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches, or --knowledge-units)."),
     span_p: float = typer.Option(0.2, help="--masking span: span length in words ~ Geometric(p), p in (0, 1]."),
     span_max: int = typer.Option(10, help="--masking span: longest span, in words (≥ 1)."),
     lexicon: Optional[str] = typer.Option(None, help="--masking knowledge: phrases or entities, one per line; each match is masked whole."),
+    knowledge_units: Optional[str] = typer.Option(None, help="--masking knowledge without --lexicon: phrases | entities, "
+                                                  "found in the text by jieba's part-of-speech tagger (ERNIE's phrase / entity stage)."),
     ngram_probs: str = typer.Option("0.4,0.3,0.2,0.1", help="--masking ngram, ngram_per_word: P(1 word), P(2 words), ... comma-separated "
                                     "(ALBERT: 0.5455,0.2727,0.1818)."),
     seed: int = typer.Option(12345, help="Random seed: the output is deterministic for a seed."),
@@ -100,12 +102,14 @@ def make_mlm_data(
     Example: plm make-mlm-data tok/ --out mlm128 --max-seq-len 128 --max-predictions 20 --masking wwm --pairs nsp
 
     ERNIE's entity masking: plm make-mlm-data tok/ --out ent --masking knowledge --lexicon entities.txt
+    (or --knowledge-units entities: the entities jieba's tagger finds)
     """
     from plmcli import api
 
     meta = api.make_mlm_data(corpus, out, max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions,
                              pairs, masking, seed, num_proc, force, span_p=span_p, span_max=span_max, lexicon=lexicon,
-                             ngram_probs=floats(ngram_probs, "--ngram-probs"), cross_documents=cross_documents)
+                             ngram_probs=floats(ngram_probs, "--ngram-probs"), cross_documents=cross_documents,
+                             knowledge_units=knowledge_units)
     if as_json:
         return print_json(meta)
     c = meta.get("counts", {})

@@ -14,7 +14,8 @@ Strategies:
          that reaches the budget is cut to the whole words that fit (SpanBERT cuts it too), and
          80/10/10 is decided per span.
   knowledge  ERNIE 1.0: the units `word_starts` gives (from `Lexicon.word_starts`: a lexicon match — a
-         phrase or an entity — is one unit, other text whole words), 80/10/10 decided per unit.
+         phrase or an entity — is one unit, other text whole words; or from `knowledge.AutoUnits`, the
+         phrases or entities a tagger finds), 80/10/10 decided per unit.
   ngram_per_word  n-gram masking as seed 003 §7.3.4.2 writes it: walk the words of each row in order; at
          each word, while the budget lasts, start a span there with probability p — n whole words, n drawn
          with `ngram_probs` (40/30/20/10), truncated to the words left before a special token and cut to
@@ -391,12 +392,50 @@ _CHINESE = re.compile(f"[{_CJK}]+")
 
 
 @functools.lru_cache(maxsize=None)
-def _jieba():
+def load_jieba():
+    """jieba, initialised and quiet (it logs "Building prefix dict..." to stderr on first use)."""
     import jieba
 
-    jieba.setLogLevel(60)  # jieba logs "Building prefix dict..." to stderr on first use
+    jieba.setLogLevel(60)
     jieba.initialize()
     return jieba
+
+
+def is_chinese(text: str) -> bool:
+    """Whether `text` is all Chinese characters (BERT's CJK blocks)."""
+    return _CHINESE.fullmatch(text) is not None
+
+
+def jieba_word_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans [start, end) of the multi-character, all-Chinese jieba words of `text` (HMM off)."""
+    spans, pos = [], 0
+    for word in load_jieba().lcut(text, HMM=False):
+        if len(word) > 1 and is_chinese(word):
+            spans.append((pos, pos + len(word)))
+        pos += len(word)
+    return spans
+
+
+def chinese_span_starts(tokens: list[str], find_spans) -> np.ndarray:
+    """Word starts for the token strings of one sentence whose words `find_spans(text)` gives as character
+    spans [start, end) of the tokens' text ("##" stripped, joined).
+
+    A token is a continuation (False) if it is a "##" piece or a Chinese token that begins strictly inside
+    a span; every other token starts a word. The one mapping from character spans onto tokens, for jieba's
+    words (chinese-wwm) and for ERNIE's units found by a tagger (data/knowledge.py).
+    """
+    pieces = [t[2:] if t.startswith("##") and len(t) > 2 else t for t in tokens]
+    text = "".join(pieces)
+    inside = np.zeros(len(text) + 1, dtype=bool)
+    for s, e in find_spans(text):
+        inside[s + 1: e] = True
+    out = np.ones(len(tokens), dtype=bool)
+    pos = 0
+    for i, (tok, piece) in enumerate(zip(tokens, pieces)):
+        if (tok.startswith("##") and len(tok) > 2) or (inside[pos] and is_chinese(piece)):
+            out[i] = False
+        pos += len(piece)
+    return out
 
 
 def chinese_word_starts(tokens: list[str]) -> np.ndarray:
@@ -406,21 +445,7 @@ def chinese_word_starts(tokens: list[str]) -> np.ndarray:
     multi-character, all-Chinese jieba word; every other token starts a word. Use as word_starts for
     strategy "wwm" (Chinese-BERT-wwm).
     """
-    pieces = [t[2:] if t.startswith("##") and len(t) > 2 else t for t in tokens]
-    text = "".join(pieces)
-    inside = np.zeros(len(text) + 1, dtype=bool)
-    pos = 0
-    for word in _jieba().lcut(text, HMM=False):
-        if len(word) > 1 and _CHINESE.fullmatch(word):
-            inside[pos + 1: pos + len(word)] = True
-        pos += len(word)
-    out = np.ones(len(tokens), dtype=bool)
-    pos = 0
-    for i, (tok, piece) in enumerate(zip(tokens, pieces)):
-        if (tok.startswith("##") and len(tok) > 2) or (inside[pos] and _CHINESE.fullmatch(piece)):
-            out[i] = False
-        pos += len(piece)
-    return out
+    return chinese_span_starts(tokens, jieba_word_spans)
 
 
 # ----------------------------------------------------------------------------- ERNIE knowledge masking

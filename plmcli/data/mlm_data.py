@@ -21,7 +21,8 @@ Deviations from Google's script (each small, all on purpose):
 - empty sentences/documents (lines that tokenize to nothing) are dropped.
 
 Knowledge masking (ERNIE 1.0) first rewrites each document's word starts so that every lexicon match is
-one unit (`masking.Lexicon.word_starts`), then masks whole units; the rest works as for whole words.
+one unit (`masking.Lexicon.word_starts`) — or, with no lexicon, every phrase or entity that jieba's tagger
+and a chunker find (`knowledge.AutoUnits`) —, then masks whole units; the rest works as for whole words.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from plmcli.data.corpus import require_meta
+from plmcli.data.knowledge import AutoUnits, check_kind, units_key
 from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_word_starts, lexicon_key, mask_batch, resolve_lexicon
 from plmcli.data.mlm_instances import assemble, packed_instances, pair_instances
 from plmcli.data.store import build_atomically, cache_key, read_meta, write_meta
@@ -151,11 +153,14 @@ def _knowledge_batch(batch: dict, lexicon: Lexicon, vocab: list[str] | None) -> 
     return {"word_starts": out}
 
 
-def knowledge_lexicon(corpus_dir: Path, lexicon) -> tuple[Lexicon, list[str] | None]:
+def knowledge_lexicon(corpus_dir: Path, lexicon, units: str | None = None) -> tuple[Lexicon | AutoUnits, list[str] | None]:
     """The lexicon encoded with the corpus's tokenizer, and the token strings for the jieba fallback
-    (None with byte-level BPE, whose tokens are bytes: there the fallback units are its words)."""
+    (None with byte-level BPE, whose tokens are bytes: there the fallback units are its words).
+    With no lexicon, `units` (phrases | entities): the units jieba's tagger finds (`knowledge.AutoUnits`)."""
     from plmcli.data.tokenizers import load_tokenizer
 
+    if not lexicon:
+        return AutoUnits(units), text_vocab(Path(corpus_dir), f"knowledge units found by the tagger ({units})")
     meta = require_meta(Path(corpus_dir))["tokenizer"]
     lex = Lexicon.load(lexicon, load_tokenizer(Path(corpus_dir) / "tokenizer.json"),
                        meta.get("special_token_ids", {}).get("unk"))
@@ -163,13 +168,13 @@ def knowledge_lexicon(corpus_dir: Path, lexicon) -> tuple[Lexicon, list[str] | N
     return lex, None if kind == "bytelevel-bpe" else text_vocab(Path(corpus_dir))
 
 
-def text_vocab(corpus_dir: Path) -> list[str]:
-    """Token id -> its text (for jieba), from the corpus's tokenizer; byte-level BPE is refused."""
+def text_vocab(corpus_dir: Path, what: str = "--masking chinese-wwm") -> list[str]:
+    """Token id -> its text (for jieba), from the corpus's tokenizer; byte-level BPE is refused (`what` needs text)."""
     from plmcli.data.tokenizers import load_tokenizer
 
     kind = require_meta(Path(corpus_dir))["tokenizer"].get("kind", "")
     if kind == "bytelevel-bpe":
-        raise PlmError("--masking chinese-wwm needs a tokenizer whose tokens are text; byte-level BPE tokens are bytes",
+        raise PlmError(f"{what} needs a tokenizer whose tokens are text; byte-level BPE tokens are bytes",
                        "re-run `plm tokenize` with --tokenizer wordpiece (or char), as Chinese BERT does")
     vocab = load_tokenizer(corpus_dir / "tokenizer.json").get_vocab(with_added_tokens=True)
     words = [""] * (max(vocab.values()) + 1)
@@ -282,17 +287,21 @@ def _shards(flat: _Flat) -> list[tuple[int, int]]:
 
 
 def _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
-           span_p=0.2, span_max=10, lexicon=None, ngram_probs=(0.4, 0.3, 0.2, 0.1)):
+           span_p=0.2, span_max=10, lexicon=None, ngram_probs=(0.4, 0.3, 0.2, 0.1), knowledge_units=None):
     if pairs not in PAIRS or masking not in MASKINGS:
         name, value, choices = ("--pairs", pairs, PAIRS) if pairs not in PAIRS else ("--masking", masking, MASKINGS)
         raise PlmError(f"unknown {name} '{value}'", f"use one of: {', '.join(choices)}")
     check_span(span_p, span_max, ("--span-p", "--span-max"))
     check_ngram_probs(ngram_probs, "--ngram-probs")
-    if masking == "knowledge" and not lexicon:
-        raise PlmError("--masking knowledge needs --lexicon FILE (one phrase or entity per line)",
-                       "e.g. --lexicon chinese-sample-entities.txt (shipped), or another --masking")
-    if lexicon and masking != "knowledge":
-        raise PlmError(f"--lexicon applies to --masking knowledge, not {masking}", "add --masking knowledge, or drop --lexicon")
+    if masking == "knowledge" and bool(lexicon) == bool(knowledge_units):
+        raise PlmError("--masking knowledge needs --lexicon FILE (one phrase or entity per line) or --knowledge-units "
+                       f"phrases|entities (found by jieba's tagger){', not both' if lexicon else ''}",
+                       "e.g. --knowledge-units entities, or --lexicon chinese-sample-entities.txt (shipped)")
+    for name, value in (("--lexicon", lexicon), ("--knowledge-units", knowledge_units)):
+        if value and masking != "knowledge":
+            raise PlmError(f"{name} applies to --masking knowledge, not {masking}", f"add --masking knowledge, or drop {name}")
+    if knowledge_units:
+        check_kind(knowledge_units, "--knowledge-units")
     problems = [
         (max_seq_len < 5, f"--max-seq-len {max_seq_len} is too short ([CLS] A [SEP] B [SEP] needs at least 5)",
          "--max-seq-len 128"),
@@ -323,15 +332,17 @@ def _check_corpus(stats: dict, pairs: str) -> None:
 def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
-                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True) -> dict:
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True,
+                  knowledge_units: str | None = None) -> dict:
     """Masked-LM instances from a `plm tokenize` directory into `out_dir`; returns the output's meta.
 
     ngram_probs shapes masking "ngram"; span_p / span_max shape masking "span"; `lexicon` (a file, one phrase or entity per line) gives the
-    units of masking "knowledge". Reuses `out_dir` when it already holds this exact output (same corpus,
+    units of masking "knowledge"; without one, `knowledge_units` (phrases | entities) has jieba's tagger find
+    them (`knowledge.AutoUnits`). Reuses `out_dir` when it already holds this exact output (same corpus,
     settings and lexicon entries) unless `force`.
     """
     _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
-           span_p, span_max, lexicon, ngram_probs)
+           span_p, span_max, lexicon, ngram_probs, knowledge_units)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = require_meta(corpus_dir)
     special_ids = cmeta["tokenizer"].get("special_token_ids", {})
@@ -351,8 +362,10 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
         settings |= dict(span_p=span_p, span_max=span_max)
     if masking in ("ngram", "ngram_per_word"):
         settings |= dict(ngram_probs=[float(x) for x in ngram_probs])
-    if masking == "knowledge":
+    if masking == "knowledge" and lexicon:
         settings |= dict(lexicon=str(resolve_lexicon(lexicon).resolve()), lexicon_key=lexicon_key(lexicon))
+    elif masking == "knowledge":  # the tagger's version and the grammar count, so a changed grammar builds afresh
+        settings |= dict(knowledge_units=knowledge_units, units_key=units_key(knowledge_units))
     keyed = {k: v for k, v in settings.items() if k != "lexicon"}  # the lexicon counts by content, not by path
     key = cache_key(cmeta.get("key"), cmeta["tokenizer"].get("hash"), keyed, FORMAT, VERSION)
 
@@ -376,7 +389,7 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
     tok_meta = cmeta["tokenizer"]
     masking = settings["masking"]
     vocab = text_vocab(corpus_dir) if masking == "chinese-wwm" else None
-    lexicon = knowledge_lexicon(corpus_dir, settings["lexicon"]) if masking == "knowledge" else None
+    lexicon = knowledge_lexicon(corpus_dir, settings.get("lexicon"), settings.get("knowledge_units")) if masking == "knowledge" else None
 
     stats, prefix = {}, {}
     for split in _SPLITS:
@@ -391,7 +404,7 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
             ds = ds.map(_knowledge_batch, batched=True, batch_size=200, fn_kwargs={"lexicon": lexicon[0], "vocab": lexicon[1]},
                         num_proc=num_proc if num_proc > 1 and len(ds) > 1 else None,
                         cache_file_name=str(work / f"{split}.units.arrow"), new_fingerprint=f"units-{key[:24]}-{split}",
-                        desc="lexicon units")
+                        desc="knowledge units")
         stats[split] = _flatten(ds, work / split)
     _check_corpus(stats["train"], settings["pairs"])
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from plmcli.config_sections import Count, Fraction, NonNegative, Range, Size
 from plmcli.data.batching import BatchStream
+from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.spanbert import SpanBertOutput
@@ -55,6 +56,10 @@ class MLMConfig:
     lexicon: Optional[str] = None
     """masking knowledge: a file with one phrase or entity per line, or the name of a shipped sample
     (chinese-sample-phrases.txt, chinese-sample-entities.txt). Each match is masked as one unit."""
+    knowledge_units: Optional[Literal[KNOWLEDGE_UNITS]] = None
+    """masking knowledge without a lexicon: phrases (ERNIE's phrase stage: chunks of jieba's part-of-speech
+    tags) | entities (its entity stage: runs of person, place, organisation and other proper-noun tags),
+    found in the corpus itself (data/knowledge.py); other text keeps its jieba words. Give this or lexicon."""
     pairs: Literal[PAIRS] = "nsp"
     """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
     cross_documents: bool = True
@@ -104,12 +109,15 @@ class MaskedLM(Objective):
 
         check_span(cfg.span_p, cfg.span_max, ("objective.span_p", "objective.span_max"))
         check_ngram_probs(cfg.ngram_probs, "objective.ngram_probs")
-        if cfg.masking == "knowledge" and not cfg.lexicon:
-            raise PlmError("objective.masking knowledge needs objective.lexicon (one phrase or entity per line)",
-                           "e.g. --set objective.lexicon=chinese-sample-entities.txt (shipped)")
-        if cfg.lexicon and cfg.masking != "knowledge":
-            raise PlmError(f"objective.lexicon applies to masking knowledge, not {cfg.masking}",
-                           "set objective.masking=knowledge, or objective.lexicon=null")
+        if cfg.masking == "knowledge" and bool(cfg.lexicon) == bool(cfg.knowledge_units):
+            raise PlmError("objective.masking knowledge needs objective.lexicon (one phrase or entity per line) or "
+                           f"objective.knowledge_units (phrases or entities found by jieba's tagger){', not both' if cfg.lexicon else ''}",
+                           "e.g. --set objective.knowledge_units=entities, or objective.lexicon=chinese-sample-entities.txt "
+                           "with objective.knowledge_units=null")
+        for name, value in (("lexicon", cfg.lexicon), ("knowledge_units", cfg.knowledge_units)):
+            if value and cfg.masking != "knowledge":
+                raise PlmError(f"objective.{name} applies to masking knowledge, not {cfg.masking}",
+                               f"set objective.masking=knowledge, or objective.{name}=null")
         if cfg.lexicon:
             read_lexicon(cfg.lexicon)  # a missing or empty file fails now, not after tokenizing the corpus
         if cfg.sbo_weight < 0:
@@ -176,11 +184,16 @@ class MaskedLM(Objective):
         if c.masking in ("ngram", "ngram_per_word"):
             settings |= dict(ngram_probs=list(c.ngram_probs))
         keyed = dict(settings)
-        if c.masking == "knowledge":
+        if c.masking == "knowledge" and c.lexicon:
             from plmcli.data.masking import lexicon_key
 
             settings["lexicon"] = c.lexicon
             keyed["lexicon"] = lexicon_key(c.lexicon)  # by content: an edited lexicon gets new data
+        elif c.masking == "knowledge":
+            from plmcli.data.knowledge import units_key
+
+            settings["knowledge_units"] = c.knowledge_units
+            keyed["knowledge_units"] = units_key(c.knowledge_units)  # the tagger's version and the grammar
         from plmcli.data.store import cache_key
 
         out = Path(cache_root or default_cache_dir()) / "mlm" / cache_key(meta.get("key"), meta.get("tokenizer", {}).get("hash"), keyed)[:16]
@@ -223,7 +236,7 @@ class MaskedLM(Objective):
         c, T = self.cfg, self.seq_len
         W = T - 2  # [CLS] window [SEP]
         if c.masking == "knowledge":
-            starts = knowledge_start_stream(data_dir, split, sep, c.lexicon)
+            starts = knowledge_start_stream(data_dir, split, sep, c.lexicon, c.knowledge_units)
         elif c.masking == "chinese-wwm":
             starts = chinese_word_start_stream(data_dir, split, sep)
         else:
@@ -410,18 +423,22 @@ def word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
     return column_stream(corpus_dir, split, "word_starts", True, np.bool_, f"{split}.{sep_id}.word_starts.bin")
 
 
-def knowledge_start_stream(corpus_dir: Path, split: str, sep_id: int, lexicon: str) -> np.ndarray:
-    """Like `word_start_stream`, with ERNIE's units instead of words: every match of `lexicon` starts one
-    unit and continues to its end (`masking.Lexicon.word_starts`). Cached per lexicon content."""
+def knowledge_start_stream(corpus_dir: Path, split: str, sep_id: int, lexicon: str | None,
+                           knowledge_units: str | None = None) -> np.ndarray:
+    """Like `word_start_stream`, with ERNIE's units instead of words: every match of `lexicon` (or, with
+    none, every phrase or entity jieba's tagger finds: `knowledge_units`) starts one unit and continues to
+    its end (`masking.Lexicon.word_starts`, `knowledge.AutoUnits`). Cached per lexicon content / grammar."""
+    from plmcli.data.knowledge import units_key
     from plmcli.data.masking import lexicon_key
     from plmcli.data.mlm_data import knowledge_lexicon
 
     def units(corpus_dir):
-        lex, vocab = knowledge_lexicon(corpus_dir, lexicon)
+        lex, vocab = knowledge_lexicon(corpus_dir, lexicon, knowledge_units)
         return lambda ids, starts, ws: lex.word_starts(np.asarray(ids), ws, starts,
                                                        [vocab[i] for i in ids] if vocab is not None else None)
 
-    return _unit_stream(corpus_dir, split, sep_id, f"units-{lexicon_key(lexicon)[:16]}", units)
+    key = lexicon_key(lexicon) if lexicon else units_key(knowledge_units)
+    return _unit_stream(corpus_dir, split, sep_id, f"units-{key[:16]}", units)
 
 
 def chinese_word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:

@@ -341,13 +341,14 @@ ERNIE_TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_
 
 def test_ernie_three_stages_end_to_end(tmp_path, monkeypatch):
     """ernie-chinese-mini: basic -> phrase -> entity masking as phases, each on its own static data,
-    on the recipe's Chinese default corpus (here cut to its first 40 documents)."""
+    on the recipe's Chinese default corpus (here cut to its first 40 documents); the phrase and entity
+    units are found by jieba's tagger (data/knowledge.py), no lexicon."""
     from pathlib import Path
 
     from safetensors.torch import load_file
 
     from plmcli import api
-    from plmcli.data.masking import lexicon_key
+    from plmcli.data.knowledge import units_key
 
     sample = (Path(api.default_corpus("chinese-sample.txt")).read_text(encoding="utf-8").split("\n\n"))[:40]
     (tmp_path / "zh.txt").write_text("\n\n".join(sample) + "\n", encoding="utf-8")
@@ -364,9 +365,8 @@ def test_ernie_three_stages_end_to_end(tmp_path, monkeypatch):
     entity = load_file(str(run / "phases" / "entity" / "model.safetensors"))
     assert all(torch.equal(final[k], entity[k]) for k in final)
     metas = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "mlm").glob("*/meta.json")]
-    built = sorted((m["masking"], m.get("lexicon_key")) for m in metas)
-    assert built == sorted([("token", None), ("knowledge", lexicon_key("chinese-sample-phrases.txt")),
-                            ("knowledge", lexicon_key("chinese-sample-entities.txt"))])
+    built = sorted((m["masking"], m.get("units_key")) for m in metas)
+    assert built == sorted([("token", None), ("knowledge", units_key("phrases")), ("knowledge", units_key("entities"))])
 
 
 def test_flops_count_the_share_the_objective_predicts():
