@@ -41,7 +41,7 @@ def sentence_rows(corpus_dir: str | Path, split: str, sep_id: int, cap: int, cro
         rows = _pack(_sentences(corpus_dir, split), cap, cross_documents)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, rows)
-    return np.load(path)
+    return np.load(path, mmap_mode="r")  # read where used: memory flat in corpus size
 
 
 def _sentences(corpus_dir: Path, split: str):

@@ -279,8 +279,8 @@ class MaskedLM(Objective):
     def _sentence_stream(self, data_dir, split, tokens, starts, batch_size, seed, rank, world, shuffle):
         """FULL-SENTENCES / DOC-SENTENCES rows [CLS] s1 s2 ... [SEP] (data/packing.py), padded to the longest
         row of the batch, each masked on its own length by (seed, epoch, row). DOC-SENTENCES trains on
-        micro-batches of about batch_size × seq_len real tokens (TokenBudgetStream), as RoBERTa raises its
-        batch size; evaluation reads batch_size rows at a time."""
+        micro-batches of about the real tokens of batch_size FULL-SENTENCES rows of the same split
+        (TokenBudgetStream), as RoBERTa raises its batch size; evaluation reads batch_size rows at a time."""
         from plmcli.data.packing import sentence_rows
 
         c, T = self.cfg, self.seq_len
@@ -309,7 +309,8 @@ class MaskedLM(Objective):
             return self._masked(ids, ws, rngs, vocab, L)
 
         if c.packing == "doc_sentences" and shuffle:
-            return TokenBudgetStream(lengths, batch_size * T, fetch, seed, rank, world, shuffle)
+            full = sentence_rows(data_dir, split, sep, T - 2, True)[:, 1] + 2
+            return TokenBudgetStream(lengths, round(batch_size * float(full.mean())), fetch, seed, rank, world, shuffle)
         grouped = shuffle and lengths.min() < lengths.max()
         return BatchStream(len(rows), batch_size, fetch, seed, rank, world, shuffle, lengths=lengths if grouped else None)
 
