@@ -186,10 +186,42 @@ def test_budget_stream_batches_are_a_partition():
     assert TokenBudgetStream([40] * 3, 1, lambda e, i: i).nb == 3  # never more batches than rows
 
 
-def test_masking_units_reach_sentence_rows(tok):
-    d, ids = tok
-    b = _obj(ids, "full_sentences", masking="wwm").stream(d, "train", 4, 0, 0, 1, shuffle=True)[0]
-    assert len(b["mlm_positions"]) > 0
+ZH_WORDS = ["中国", "人民", "我们", "喜欢", "学习", "语言", "模型", "今天", "天气"]  # jieba words
+ZH_PHRASES = ["北京天安门", "深度学习模型", "上海外滩"]  # lexicon entries jieba cuts into words
+
+
+@pytest.mark.parametrize("masking", ["chinese-wwm", "knowledge"])
+def test_word_units_stay_whole_in_sentence_rows(tmp_path, masking):
+    """Chinese words (jieba) and lexicon phrases (ERNIE) are masked whole in FULL-SENTENCES rows: the unit
+    streams line up with the rows as with windows."""
+    from plmcli.data.tokenizers import load_tokenizer
+
+    rng = random.Random(0)
+    pick = lambda: rng.choice(ZH_PHRASES) if rng.random() < 0.3 else rng.choice(ZH_WORDS)  # noqa: E731
+    docs = ["\n".join("，".join(pick() for _ in range(rng.randint(2, 5))) + "。" for _ in range(4)) for _ in range(30)]
+    (tmp_path / "zh.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    (tmp_path / "lex.txt").write_text("\n".join(ZH_PHRASES) + "\n", encoding="utf-8")
+    cfg = TokenizerConfig(kind="wordpiece", vocab_size=200, min_frequency=1, special_tokens=SPECIALS)
+    meta = tokenize_corpus([str(tmp_path / "zh.txt")], tmp_path / "tok", cfg, val_fraction=0.0)
+    ids = meta["tokenizer"]["special_token_ids"]
+    lexicon = str(tmp_path / "lex.txt") if masking == "knowledge" else None
+    obj = _obj(ids, "full_sentences", T=48, masking=masking, lexicon=lexicon)
+    tok = load_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    bounds = {tok.token_to_id(t) for t in ("，", "。", "[CLS]", "[SEP]")}
+    units = {tuple(tok.encode(w, add_special_tokens=False).ids) for w in (ZH_PHRASES if lexicon else ZH_WORDS)}
+    s = obj.stream(tmp_path / "tok", "train", 4, 0, 0, 1, shuffle=True)
+    whole = split = 0
+    for k in range(s.batches_per_epoch()):
+        b = s[k]
+        x = b["input_ids"].flatten().index_put((b["mlm_positions"],), b["mlm_labels"]).view_as(b["input_ids"])
+        t = torch.zeros(x.numel(), dtype=torch.bool).index_fill(0, b["mlm_positions"], True).view_as(x)
+        for r in range(len(x)):
+            at = [i for i, v in enumerate(x[r].tolist()) if v in bounds]
+            for a, e in zip(at[:-1], at[1:]):
+                if tuple(x[r, a + 1 : e].tolist()) in units:
+                    whole += bool(t[r, a + 1 : e].all())
+                    split += bool(t[r, a + 1 : e].any() and not t[r, a + 1 : e].all())
+    assert whole > 5 and split == 0
 
 
 TINY = """\
