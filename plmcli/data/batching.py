@@ -132,7 +132,7 @@ class TokenBudgetStream(torch.utils.data.Dataset):
     DOC-SENTENCES: "we dynamically increase the batch size to achieve a similar number of total tokens as
     FULL-SENTENCES"). `stream[k]` is this rank's k-th micro-batch, as BatchStream's.
 
-    An epoch is a fixed number of micro-batches, nb = ⌈Σ lengths / budget⌉, so the data position stays one
+    An epoch is a fixed number of micro-batches, nb = Σ lengths / budget rounded, so the data position stays one
     integer (micro-batch g is batch g mod nb of epoch g div nb) and a resume skips in O(1). Each epoch the
     samples are permuted by (seed, epoch), sorted by length within windows of GROUP_WINDOW batches (so a
     batch pads little), cut where the running token count crosses multiples of Σ lengths / nb, and the
@@ -146,7 +146,7 @@ class TokenBudgetStream(torch.utils.data.Dataset):
         if len(self.lengths) < 1 or budget < 1:
             raise ValueError("a stream needs at least one sample and a budget of at least one token")
         total = int(self.lengths.sum())
-        self.nb = min(len(self.lengths), max(1, -(-total // budget)))
+        self.nb = min(len(self.lengths), max(1, round(total / budget)))  # batches average the budget
         self.fetch, self.seed, self.rank, self.world, self.shuffle = fetch, seed, rank, world, shuffle
         self.window, self.num_samples = window, len(self.lengths)
         self._epoch, self._arranged = -1, None
