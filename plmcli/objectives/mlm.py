@@ -69,8 +69,9 @@ class MLMConfig:
     """pairs none, how rows are cut. window: dynamic masking reads fixed seq_len-2 windows of the token stream,
     realigned each epoch (rows start mid-sentence). full_sentences (RoBERTa's FULL-SENTENCES): whole sentences
     packed up to seq_len, across documents with a separator between them. doc_sentences (DOC-SENTENCES): a row
-    never crosses a document; dynamic batches then take as many rows as hold about micro-batch × seq_len
-    tokens. Static data (make-mlm-data) always packs sentences: doc_sentences there, else full_sentences."""
+    never crosses a document — shorter rows, each about one topic, for corpora of short documents; dynamic
+    batches take as many rows as hold about a FULL-SENTENCES micro-batch's tokens, batched by length.
+    Static data (make-mlm-data) always packs sentences: doc_sentences there, else full_sentences."""
     cross_documents: bool = True
     """The static path's older name: false is packing doc_sentences (make-mlm-data --no-cross-documents)."""
     dynamic: bool = False
@@ -326,9 +327,8 @@ class MaskedLM(Objective):
         special = np.isin(ids, never)
         rows = [slice(r, r + 1) for r in range(B)] if isinstance(rngs, list) else [slice(0, B)]
         masked, target = ids.copy(), np.zeros((B, T), dtype=bool)
-        for r, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
-            cols = slice(0, int(lengths[r.start])) if lengths is not None else slice(None)
-            r = (r, cols)
+        for rs, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
+            r = (rs, slice(0, int(lengths[rs.start])) if lengths is not None else slice(None))
             masked[r], target[r] = mask_batch(
                 ids[r], special[r], None if ws is None else ws[r], rng, mask_prob=c.mask_prob,
                 max_predictions=c.max_predictions, strategy=STRATEGY.get(c.masking, c.masking),
