@@ -6,6 +6,8 @@ separator after each — that starts at a sentence start and holds whole sentenc
 hold a separator between two documents' sentences; DOC-SENTENCES ends a row where its document ends.
 The packing is greedy in corpus order (fairseq's TokenBlockDataset, break modes "complete" and
 "complete_doc"): a row takes sentences while they fit, and the next row starts at the first that does not.
+As the paper words it, a separator stands only between documents ("add an extra separator token between
+documents"); fairseq's binarized data instead ends every line with </s>, so its rows hold one per sentence.
 
 A sentence longer than `cap` is cut into pieces of `cap` tokens (the last one shorter), and each piece is
 packed as a sentence of its own: the text is kept whole rather than dropped or truncated, and only the
