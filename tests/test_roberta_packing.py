@@ -341,3 +341,14 @@ def test_roberta_mini_pretrains_on_the_shipped_sample(tmp_path):
     assert res.exit_code == 0, res.output
     rows = [json.loads(x) for x in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in r for r in rows) and all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
+
+
+def test_rows_are_computed_once_and_cached_next_to_the_tokens(tok, monkeypatch):
+    from plmcli.data import packing
+
+    d, ids = tok
+    rows = sentence_rows(d, "train", ids["sep"], 22, True)
+    assert (d / f"train.{ids['sep']}.full-22.rows.npy").is_file()
+    monkeypatch.setattr(packing, "_pack", lambda *a: pytest.fail("packed again"))
+    assert np.array_equal(sentence_rows(d, "train", ids["sep"], 22, True), rows)
+    assert not list(d.glob("*.tmp*")) and not list(d.glob(".*rows*"))  # written to a temp path and renamed
