@@ -125,3 +125,65 @@ class CountFrom(torch.utils.data.Sampler):
         while self.stop is None or k < self.stop:
             yield k
             k += 1
+
+
+class TokenBudgetStream(torch.utils.data.Dataset):
+    """Micro-batches of a varying number of samples holding about `budget` tokens each (RoBERTa's
+    DOC-SENTENCES: "we dynamically increase the batch size to achieve a similar number of total tokens as
+    FULL-SENTENCES"). `stream[k]` is this rank's k-th micro-batch, as BatchStream's.
+
+    An epoch is a fixed number of micro-batches, nb = Σ lengths / budget rounded, so the data position stays one
+    integer (micro-batch g is batch g mod nb of epoch g div nb) and a resume skips in O(1). Each epoch the
+    samples are permuted by (seed, epoch), sorted by length within windows of GROUP_WINDOW batches (so a
+    batch pads little), cut where the running token count crosses multiples of Σ lengths / nb, and the
+    batches are served in an order shuffled by (seed, epoch): a pure function of (seed, position).
+    An evaluation pass (shuffle=False) reads the samples in order, cut the same way.
+    """
+
+    def __init__(self, lengths, budget: int, fetch: Callable, seed: int = 0, rank: int = 0, world: int = 1,
+                 shuffle: bool = True, window: int = GROUP_WINDOW):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if len(self.lengths) < 1 or budget < 1:
+            raise ValueError("a stream needs at least one sample and a budget of at least one token")
+        total = int(self.lengths.sum())
+        self.nb = min(len(self.lengths), max(1, round(total / budget)))  # batches average the budget
+        self.fetch, self.seed, self.rank, self.world, self.shuffle = fetch, seed, rank, world, shuffle
+        self.window, self.num_samples = window, len(self.lengths)
+        self._epoch, self._arranged = -1, None
+
+    def arrange(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch `epoch`: (samples in cut order, nb + 1 cut points into it), batch b = samples[cut[b]:cut[b+1]]."""
+        n, nb = len(self.lengths), self.nb
+        if self.shuffle:
+            perm = np.random.default_rng((self.seed, epoch)).permutation(n)
+            span = -(-n * self.window // nb)  # samples per sorting window: about `window` batches
+            perm = np.concatenate([p[np.argsort(-self.lengths[p], kind="stable")]
+                                   for p in np.split(perm, np.arange(span, n, span))])
+        else:
+            perm = np.arange(n)
+        cum = np.cumsum(self.lengths[perm])
+        b = np.arange(1, nb)
+        cut = np.searchsorted(cum, b * (cum[-1] / nb), side="left") + 1
+        # every batch non-empty: cut b within [b, n - nb + b] and strictly rising
+        cut = np.maximum.accumulate(np.clip(cut, b, n - nb + b) - b) + b
+        return perm, np.concatenate([[0], cut, [n]])
+
+    def __getitem__(self, k: int):
+        g = k * self.world + self.rank  # global micro-batch id
+        epoch, b = divmod(g, self.nb)
+        if not self.shuffle and epoch:
+            return None  # an evaluation pass reads each sample once
+        if epoch != self._epoch:
+            perm, cut = self.arrange(epoch)
+            order = np.random.default_rng((self.seed, epoch, 1)).permutation(self.nb) if self.shuffle else np.arange(self.nb)
+            self._arranged, self._epoch = (perm, cut, order), epoch
+        perm, cut, order = self._arranged
+        b = int(order[b])
+        picks = perm[cut[b] : cut[b + 1]]
+        return self.fetch([epoch] * len(picks), picks.tolist())
+
+    def batches_per_epoch(self) -> int:
+        return -(-self.nb // self.world)
+
+    def __len__(self) -> int:
+        return 2**62

@@ -247,6 +247,66 @@ class Lane:
         key, _ = self.pending[0]
         return [*key[:3], self.skip, key[3]]
 
+    # Sentence rows (RoBERTa's FULL-SENTENCES / DOC-SENTENCES): a lane's lines are its sentences (a tokenized
+    # corpus's sentences are its lines too), and a unit that is the separator alone ends a document.
+
+    def _unit(self, k: int) -> list[int]:
+        """The ids of pending unit k (read ahead as needed; the first one less what is consumed of it)."""
+        while len(self.pending) <= k:
+            self.pending.append(next(self.units))
+        return self.pending[k][1][self.skip:] if k == 0 else self.pending[k][1]
+
+    def _is_sep(self, k: int) -> bool:
+        return self.sep is not None and self._unit(k) == [self.sep]
+
+    def _plan(self, cap: int, cross_documents: bool) -> tuple[int, list[int]]:
+        """The next row without consuming it: (units it uses up, -1 for a cut line; its tokens).
+
+        A row never starts with a separator (skipped: a row starts at a sentence); it takes whole lines
+        while they fit in `cap` tokens, the separators between documents included unless not
+        `cross_documents`, where a separator ends it; it ends with a line, never a separator, and where the lane
+        starts over (its stretch's end and start are not one text). A line longer than `cap` gives a row of its
+        first `cap` tokens, and the rest of it starts the next row."""
+        lead = 0
+        while self._is_sep(lead):
+            lead += 1
+        out = list(self._unit(lead))
+        if len(out) > cap:
+            return -(lead + 1), out[:cap]
+        k = lead + 1
+        while (len(out) + len(self._unit(k)) <= cap and self.pending[k][0][0] == self.pending[k - 1][0][0]
+               and (cross_documents or not self._is_sep(k))):
+            out.extend(self._unit(k))
+            k += 1
+        if self._is_sep(k - 1):  # a separator only between two documents' sentences
+            k -= 1
+            out.pop()
+        return k, out
+
+    def _consume(self, used: int, cap: int) -> None:
+        cut = used < 0
+        for _ in range(-used - 1 if cut else used):
+            self.pending.popleft()
+            self.skip = 0
+        if cut:
+            self.skip += cap
+        self._unit(0)  # position() reads the unit the next row starts in
+
+    def rows(self, cap: int, cross_documents: bool, budget: int = 0) -> list[list[int]]:
+        """The next sentence row, consumed; with `budget` (DOC-SENTENCES), further rows while their tokens,
+        2 each added for [CLS] and [SEP], stay within it: a lane of short documents gives more rows."""
+        used, row = self._plan(cap, cross_documents)
+        self._consume(used, cap)
+        out, spent = [row], len(row) + 2
+        while budget:
+            used, row = self._plan(cap, cross_documents)
+            if spent + len(row) + 2 > budget:
+                break
+            self._consume(used, cap)
+            out.append(row)
+            spent += len(row) + 2
+        return out
+
 
 _FEWER = ("the corpus is too small for this many readers (processes × loader workers × micro-batch rows): "
           "use fewer processes or train.num_workers, a smaller train.micro_batch_size, or more text")
@@ -262,14 +322,16 @@ class TextStream(torch.utils.data.IterableDataset):
     sequential = True  # the loop: no random access, a position of its own
 
     def __init__(self, corpus_dir, tokenizer_json: str, sep: int | None, window: int, batch_size: int,
-                 rank: int, world: int, num_workers: int, make_batch):
+                 rank: int, world: int, num_workers: int, make_batch, packing: str = "window"):
         """Rows of `window` tokens; `make_batch(x, key)` turns a (B, window) tensor into a training batch, `key`
-        (ints: the lanes' positions after it) seeds anything random in it, so a resumed run repeats it."""
+        (ints: the lanes' positions after it) seeds anything random in it, so a resumed run repeats it.
+        With `packing` full_sentences / doc_sentences, rows are whole lines up to `window` tokens (Lane.rows)
+        and `make_batch(x, key, lengths=...)` gets them padded with their lengths."""
         meta = load_meta(corpus_dir)
         s = meta[KIND]
         self.key, self.tok_json, self.sep, self.W, self.B = meta["key"], tokenizer_json, sep, window, batch_size
         self.rank, self.world, self.readers, self.make_batch = rank, world, max(1, num_workers), make_batch
-        self.num_workers = num_workers
+        self.num_workers, self.packing = num_workers, packing
         lanes = lane_pieces(s["files"], s["sizes"], s["train_end"], world * self.readers * batch_size)
         per_reader = self.readers * batch_size
         self.pieces = lanes[rank * per_reader : (rank + 1) * per_reader]
@@ -287,10 +349,20 @@ class TextStream(torch.utils.data.IterableDataset):
     def _batches(self, reader: int):
         lanes = self._lanes(reader)
         while True:
-            x = torch.tensor([lane.window(self.W) for lane in lanes], dtype=torch.long)  # (B, W)
+            if self.packing == "window":
+                x, lengths = torch.tensor([lane.window(self.W) for lane in lanes], dtype=torch.long), None  # (B, W)
+            else:
+                # DOC-SENTENCES: each lane fills about one FULL-SENTENCES row's tokens, in as many rows as that takes
+                budget = self.W + 2 if self.packing == "doc_sentences" else 0
+                rows = [r for lane in lanes for r in lane.rows(self.W, self.packing == "full_sentences", budget)]
+                lengths = [len(r) for r in rows]
+                x = torch.zeros((len(rows), max(lengths)), dtype=torch.long)  # (R, longest row)
+                for i, r in enumerate(rows):
+                    x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             where = [lane.position() for lane in lanes]
             key = [int(v) for p in where for v in p]
-            yield {**self.make_batch(x, key), "_position": {"reader": reader, "lanes": where}}
+            batch = self.make_batch(x, key) if lengths is None else self.make_batch(x, key, lengths=lengths)
+            yield {**batch, "_position": {"reader": reader, "lanes": where}}
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -352,6 +424,14 @@ class TrainsOnWindows(Protocol):
     def window_batch(self, x, key, seed: int = 0) -> dict: ...
 
 
+@runtime_checkable
+class PacksSentences(Protocol):
+    """An objective whose streamed rows may be whole sentences (mlm's objective.packing): `stream_packing()`
+    names the packing, and its `window_batch` also takes `lengths=` (the rows' lengths, x padded)."""
+
+    def stream_packing(self) -> str: ...
+
+
 def check_streamable(objective_cls, cfg=None) -> None:
     """Streaming reads plain token windows; an objective trains on them through `window_batch` (clm, dynamic
     token-masked mlm). With its config, the objective's settings are checked too (`streaming_problem`)."""
@@ -379,5 +459,6 @@ class StreamingObjective:
         if split != "train":
             return self.inner.stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
         tok_json = (Path(corpus_dir) / "tokenizer.json").read_text(encoding="utf-8")
+        packing = self.inner.stream_packing() if isinstance(self.inner, PacksSentences) else "window"
         return TextStream(corpus_dir, tok_json, self.inner.separator(), self.inner.window_size(), batch_size, rank,
-                          world, self.num_workers, functools.partial(self.inner.window_batch, seed=seed))
+                          world, self.num_workers, functools.partial(self.inner.window_batch, seed=seed), packing)

@@ -3,8 +3,9 @@ sides, plus NSP / SOP, plus SpanBERT's span boundary objective when the model ha
 
 Two data paths, one loss:
 - static (BERT): `make-mlm-data` instances, masked once per copy (dupe_factor copies); the collator pads.
-- dynamic (RoBERTa): packed windows of a tokenized corpus, masked afresh in the collator each time a
-  sample is read; the mask is a pure function of (seed, epoch, sample), so a resumed run masks identically.
+- dynamic (RoBERTa): rows of a tokenized corpus, masked afresh in the collator each time a sample is read;
+  the mask is a pure function of (seed, epoch, sample), so a resumed run masks identically. Rows are
+  `packing`: token-stream windows, or whole sentences packed (FULL-SENTENCES / DOC-SENTENCES, data/packing.py).
 Batches carry the masked tokens as flat indices b·T + t, so the model runs its MLM head there only.
 A model that returns `sbo_logits` (SpanBERT) predicts the masked tokens a second time from the span
 boundaries; the objective adds that loss (mean over its predictions) to the MLM loss, as the paper sums them.
@@ -21,9 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import Count, Fraction, NonNegative, Range, Size
-from plmcli.data.batching import BatchStream
+from plmcli.config_sections import Count, Fraction, NonNegative, Range, Rule, Size
+from plmcli.data.batching import BatchStream, TokenBudgetStream
 from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
+from plmcli.data.packing import PACKINGS
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.spanbert import SpanBertOutput
@@ -34,6 +36,12 @@ MASKINGS = ("token", "wwm", "ngram", "ngram_per_word", "chinese-wwm", "span", "k
 PAIRS = ("nsp", "sop", "none")
 STRATEGY = {"chinese-wwm": "wwm"}  # masking -> mask_batch strategy: Chinese words are whole words
 _WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the masks draw independent streams
+SINGLE_SEGMENTS = Rule(lambda p, c: p == "window" or c["pairs"] == "none",
+                       "packs single segments, and {where}.pairs is {pairs}",
+                       "set {where}.pairs=none (RoBERTa), or {where}.packing=window")
+ONE_NAME = Rule(lambda p, c: p != "full_sentences" or c["cross_documents"],
+                "contradicts {where}.cross_documents false (DOC-SENTENCES, the static path's older name)",
+                "drop cross_documents and set {where}.packing=doc_sentences")
 
 
 @dataclass
@@ -62,10 +70,15 @@ class MLMConfig:
     found in the corpus itself (data/knowledge.py); other text keeps its jieba words. Give this or lexicon."""
     pairs: Literal[PAIRS] = "nsp"
     """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
+    packing: Annotated[Literal[PACKINGS], SINGLE_SEGMENTS, ONE_NAME] = "window"
+    """pairs none, how rows are cut. window: dynamic masking reads fixed seq_len-2 windows of the token stream,
+    realigned each epoch (rows start mid-sentence). full_sentences (RoBERTa's FULL-SENTENCES): whole sentences
+    packed up to seq_len, across documents with a separator between them. doc_sentences (DOC-SENTENCES): a row
+    never crosses a document — shorter rows, each about one topic, for corpora of short documents; dynamic
+    batches take as many rows as hold about a FULL-SENTENCES micro-batch's tokens, batched by length.
+    Static data (make-mlm-data) always packs sentences: doc_sentences there, else full_sentences."""
     cross_documents: bool = True
-    """pairs none: pack sentences across documents (RoBERTa's FULL-SENTENCES). false: an instance never
-    crosses a document boundary (DOC-SENTENCES): shorter instances, batched by length, and each one
-    about one topic — for corpora of short documents (reviews, tweets, one sentence per line)."""
+    """The static path's older name: false is packing doc_sentences (make-mlm-data --no-cross-documents)."""
     dynamic: bool = False
     """Mask each batch afresh from the tokenized corpus (RoBERTa) instead of reading make-mlm-data instances."""
     dupe_factor: Size = 5
@@ -103,8 +116,17 @@ class MaskedLM(Objective):
             raise PlmError(f"objective.cross_documents false (DOC-SENTENCES) applies to pairs none, not {cfg.pairs}",
                            "set objective.pairs=none, or objective.cross_documents=true")
         if not cfg.cross_documents and cfg.dynamic:
-            raise PlmError("objective.cross_documents false is built by make-mlm-data; dynamic masking packs the token stream",
-                           "set objective.dynamic=false (static data, dupe_factor maskings), or objective.cross_documents=true")
+            raise PlmError("objective.cross_documents is make-mlm-data's name; dynamic masking packs by objective.packing",
+                           "set objective.packing=doc_sentences and objective.cross_documents=true, or objective.dynamic=false")
+        if cfg.packing not in PACKINGS:
+            raise PlmError(f"objective.packing '{cfg.packing}' is not one of {', '.join(PACKINGS)}",
+                           "e.g. --set objective.packing=full_sentences")
+        if cfg.packing != "window" and cfg.pairs != "none":
+            raise PlmError(f"objective.packing {cfg.packing} packs single segments, and objective.pairs is {cfg.pairs}",
+                           "set objective.pairs=none (RoBERTa), or objective.packing=window")
+        if not cfg.cross_documents and cfg.packing == "full_sentences":
+            raise PlmError("objective.cross_documents false (DOC-SENTENCES) contradicts objective.packing full_sentences",
+                           "drop cross_documents and set objective.packing=doc_sentences")
         from plmcli.data.masking import check_ngram_probs, check_span, read_lexicon
 
         check_span(cfg.span_p, cfg.span_max, ("objective.span_p", "objective.span_max"))
@@ -176,7 +198,7 @@ class MaskedLM(Objective):
 
         settings = dict(max_seq_len=self.seq_len, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
                         mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking)
-        if not c.cross_documents:  # only when set, so the cache keys of existing settings stay as they were
+        if not c.cross_documents or c.packing == "doc_sentences":  # only when set: existing cache keys stay
             settings["cross_documents"] = False
         # Only the settings a masking uses join in, so changing another one keeps the cached data.
         if c.masking == "span":
@@ -241,6 +263,8 @@ class MaskedLM(Objective):
             starts = chinese_word_start_stream(data_dir, split, sep)
         else:
             starts = word_start_stream(data_dir, split, sep) if c.masking != "token" else None
+        if c.packing != "window":
+            return self._sentence_stream(data_dir, split, tokens, starts, batch_size, seed, rank, world, shuffle)
         shift = shuffle  # a fresh window alignment each epoch, as CausalLM
         n = (len(tokens) - W) // W if shift else len(tokens) // W
         if W < 1 or n < 1:
@@ -266,9 +290,48 @@ class MaskedLM(Objective):
 
         return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
 
-    def _masked(self, ids: np.ndarray, ws: np.ndarray | None, rngs, vocab: int) -> dict:
-        """(B, T) [CLS] window [SEP] rows -> the batch `step` reads: row r masked with rngs[r] (a list of
-        generators, or one for the whole batch)."""
+    def _sentence_stream(self, data_dir, split, tokens, starts, batch_size, seed, rank, world, shuffle):
+        """FULL-SENTENCES / DOC-SENTENCES rows [CLS] s1 s2 ... [SEP] (data/packing.py), padded to the longest
+        row of the batch, each masked on its own length by (seed, epoch, row). DOC-SENTENCES trains on
+        micro-batches of about the real tokens of batch_size FULL-SENTENCES rows of the same split
+        (TokenBudgetStream), as RoBERTa raises its batch size; evaluation reads batch_size rows at a time."""
+        from plmcli.data.packing import sentence_rows
+
+        c, T = self.cfg, self.seq_len
+        cls, sep, pad = self._id("cls"), self._id("sep"), self._id("pad")
+        if T < 3:
+            raise PlmError(f"train.seq_len {T} leaves no room for a sentence between [CLS] and [SEP]", "raise train.seq_len")
+        rows = sentence_rows(data_dir, split, sep, T - 2, c.packing == "full_sentences")
+        if len(rows) < 1 and not shuffle:
+            return _NoBatches()
+        if len(rows) < 1:
+            raise PlmError(f"the {split} split has no sentences to pack", "add text, or lower data.val_fraction")
+        vocab = self.vocab_size or int(tokens.max()) + 1
+        lengths = rows[:, 1] + 2
+
+        def fetch(epochs, indices):
+            L = lengths[indices]
+            ids = np.full((len(indices), int(L.max())), pad, dtype=np.int64)
+            ws = np.ones(ids.shape, dtype=bool) if starts is not None else None
+            for r, i in enumerate(indices):
+                a, n = rows[i]
+                ids[r, 0], ids[r, 1 : n + 1], ids[r, n + 1] = cls, tokens[a : a + n], sep
+                if ws is not None:
+                    ws[r, 1 : n + 1] = starts[a : a + n]
+                    ws[r, 1] = True  # the piece after a cut in an over-long sentence starts a word here
+            rngs = [np.random.default_rng((seed, e, i, _MASK_TAG)) for e, i in zip(epochs, indices)]
+            return self._masked(ids, ws, rngs, vocab, L)
+
+        if c.packing == "doc_sentences" and shuffle:
+            full = sentence_rows(data_dir, split, sep, T - 2, True)[:, 1] + 2
+            return TokenBudgetStream(lengths, round(batch_size * float(full.mean())), fetch, seed, rank, world, shuffle)
+        grouped = shuffle and lengths.min() < lengths.max()
+        return BatchStream(len(rows), batch_size, fetch, seed, rank, world, shuffle, lengths=lengths if grouped else None)
+
+    def _masked(self, ids: np.ndarray, ws: np.ndarray | None, rngs, vocab: int, lengths=None) -> dict:
+        """(B, T) [CLS] ... [SEP] rows -> the batch `step` reads: row r masked with rngs[r] (a list of
+        generators, or one for the whole batch); with `lengths`, row r is its first lengths[r] tokens, the
+        rest padding (masked on its own length, so its masks do not depend on the batch it is in)."""
         from plmcli.data.masking import mask_batch
 
         c, (B, T) = self.cfg, ids.shape
@@ -276,8 +339,9 @@ class MaskedLM(Objective):
         never = np.array(sorted({v for r, v in self.special_ids.items() if r != "unk"}), dtype=np.int64)
         special = np.isin(ids, never)
         rows = [slice(r, r + 1) for r in range(B)] if isinstance(rngs, list) else [slice(0, B)]
-        masked, target = np.empty_like(ids), np.empty((B, T), dtype=bool)
-        for r, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
+        masked, target = ids.copy(), np.zeros((B, T), dtype=bool)
+        for rs, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
+            r = (rs, slice(0, int(lengths[rs.start])) if lengths is not None else slice(None))
             masked[r], target[r] = mask_batch(
                 ids[r], special[r], None if ws is None else ws[r], rng, mask_prob=c.mask_prob,
                 max_predictions=c.max_predictions, strategy=STRATEGY.get(c.masking, c.masking),
@@ -285,8 +349,13 @@ class MaskedLM(Objective):
                 replace_probs=tuple(c.replace_probs), random_ids=random_ids, span_p=c.span_p, span_max=c.span_max,
                 ngram_probs=tuple(c.ngram_probs))
         positions = np.flatnonzero(target)  # row-major: b·T + t
-        return {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
-                "mlm_labels": torch.from_numpy(ids.reshape(-1)[positions]), "num_tokens": B * T}
+        batch = {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
+                 "mlm_labels": torch.from_numpy(ids.reshape(-1)[positions]), "num_tokens": B * T}
+        if lengths is not None:
+            batch["num_tokens"] = int(np.sum(lengths))
+            if np.min(lengths) < T:
+                batch["attention_mask"] = torch.from_numpy((np.arange(T) < np.asarray(lengths)[:, None]).astype(np.int64))
+        return batch
 
     # ------------------------------------------------------------ plm pretrain --streaming (data/streaming.py)
 
@@ -305,9 +374,21 @@ class MaskedLM(Objective):
     def window_size(self) -> int:
         return self.seq_len - 2  # [CLS] window [SEP]
 
-    def window_batch(self, x: torch.Tensor, key, seed: int = 0) -> dict:
+    def stream_packing(self) -> str:
+        """How streamed rows are cut (data/streaming.py PacksSentences): objective.packing."""
+        return self.cfg.packing
+
+    def window_batch(self, x: torch.Tensor, key, seed: int = 0, lengths=None) -> dict:
         """(B, T-2) token windows -> [CLS] window [SEP], masked afresh; `key` (the stream's position) with
-        `seed` picks the masks, so a resumed run masks its batches as the uninterrupted one did."""
+        `seed` picks the masks, so a resumed run masks its batches as the uninterrupted one did. With
+        `lengths`, x holds sentence rows (padded): [CLS] row [SEP] padding, each row masked by (key, row)."""
+        if lengths is not None:
+            L = np.asarray(lengths, dtype=np.int64) + 2
+            ids = np.full((len(L), int(L.max())), self._id("pad"), dtype=np.int64)
+            for r, n in enumerate(lengths):
+                ids[r, 0], ids[r, 1 : n + 1], ids[r, n + 1] = self._id("cls"), x[r, :n].numpy(), self._id("sep")
+            rngs = [np.random.default_rng([seed, _MASK_TAG, *key, r]) for r in range(len(L))]
+            return self._masked(ids, None, rngs, self.vocab_size or int(ids.max()) + 1, L)
         ids = np.empty((x.shape[0], self.seq_len), dtype=np.int64)
         ids[:, 0], ids[:, 1:-1], ids[:, -1] = self._id("cls"), x.numpy(), self._id("sep")
         rng = np.random.default_rng([seed, _MASK_TAG, *key])

@@ -78,9 +78,9 @@ class ReplacedTokenDetection(MaskedLM):
     def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
         return SampleSeeds(super().stream(data_dir, split, batch_size, seed, rank, world, shuffle), seed, split)
 
-    def window_batch(self, x: torch.Tensor, key, seed: int = 0) -> dict:
+    def window_batch(self, x: torch.Tensor, key, seed: int = 0, lengths=None) -> dict:
         """plm pretrain --streaming: the masked batch, and its generator-sample seed from the same position."""
-        batch = super().window_batch(x, key, seed)
+        batch = super().window_batch(x, key, seed, lengths)
         state = np.random.SeedSequence([seed, _SAMPLE_TAG, *key]).generate_state(1, np.uint64)[0]
         return batch | {"sample_seed": int(state >> np.uint64(1))}
 
