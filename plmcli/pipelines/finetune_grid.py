@@ -195,7 +195,8 @@ def _stopped(out_dir: Path, made: bool, i: int, n: int, kept: int, main: bool) -
             discard(out_dir, made)
         return (f"the grid stopped in its first run, before any finished; {out_dir} was "
                 f"{'removed' if made else 'emptied'} — run the same command again")
-    return (f"the grid stopped in run {i + 1} of {n}; its {kept} finished run{'s' * (kept > 1)} stay in "
+    runs = "1 finished run stays" if kept == 1 else f"{kept} finished runs stay"
+    return (f"the grid stopped in run {i + 1} of {n}; its {runs} in "
             f"{out_dir / GRID_DIR} — the same command with --out {out_dir} finetunes only the rest")
 
 
