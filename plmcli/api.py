@@ -181,7 +181,8 @@ def finetune_grid(task: str | None = None, lr: list[float] | None = None, epochs
     """Devlin et al.'s finetuning protocol: a finetune for every lr × epochs × batch_size × seed, each into
     OUT/grid/<lr>-<epochs>-<batch>-seed<k>/, the best dev run kept as OUT; returns OUT/grid.json (every run,
     mean ± std over the seeds per setting, the best). Lists left None take the config's (or its one value);
-    `finetune_args`: the rest of `finetune`'s arguments (from_run, data_dir, max_steps, config, ...)."""
+    `finetune_args`: the rest of `finetune`'s arguments (from_run, data_dir, max_steps, config, ...). A grid of
+    one run is a plain finetune and returns its OUT/metrics.json."""
     return finetune(task, lr=lr, epochs=epochs, batch_size=batch_size, seeds=seeds, out=out, console=console,
                     **finetune_args)
 

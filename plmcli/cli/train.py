@@ -113,7 +113,7 @@ def finetune(
     aux_lm_weight: Optional[float] = typer.Option(None, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss "
                                                   "(= task.aux_lm_weight; default 0.5)."),
     eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
-    as_json: bool = typer.Option(False, "--json", help="Print metrics.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print metrics.json (a grid: grid.json)."),
 ):
     """Finetune a run on a task; writes OUT/metrics.json, the best weights, test predictions and
     OUT/finetune.yaml (the resolved config: `--config OUT/finetune.yaml` runs it again).

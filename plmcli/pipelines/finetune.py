@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
-from plmcli.config_sections import FinetuneInit, TaskOptions
+from plmcli.config_sections import FinetuneGridConfig, FinetuneInit, TaskOptions
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
@@ -128,6 +128,9 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
     from plmcli.data.tasks.registry import get_task
     from plmcli.train.distributed import process_state
 
+    if cfg.grid != FinetuneGridConfig():  # a caller below the api, which runs a grid by pipelines.finetune_grid
+        raise PlmError("this finetune config has a grid section, and run_finetune runs one finetune",
+                       "run it with plmcli.api.finetune (or plm finetune), or empty the grid section")
     t = get_task(cfg.task.name, cfg.task_options())
     run, run_cfg, run_label, out_dir = _source_and_out(cfg.model.from_run, out, t, eval_only)
     if eval_only:

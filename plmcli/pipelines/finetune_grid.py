@@ -179,7 +179,7 @@ def _run_cells(cfg: FinetuneConfig, cells: list[Cell], out_dir: Path, made: bool
         except (KeyboardInterrupt, Interrupted) as e:
             raise Interrupted(_stopped(out_dir, made, i, len(cells), len(runs), state.is_main_process)) from e
         except BaseException:
-            if made and not runs and state.is_main_process:
+            if not runs and state.is_main_process:
                 discard(out_dir, made)  # nothing finished: nothing half-written stays
             raise
         runs.append(_run_row(cell, res, reused=False))
