@@ -77,11 +77,11 @@ def finetune(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
                                            "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
-    epochs: Optional[str] = typer.Option(None, help="Epochs; dev is evaluated after each and the best weights are kept "
+    epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev is evaluated after each and the best weights are kept "
                                          "(= train.epochs; default 3). A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
-    lr: Optional[str] = typer.Option(None, help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5). "
+    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5). "
                                      "A list (5e-5,3e-5,2e-5) finetunes each: a grid (= grid.lr)."),
-    batch_size: Optional[str] = typer.Option(None, help="Examples per optimizer step (= train.batch_size; default 32). "
+    batch_size: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Examples per optimizer step (= train.batch_size; default 32). "
                                              "A list (16,32) finetunes each: a grid (= grid.batch_size)."),
     seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
     seeds: Optional[int] = typer.Option(None, help="Finetunes of each setting, seeded --seed, --seed + 1, …; the best dev run is kept (= grid.seeds; default 1)."),
