@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal, Optional
 import yaml
 
 from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneGridConfig, FinetuneModelConfig,
-                                    FinetuneOptimConfig, FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction, MixedPrecision,
-                                    NonNegative, OptimizerName, Positive, Probability, Rule, ScheduleName,
-                                    Size, TaskOptions, TokenizerConfig)
+                                    FinetuneOptimConfig, FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction,
+                                    MixedPrecision, NonNegative, OptimizerName, Positive, Probability, Rule,
+                                    ScheduleName, Size, TaskOptions, TokenizerConfig)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -498,7 +498,7 @@ def _coerce(value, tp, where: str):
             return str(value)
         raise _type_error(where, value, "a string")
     if tp is list or origin is list:
-        item = typing.get_args(tp)  # list[float]: each item coerced as a float field would be, one alone a list of it
+        item = typing.get_args(tp)  # list[float]: each item coerced as a float field is; a lone value, a list of one
         if item:
             items = value if isinstance(value, (list, tuple)) else [value]
             return [_coerce(v, item[0], where) for v in items]

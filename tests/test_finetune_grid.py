@@ -112,6 +112,7 @@ def test_one_value_is_todays_finetune_and_a_cell_is_one(grid, gpt, tmp_path):
     (["--epochs", "2,x"], "--epochs '2,x' is not"),
     (["--lr", "1e-3,1e-3"], "--lr lists 0.001 twice"),
     (["--batch-size", "16,0"], "--batch-size 0 is out of range"),
+    (["--lr", "1e-4,1.0000001e-4"], "has values equal to 6 digits"),  # they would share a run directory
     (["--set", "grid.lr=[1e-3,-1]"], "grid.lr [0.001, -1.0] must be distinct learning rates > 0"),
     (["--epochs", "2,3"], "every run would stop at step 2"),
     (["--lr", "1e-3,1e-4", "--eval-only"], "not a grid of 2"),

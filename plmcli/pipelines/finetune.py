@@ -106,7 +106,7 @@ def _keys_set(name: str, value) -> list[tuple[str, typing.Any]]:
     if len(values) > 1:
         twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
         if twice is not None:
-            raise PlmError(f"--{name.replace('_', '-')} lists {twice:g} twice", "give each value once")
+            raise PlmError(f"--{name.replace('_', '-')} lists {twice} twice", "give each value once")
         return [(GRID_KEYS[name], values)]
     return [(ARGUMENT_KEYS[name], values[0]), (GRID_KEYS[name], [])]
 

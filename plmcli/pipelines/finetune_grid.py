@@ -137,6 +137,10 @@ def run_grid(cfg: FinetuneConfig, out: str | None = None, console=None) -> dict:
 
 def _check_grid(cfg: FinetuneConfig) -> None:
     g, t = cfg.grid, cfg.train
+    names = [f"{lr:g}" for lr in g.lr]
+    if len(set(names)) < len(names):  # a run's directory is its name: two runs in one would mix
+        raise PlmError(f"--lr {','.join(map(str, g.lr))} has values equal to 6 digits ({', '.join(names)})",
+                       "give learning rates that differ within 6 significant digits")
     if t.max_steps and len(g.epochs) > 1:
         raise PlmError(f"--epochs {','.join(map(str, g.epochs))} with --max-steps {t.max_steps}: every run would stop "
                        f"at step {t.max_steps} whatever its epochs", "give one --epochs, or leave --max-steps out")
