@@ -138,8 +138,12 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
              out: str | None = None, max_seq_len: int | None = None, max_steps: int | None = None,
              init: str | None = None, console=None, eval_only: bool = False, warmup_ratio: float | None = None,
              weight_decay: float | None = None, dropout: float | None = None, classifier_dropout: float | None = None,
-             *, config: str | None = None, overrides: list[str] | dict | None = None, **options) -> dict:
+             *, config: str | None = None, overrides: list[str] | dict | None = None, seeds: int | None = None,
+             **options) -> dict:
     """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
+
+    `lr`, `epochs` and `batch_size` may be lists and `seeds` a count of runs per setting (= the config's
+    `grid` section): more than one finetune is a grid, run by `finetune_grid`, and returns OUT/grid.json.
 
     `config`: a finetune config YAML (sections task, model, train, optim; a finished finetune's
     OUT/finetune.yaml is one); `overrides`: `section.key=value` strings (or a nested dict) over it. Every
@@ -151,6 +155,7 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
 
     from plmcli.data.tasks import TaskOptions
     from plmcli.pipelines.finetune import finetune_config, run_finetune
+    from plmcli.pipelines.finetune_grid import cell_config, grid_cells, run_grid
 
     known = {f.name for f in fields(TaskOptions)}
     unknown = sorted(set(options) - known)
@@ -159,10 +164,28 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     cfg = finetune_config(config, overrides, options, task=task, from_run=from_run, data_dir=data_dir, epochs=epochs,
                           lr=lr, batch_size=batch_size, seed=seed, max_seq_len=max_seq_len, max_steps=max_steps,
                           init=init, warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
-                          classifier_dropout=classifier_dropout)
+                          classifier_dropout=classifier_dropout, seeds=seeds)
     cfg = replace(cfg, task=replace(cfg.task, data_dir=sample_data_dir(cfg.task.data_dir)))
     quiet_datasets_off_terminal()
-    return run_finetune(cfg, out, eval_only, console)
+    cells = grid_cells(cfg)
+    if len(cells) > 1 and eval_only:
+        raise PlmError(f"--eval-only scores one finetuned run, not a grid of {len(cells)}",
+                       "leave out the lists of --lr/--epochs/--batch-size, --seeds and the config's grid section")
+    if len(cells) > 1:
+        return run_grid(cfg, out, console)
+    return run_finetune(cell_config(cfg, cells[0]), out, eval_only, console)
+
+
+def finetune_grid(task: str | None = None, lr: list[float] | None = None, epochs: list[int] | None = None,
+                  batch_size: list[int] | None = None, seeds: int | None = None, out: str | None = None,
+                  console=None, **finetune_args) -> dict:
+    """Devlin et al.'s finetuning protocol: a finetune for every lr × epochs × batch_size × seed, each into
+    OUT/grid/<lr>-<epochs>-<batch>-seed<k>/, the best dev run kept as OUT; returns OUT/grid.json (every run,
+    mean ± std over the seeds per setting, the best). Lists left None take the config's (or its one value);
+    `finetune_args`: the rest of `finetune`'s arguments (from_run, data_dir, max_steps, config, ...). A grid of
+    one run is a plain finetune and returns its OUT/metrics.json."""
+    return finetune(task, lr=lr, epochs=epochs, batch_size=batch_size, seeds=seeds, out=out, console=console,
+                    **finetune_args)
 
 
 # ---------------------------------------------------------------- export

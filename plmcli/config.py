@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, Optional
 
 import yaml
 
-from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneModelConfig, FinetuneOptimConfig,
-                                    FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction, MixedPrecision,
-                                    NonNegative, OptimizerName, Positive, Probability, Rule, ScheduleName,
-                                    Size, TaskOptions, TokenizerConfig)
+from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneGridConfig, FinetuneModelConfig,
+                                    FinetuneOptimConfig, FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction,
+                                    MixedPrecision, NonNegative, OptimizerName, Positive, Probability, Rule,
+                                    ScheduleName, Size, TaskOptions, TokenizerConfig)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -312,7 +312,7 @@ def _check_recipe(r: Recipe) -> None:
 # ---------------------------------------------------------------- finetuning
 
 
-FINETUNE_SECTIONS = ("task", "model", "train", "optim")
+FINETUNE_SECTIONS = ("task", "model", "train", "optim", "grid")
 
 
 @dataclass
@@ -335,6 +335,8 @@ class FinetuneConfig:
     model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
+    grid: FinetuneGridConfig = field(default_factory=FinetuneGridConfig)
+    """Several finetunes in one command, the best dev one kept (plmcli.pipelines.finetune_grid)."""
 
     def task_options(self) -> TaskOptions:
         """The part of the task section the task itself reads (a finetuned run's config.json keeps it)."""
@@ -343,7 +345,10 @@ class FinetuneConfig:
     def to_dict(self) -> dict:
         task = dataclasses.asdict(self.task)
         first = {k: task.pop(k) for k in ("name", "data_dir", "max_seq_len")}  # what a reader looks for first
-        return {"task": first | task, **{s: dataclasses.asdict(getattr(self, s)) for s in FINETUNE_SECTIONS[1:]}}
+        out = {"task": first | task, **{s: dataclasses.asdict(getattr(self, s)) for s in FINETUNE_SECTIONS[1:]}}
+        if self.grid == FinetuneGridConfig():  # one finetune's config reads as it did before grids
+            del out["grid"]
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
@@ -361,7 +366,7 @@ def load_finetune_config(path: str | None = None, overrides: list[str] | dict | 
     merged = _merge(_merge(raw, over), flags or {})
     cfg = FinetuneConfig(**{s: build_section(cls, merged.get(s) or {}, s) for s, cls in (
         ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("train", FinetuneTrainConfig),
-        ("optim", FinetuneOptimConfig))})
+        ("optim", FinetuneOptimConfig), ("grid", FinetuneGridConfig))})
     t = cfg.train
     if t.micro_batch_size and t.batch_size % t.micro_batch_size:
         raise PlmError(f"train.batch_size {t.batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
@@ -493,6 +498,10 @@ def _coerce(value, tp, where: str):
             return str(value)
         raise _type_error(where, value, "a string")
     if tp is list or origin is list:
+        item = typing.get_args(tp)  # list[float]: each item coerced as a float field is; a lone value, a list of one
+        if item:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            return [_coerce(v, item[0], where) for v in items]
         if isinstance(value, (list, tuple)):
             return list(value)
         raise _type_error(where, value, "a list, e.g. [0.9, 0.999]")

@@ -238,3 +238,27 @@ class FinetuneOptimConfig:
     """Share of the steps spent warming the learning rate up."""
     schedule: Annotated[ScheduleName, Folded()] = "linear"
     """linear | cosine | constant | inverse-sqrt | polynomial | step: the decay after the warmup."""
+
+
+def _distinct_positive(values, _) -> bool:
+    return all(v > 0 for v in values) and len(set(values)) == len(values)
+
+
+@dataclass
+class FinetuneGridConfig:
+    """finetune's `grid` section: Devlin et al.'s finetuning protocol (2018, §A.3: lr ∈ {5e-5, 4e-5, 3e-5, 2e-5},
+    epochs ∈ {2, 3, 4}, batch ∈ {16, 32}; random restarts on small data sets), every combination finetuned into
+    OUT/grid/<lr>-<epochs>-<batch>-seed<k>/ and the best dev run kept as OUT. An empty list tries the one value
+    of the train/optim section; a grid of one run is a plain finetune."""
+
+    lr: Annotated[list[float], Rule(_distinct_positive, "must be distinct learning rates > 0",
+                                    "e.g. --set {where}.lr=[5.0e-5,3.0e-5,2.0e-5]")] = field(default_factory=list)
+    """Peak learning rates tried; empty = optim.lr alone."""
+    epochs: Annotated[list[int], Rule(_distinct_positive, "must be distinct epoch counts ≥ 1",
+                                      "e.g. --set {where}.epochs=[2,3,4]")] = field(default_factory=list)
+    """Epoch counts tried; empty = train.epochs alone."""
+    batch_size: Annotated[list[int], Rule(_distinct_positive, "must be distinct batch sizes ≥ 1",
+                                          "e.g. --set {where}.batch_size=[16,32]")] = field(default_factory=list)
+    """Batch sizes tried; empty = train.batch_size alone."""
+    seeds: Size = 1
+    """Runs of each setting, seeded train.seed, train.seed + 1, …: the best dev run of all is kept."""

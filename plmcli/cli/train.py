@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from plmcli.cli._common import Commands, guarded, parse_duration, print_json, process, stderr
+from plmcli.errors import PlmError
 
 commands = Commands()
 
@@ -76,11 +77,14 @@ def finetune(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
                                            "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
-    epochs: Optional[int] = typer.Option(None, help="Epochs; dev is evaluated after each and the best weights are kept "
-                                         "(= train.epochs; default 3)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5)."),
-    batch_size: Optional[int] = typer.Option(None, help="Examples per optimizer step (= train.batch_size; default 32)."),
+    epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev is evaluated after each and the best weights are kept "
+                                         "(= train.epochs; default 3). A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
+    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5). "
+                                     "A list (5e-5,3e-5,2e-5) finetunes each: a grid (= grid.lr)."),
+    batch_size: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Examples per optimizer step (= train.batch_size; default 32). "
+                                             "A list (16,32) finetunes each: a grid (= grid.batch_size)."),
     seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
+    seeds: Optional[int] = typer.Option(None, help="Finetunes of each setting, seeded --seed, --seed + 1, …; the best dev run is kept (= grid.seeds; default 1)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),
@@ -109,7 +113,7 @@ def finetune(
     aux_lm_weight: Optional[float] = typer.Option(None, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss "
                                                   "(= task.aux_lm_weight; default 0.5)."),
     eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
-    as_json: bool = typer.Option(False, "--json", help="Print metrics.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print metrics.json (a grid: grid.json)."),
 ):
     """Finetune a run on a task; writes OUT/metrics.json, the best weights, test predictions and
     OUT/finetune.yaml (the resolved config: `--config OUT/finetune.yaml` runs it again).
@@ -126,19 +130,48 @@ def finetune(
       plm finetune --task conll2003 --data-dir conll2003/ --crf
       plm finetune --task classification --train a.tsv --dev b.tsv --text-col sentence --label-col label
       plm finetune --task sst2 --from runs/my-finetuned --eval-only --data-dir glue/
+      plm finetune --task rte --data-dir glue/ --lr 5e-5,3e-5,2e-5 --epochs 2,3,4 --batch-size 16,32 --seeds 5
     """
     from plmcli import api
 
     options = dict(train=train, dev=dev, test=test, text_col=text_col, text_pair_col=text_pair_col, label_col=label_col,
                    doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, n_best=n_best, crf=crf,
                    aux_lm_weight=aux_lm_weight)
-    res = api.finetune(task, from_run, data_dir, epochs, lr, batch_size, seed, out, max_seq_len, max_steps, init,
+    res = api.finetune(task, from_run, data_dir, _grid_list(epochs, "--epochs", int), _grid_list(lr, "--lr", float),
+                       _grid_list(batch_size, "--batch-size", int), seed, out, max_seq_len, max_steps, init,
                        console=stderr(), eval_only=eval_only, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
-                       dropout=dropout, classifier_dropout=classifier_dropout, config=config, overrides=overrides, **options)
+                       dropout=dropout, classifier_dropout=classifier_dropout, config=config, overrides=overrides,
+                       seeds=seeds, **options)
+    _echo_finetune(res, as_json)
+
+
+def _echo_finetune(res: dict, as_json: bool) -> None:
     if process()[0]:  # one result for N processes
         return
     if as_json:
         return print_json(res)
+    if "runs" in res:  # a grid (its table is printed with the progress)
+        return _echo_grid(res)
     best = f" (best at epoch {res['best_epoch']})" if res.get("best_epoch") is not None else ""
     typer.echo(f"{res['out_dir']}: {res['task']} dev " + ", ".join(f"{k} {v:.4f}" for k, v in res["dev"].items())
                + f"{best}; test predictions: {', '.join(res['test_predictions'].values()) or 'none'}")
+
+
+def _echo_grid(res: dict) -> None:
+    b = res["best"]
+    typer.echo(f"{res['out_dir']}: {len(res['runs'])} {res['task']} finetunes; best lr {b['lr']:g}, {b['epochs']} epochs, "
+               f"batch {b['batch_size']}, seed {b['seed']}: dev {res['main_metric']} {b['metric']:.4f} ({b['dir']}, kept "
+               f"as the output); table: {res['out_dir']}/grid.md")
+
+
+def _grid_list(text: str | None, flag: str, kind: type):
+    """A flag's value: one number, or a comma list of them (a grid axis); None when not given."""
+    if text is None:
+        return None
+    try:
+        values = [kind(x) for x in text.split(",")]
+    except ValueError:
+        what, example = ("whole numbers", "2,3,4") if kind is int else ("numbers", "5e-5,3e-5,2e-5")
+        raise PlmError(f"{flag} '{text}' is not a number or a comma-separated list of {what}",
+                       f"e.g. {flag} {example}") from None
+    return values[0] if len(values) == 1 else values

@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
-from plmcli.config_sections import FinetuneInit, TaskOptions
+from plmcli.config_sections import FinetuneGridConfig, FinetuneInit, TaskOptions
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
@@ -43,6 +43,10 @@ ARGUMENT_KEYS = {
     "weight_decay": "optim.weight_decay", "dropout": "model.dropout", "classifier_dropout": "model.classifier_dropout",
 }
 """finetune()'s keyword arguments (plm finetune's flags) and the config key each one sets."""
+
+GRID_KEYS = {"lr": "grid.lr", "epochs": "grid.epochs", "batch_size": "grid.batch_size", "seeds": "grid.seeds"}
+"""The arguments that also take a list (plm finetune --lr 1e-4,5e-5): a list of several values sets the grid key,
+one value the ARGUMENT_KEYS key and empties the grid's list (the flag beats a grid in the --config file)."""
 
 
 def finetune(task: str | None = None, from_run: str | None = None, data_dir: str | None = None, epochs: int | None = None,
@@ -74,17 +78,37 @@ def finetune_config(config: str | None = None, overrides: list[str] | dict | Non
                     **arguments) -> FinetuneConfig:
     """The FinetuneConfig of a finetune: `arguments` (ARGUMENT_KEYS; None = not given) and `options` (the
     task's fields) beat `overrides` (--set), which beat the file `config`, which beats the defaults."""
-    given = {k: v for k, v in arguments.items() if v is not None}
-    _check_arguments(given)
+    given = {k: v for k, v in arguments.items() if v is not None and not (isinstance(v, (list, tuple)) and not v)}
     flags: dict = {"task": _given_options(options)}
     for name, value in given.items():
-        section, key = ARGUMENT_KEYS[name].split(".")
-        flags.setdefault(section, {})[key] = value
+        for key, v in _keys_set(name, value):
+            section, field_name = key.split(".")
+            flags.setdefault(section, {})[field_name] = v
     cfg = load_finetune_config(config, overrides, flags)
     if not cfg.task.name:
         raise PlmError("no task given", "pass --task NAME (e.g. --task sst2), or name it in the --config file "
                        "(task: {name: sst2}) or with --set task.name=sst2")
     return cfg
+
+
+def _keys_set(name: str, value) -> list[tuple[str, typing.Any]]:
+    """The config keys an argument sets, and their values; each value checked as its flag."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        _check_arguments({name: v})
+    if name not in GRID_KEYS:
+        if len(values) > 1:
+            raise PlmError(f"--{name.replace('_', '-')} takes one value, not {len(values)}",
+                           f"lists are for {', '.join('--' + k.replace('_', '-') for k in GRID_KEYS if k != 'seeds')}")
+        return [(ARGUMENT_KEYS[name], values[0])]
+    if name == "seeds":
+        return [(GRID_KEYS[name], value)]
+    if len(values) > 1:
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            raise PlmError(f"--{name.replace('_', '-')} lists {twice} twice", "give each value once")
+        return [(GRID_KEYS[name], values)]
+    return [(ARGUMENT_KEYS[name], values[0]), (GRID_KEYS[name], [])]
 
 
 def _given_options(options) -> dict:
@@ -104,6 +128,9 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
     from plmcli.data.tasks.registry import get_task
     from plmcli.train.distributed import process_state
 
+    if cfg.grid != FinetuneGridConfig():  # a caller below the api, which runs a grid by pipelines.finetune_grid
+        raise PlmError("this finetune config has a grid section, and run_finetune runs one finetune",
+                       "run it with plmcli.api.finetune (or plm finetune), or empty the grid section")
     t = get_task(cfg.task.name, cfg.task_options())
     run, run_cfg, run_label, out_dir = _source_and_out(cfg.model.from_run, out, t, eval_only)
     if eval_only:
@@ -391,6 +418,7 @@ def _check_arguments(given: dict) -> None:
         "epochs": (lambda v: isinstance(v, int) and v >= 1, "e.g. --epochs 3"),
         "lr": (lambda v: v > 0, "e.g. --lr 2e-5"),
         "batch_size": (lambda v: isinstance(v, int) and v >= 1, "e.g. --batch-size 32"),
+        "seeds": (lambda v: isinstance(v, int) and v >= 1, "e.g. --seeds 5 (runs of each setting)"),
         "max_steps": (lambda v: v >= 1, "e.g. --max-steps 100, or leave it out"),
         "warmup_ratio": (lambda v: 0 <= v < 1, "e.g. --warmup-ratio 0.1"),
         "weight_decay": (lambda v: v >= 0, "e.g. --weight-decay 0.01"),
