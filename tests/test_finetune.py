@@ -227,18 +227,18 @@ def test_stsb_regression(toy_run, tmp_path):
 
 def test_runs_without_a_representation_to_transfer_are_refused(tmp_path, tokenizer, families):
     """Encoders, GPT-style causal LMs and families with per-token states are finetuned (tests/test_finetune_matrix.py).
-    Refused: a causal LM without per-position hidden states (ToyCausal has none), an n-gram model (it counts), an
-    RNN encoder-decoder (it declares no encoder states)."""
+    Refused: a causal LM without per-position hidden states (ToyCausal has none), an n-gram model (it counts), a
+    feed-forward NNLM (it sees n-1 tokens)."""
     tok, meta = tokenizer
     make_run(tmp_path / "toycausal", "toycausal", ToyCausal(ToyCausalConfig(vocab_size=tok.get_vocab_size())), tok, meta)
-    for family in ("ngram", "seq2seq"):  # refused from config.json alone, before any weights are read
+    for family in ("ngram", "nnlm"):  # refused from config.json alone, before any weights are read
         (tmp_path / family).mkdir()
         (tmp_path / family / "config.json").write_text(json.dumps({"family": family, "model": {}, "tokenizer": meta}))
         (tmp_path / family / "model.safetensors").write_bytes(b"")
     why = {"toycausal": "is a causal LM without per-position hidden states to transfer",
            "ngram": "counts n-grams and has no learned states to finetune",
-           "seq2seq": "is an encoder-decoder that declares no encoder states for transfer"}
-    need = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer run"
+           "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example"}
+    need = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq run"
     for family, clause in why.items():
         with pytest.raises(PlmError) as e:
             finetune("sst2", from_run=str(tmp_path / family), data_dir=str(SAMPLE), out=str(tmp_path / "o"))

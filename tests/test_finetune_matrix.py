@@ -2,9 +2,10 @@
 
 A "yes" cell finetunes a tiny model of that family a few steps on tiny data and checks the task's metric is
 written to OUT/metrics.json; a "no" cell checks the one-line refusal (before anything is read or written).
-BERT's, XLNet's, ELMo's and GPT's rows are pinned here too (span QA: tests/objectives/test_qa.py). Hand computations
-pin what the new rows read: ULMFiT's concat pooling, a fresh state / memory per example, Transformer-XL's
-segments with memory, tags at the last sub-token of a left-to-right row.
+BERT's, XLNet's, ELMo's and GPT's rows are pinned here too (span QA's windows and decoding: tests/objectives/test_qa.py).
+Hand computations pin what the new rows read: ULMFiT's concat pooling, a fresh state / memory per example,
+Transformer-XL's segments with memory, tags at the last sub-token of a left-to-right row, the RNN encoder-decoder's
+packed bidirectional encoder, ELMo's span head over its scalar mix.
 """
 
 import csv
@@ -48,16 +49,23 @@ TINY = {  # family, model section: a second or two per finetune on one CPU core
     "xlnet": ("xlnet", {"max_positions": 64, "n_layer": 1, "n_head": 2, "d_model": 16, "d_ff": 32}),
     "transformer": ("transformer", {"max_positions": 64, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_model": 16,
                                     "d_ff": 32, "n_head": 2}),
+    "seq2seq": ("seq2seq", {"cell": "lstm", "n_layer": 2, "d_embed": 16, "d_hidden": 16, "bidirectional": True,
+                            "max_positions": 64}),
+    "seq2seq_gru": ("seq2seq", {"cell": "gru", "n_layer": 1, "d_embed": 16, "d_hidden": 16, "bidirectional": False,
+                                "decoder": "bahdanau", "attention": "additive", "max_positions": 64}),
 }
 
 # task -> (the task name, the dev metric it writes)
 TASKS = {"classification": ("sst2", "accuracy"), "pair": ("rte", "accuracy"), "regression": ("stsb", "spearman"),
          "tagging": ("conll2003", "f1"), "multiple_choice": ("swag", "accuracy")}
+ALL_TASKS = {**TASKS, "span_qa": ("squad", "f1")}  # span QA: encoders with [CLS]/[SEP] only
 
 YES = ([("lstm", t) for t in TASKS] + [("lstm", "tagging+crf")]
        + [("gru", "classification"), ("gru", "tagging"), ("rnn", "classification"), ("rnn", "regression")]
-       + [("transformer_xl", t) for t in TASKS] + [("transformer", t) for t in TASKS]
-       + [("bert", t) for t in TASKS] + [("xlnet", t) for t in TASKS] + [("elmo", t) for t in TASKS] + [("gpt", t) for t in TASKS if t != "tagging"])
+       + [("transformer_xl", t) for t in TASKS] + [("transformer", t) for t in TASKS] + [("seq2seq", t) for t in TASKS]
+       + [("seq2seq_gru", "classification"), ("seq2seq_gru", "tagging")]
+       + [("bert", t) for t in TASKS] + [("xlnet", t) for t in TASKS] + [("elmo", t) for t in TASKS] + [("gpt", t) for t in TASKS if t != "tagging"]
+       + [(f, "span_qa") for f in ("bert", "xlnet", "elmo")])
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +122,8 @@ def write_data(root: Path, kind: str):
                 lines += [f"{rng.choice(['John', 'Mary'])} x x I-PER", f"{rng.choice(['Paris', 'London'])} x x I-LOC", ""]
             (d / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
         return str(d), TaskOptions(crf=True) if kind.endswith("crf") else None
+    if kind == "span_qa":
+        return None, squad_files(root, rng)
     d = root / "swag"  # multiple choice, swagaf's CSV layout
     d.mkdir(parents=True)
     files = {}
@@ -128,12 +138,29 @@ def write_data(root: Path, kind: str):
     return None, TaskOptions(train=files["train"], dev=files["val"], test=files["test"])
 
 
+def squad_files(root: Path, rng: random.Random) -> TaskOptions:
+    """SQuAD v1.1 JSON train and dev files: each question's answer is one word of its passage."""
+    paragraphs = []
+    for p in range(8):
+        context = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 24)))
+        qas = []
+        for q, answer in enumerate(rng.sample(context.split(), 2)):
+            start = f" {context} ".index(f" {answer} ")  # a whole word: the answer is never inside another
+            qas.append({"id": f"p{p}q{q}", "question": f"where is {answer} ?",
+                        "answers": [{"text": answer, "answer_start": start}]})
+        paragraphs.append({"context": context, "qas": qas})
+    root.mkdir(parents=True, exist_ok=True)
+    for name in ("train", "dev"):
+        (root / f"{name}.json").write_text(json.dumps({"version": "1.1", "data": [{"title": name, "paragraphs": paragraphs}]}))
+    return TaskOptions(train=str(root / "train.json"), dev=str(root / "dev.json"), max_query_len=8, doc_stride=8)
+
+
 # ------------------------------------------------------------------ the "yes" cells
 
 
 @pytest.mark.parametrize("name,kind", YES)
 def test_yes_cell_finetunes_and_writes_its_metric(tmp_path, tokenizer, name, kind):
-    task, metric = TASKS[kind.split("+")[0]]
+    task, metric = ALL_TASKS[kind.split("+")[0]]
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
     out = tmp_path / "ft"
@@ -169,7 +196,7 @@ def test_concat_pooling_is_last_max_and_mean_over_the_real_tokens():
     torch.testing.assert_close(pool(h, lengths, "mean"), want[:, 4:])
 
 
-@pytest.mark.parametrize("name", ["lstm", "transformer_xl", "transformer"])
+@pytest.mark.parametrize("name", ["lstm", "transformer_xl", "transformer", "seq2seq", "seq2seq_gru"])
 def test_each_example_is_read_alone(name, tokenizer, tmp_path):
     """A row's states do not depend on the rows batched with it, on its padding, or on what was read before."""
     from plmcli.runs import load_encoder
@@ -188,6 +215,61 @@ def test_each_example_is_read_alone(name, tokenizer, tmp_path):
     torch.testing.assert_close(together[:1], alone)
     torch.testing.assert_close(together[1:, :3], short)
     torch.testing.assert_close(again, alone)
+
+
+def test_seq2seq_encoder_states_by_hand():
+    """The RNN encoder-decoder's transfer states, by hand with GRU cells: the forward direction from each row's first
+    token, the backward one from each row's LAST REAL token (never from its padding); padding positions get zeros."""
+    from plmcli.models.seq2seq import Seq2Seq, Seq2SeqConfig
+
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(vocab_size=30, cell="gru", d_embed=6, d_hidden=8, bidirectional=True)).eval()
+    assert model.traits.pooling == "mean" and model.traits.pair_layout == "causal"
+    ids = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+
+    def direction(suffix: str, xs: torch.Tensor) -> torch.Tensor:  # (n, E) -> (n, 4), from a zero state
+        cell = torch.nn.GRUCell(6, 4)
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, name).data.copy_(getattr(model.encoder, f"{name}_l0{suffix}"))
+        h, out = torch.zeros(1, 4), []
+        for x in xs:
+            h = cell(x[None], h)
+            out.append(h[0])
+        return torch.stack(out)
+
+    with torch.no_grad():
+        got = model.token_states(ids, mask)
+        for b, n in enumerate((5, 3)):
+            x = model.embed(ids[b, :n])
+            want = torch.cat([direction("", x), direction("_reverse", x.flip(0)).flip(0)], -1)
+            torch.testing.assert_close(got[b, :n], want)
+            assert not got[b, n:].any()
+        # and the padding changes nothing: a row alone, unpadded, reads the same
+        torch.testing.assert_close(model.token_states(ids[1:, :3]), got[1:, :3])
+
+
+def test_elmo_span_head_reads_the_scalar_mix_of_each_window_alone(tmp_path, tokenizer):
+    """ELMo × span QA: start / end logits are the head over ELMo's scalar mix of its layers, both directions of every
+    token (the backward LM starts at each window's last real token, so the padding reaches no real token)."""
+    from plmcli.objectives.qa import NEG
+    from plmcli.runs import load_encoder
+
+    tok, meta = tokenizer
+    run = tiny_run(tmp_path / "elmo", "elmo", tokenizer)
+    backbone = load_encoder(run, json.loads((run / "config.json").read_text()))
+    obj = task_objective(get_task("squad", TaskOptions(max_query_len=8)), tok, meta["special_token_ids"], 32, type(backbone))
+    model = obj.build_model(backbone).eval()
+    cls, sep = meta["special_token_ids"]["cls"], meta["special_token_ids"]["sep"]
+    ids = torch.tensor([[cls, 20, 21, sep, 22, 23, 24, sep], [cls, 25, sep, 26, sep, 0, 0, 0]])
+    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    types = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        got = model(ids, types, mask)  # (2, 8, 2)
+        want = model.head(backbone.mix(backbone.layers(ids[:1])))  # by hand: Linear over the mixed layers
+        torch.testing.assert_close(got[:1], want)
+        torch.testing.assert_close(got[1, :5], model(ids[1:, :5], types[1:, :5], mask[1:, :5])[0])
+        assert (got[1, 5:] == NEG).all()
 
 
 def test_rnn_head_reads_ulmfit_concat_pooling(tmp_path, tokenizer):
@@ -250,18 +332,20 @@ def test_tags_sit_on_the_last_sub_token_of_a_left_to_right_row(tokenizer):
 
 # ------------------------------------------------------------------ the "no" cells
 
-NEED_SEQ = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer run"
-NEED_TOK = "an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, transformer)"
+NEED_SEQ = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq run"
+NEED_TOK = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, transformer, "
+            "seq2seq)")
 WHY = {
     "ngram": "counts n-grams and has no learned states to finetune",
     "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example",
-    "seq2seq": "is an encoder-decoder that declares no encoder states for transfer",
     "word2vec": "gives one static vector per word, no contextual states to finetune",
 }
 NO = [(f, kind) for f in WHY for kind in ("classification", "pair", "regression", "tagging", "multiple_choice", "span_qa")] \
-    + [(f, "span_qa") for f in ("gpt", "rnn", "transformer_xl", "transformer")] + [("gpt", "tagging")]
+    + [(f, "span_qa") for f in ("gpt", "rnn", "transformer_xl", "transformer", "seq2seq")] + [("gpt", "tagging")]
 QA_WHY = {**dict.fromkeys(("gpt", "rnn", "transformer_xl", "ngram", "nnlm"), "is a causal LM"),
-          **dict.fromkeys(("transformer", "seq2seq"), "is an encoder-decoder"), "word2vec": "has no encoder to finetune"}
+          **dict.fromkeys(("transformer", "seq2seq"), "is an encoder-decoder: its tokenizer has no [CLS]/[SEP] to frame "
+                                                      "span QA's [CLS] question [SEP] passage [SEP] windows"),
+          "word2vec": "has no encoder to finetune"}
 
 
 @pytest.mark.parametrize("family,kind", NO)

@@ -6,7 +6,6 @@ It imports plmcli.api only inside functions, and only once something failed, so 
 
 from __future__ import annotations
 
-import json
 import os
 
 import typer
@@ -24,7 +23,10 @@ def stderr():
 
 
 def print_json(obj) -> None:
-    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+    """Strict JSON on stdout: a non-finite number (an unsmoothed n-gram's ppl inf) is null (data.store.finite)."""
+    from plmcli.data.store import json_text
+
+    typer.echo(json_text(obj, indent=2, ensure_ascii=False))
 
 
 def floats(text: str, name: str) -> list[float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -123,8 +124,27 @@ def write_text(dest, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def finite(obj):
+    """`obj` with every non-finite float (inf, -inf, nan) in it, at any depth, replaced by None. JSON has no
+    Infinity or NaN (RFC 8259): Python's json writes them as bare words that jq, JavaScript and most other
+    parsers refuse. null is what JSON.stringify writes for them and jq prints for NaN, and it keeps every number
+    field a number or null (an unsmoothed n-gram's ppl inf comes with zero_prob_tokens > 0, which says why)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def json_text(obj, **options) -> str:
+    """Strict JSON of `obj` (json.dumps `options`): non-finite floats become null (`finite`)."""
+    return json.dumps(finite(obj), allow_nan=False, **options)
+
+
 def write_json(dest, obj) -> None:
-    write_text(dest, json.dumps(obj))
+    write_text(dest, json_text(obj))
 
 
 # ----------------------------------------------------------------------------- atomic directories

@@ -19,6 +19,13 @@ state), e_tj = score(s_{t-1}, m_j) — the paper's vᵀ tanh(W s_{t-1} + U h_j) 
 c_t = Σ_j α_tj m_j enters the RNN together with the embedding of y_{t-1}: s_t = f(s_{t-1}, [E y_{t-1}; c_t]),
 and the logits come from g(y_{t-1}, s_t, c_t) = tanh(W_o [c_t; s_t; E y_{t-1}]). Every step waits for the
 one before it (its query is the last step's state), so `input_feeding` does not apply.
+
+Transfer: the encoder alone (`token_states`: its outputs, the memory the decoder attends to) serves the task
+heads. It has no [CLS] and no single summary state — a bidirectional encoder's last position has read the whole
+row forwards but only itself backwards — so a sequence head reads the mean of its states over the real tokens
+(`pooling="mean"`, as a Transformer's encoder; ULMFiT's concat would add that lopsided last state and triple the
+head's width), and tagging every token's state. Its tokenizer has no [CLS]/[SEP]: examples are framed as GPT's
+transfer frames them (`<s> a $ b <e>`, `pair_layout="causal"`), which its bos/eos spell.
 """
 
 from __future__ import annotations
@@ -115,7 +122,7 @@ class Attention(nn.Module):
 
 
 class Seq2Seq(LanguageModel):
-    traits = Traits(seq2seq=True, scoring="conditional")
+    traits = Traits(seq2seq=True, scoring="conditional", pair_layout="causal", pooling="mean")
     Config = Seq2SeqConfig
 
     def __init__(self, cfg: Seq2SeqConfig):
@@ -181,6 +188,16 @@ class Seq2Seq(LanguageModel):
         if self.lstm:
             state["c"] = h0[1]
         return state
+
+    def token_states(self, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """(B, S) right-padded ids, (B, S) mask (1 = real token; None: all real) -> (B, S, d_hidden) the encoder's
+        states, for transfer. Packed by length, as `encode` reads a source: each row's backward direction starts
+        at its own last real token, so no real position sees the padding (whose states are zeros)."""
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        lengths = mask.sum(1).clamp(min=1)
+        packed = pack_padded_sequence(self.drop(self.embed(input_ids)), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.encoder(packed)
+        return pad_packed_sequence(out, batch_first=True, total_length=input_ids.shape[1])[0]
 
     # ------------------------------------------------------------ decoder
 

@@ -18,7 +18,7 @@ from torch import nn
 from plmcli.models.base import Encodes, HasHidden, HasTokenStates, HasWordVectors, head_dropout, head_init_std, traits_of, uses_token_types
 
 NEEDS_STATES = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, "
-                "transformer)")
+                "transformer, seq2seq)")
 """What a head that reads every token (tagging) or pools a row's states can be finetuned from."""
 
 
@@ -29,8 +29,9 @@ def encoder_problem(model_cls) -> str | None:
         return None
     if model_cls.traits.causal:
         return "is a causal LM; it needs an encoder run"
-    if model_cls.traits.seq2seq:  # its encoder serves classification and tagging, not [CLS]-framed spans
-        return "is an encoder-decoder; it needs an encoder run"
+    if model_cls.traits.seq2seq:  # its encoder serves the sequence and tagging heads, framed as GPT's transfer
+        return ("is an encoder-decoder: its tokenizer has no [CLS]/[SEP] to frame span QA's [CLS] question [SEP] "
+                "passage [SEP] windows; it needs an encoder run")
     return "has no encoder to finetune; it needs an encoder run"
 
 
@@ -53,7 +54,7 @@ def states_problem(model_cls, needs: str = NEEDS_STATES) -> str | None:
     if traits.causal:
         return "is a causal LM; it needs " + needs
     if traits.seq2seq:
-        return "is an encoder-decoder that declares no encoder states for transfer; it needs " + needs
+        return "is an encoder-decoder whose encoder gives no per-token states (token_states); it needs " + needs
     return "has no encoder to finetune; it needs " + needs
 
 

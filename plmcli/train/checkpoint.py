@@ -111,7 +111,11 @@ def load_checkpoint(accelerator, path: Path) -> dict:
 
 
 def write_json(path: Path, obj, continue_with: str | None = None) -> None:
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n", continue_with)
+    """Strict JSON (summary.json, metrics.json): a non-finite number (an n-gram's val_ppl inf, a correlation of
+    constant predictions) is null, as `plm ... --json` prints it (data.store.json_text)."""
+    from plmcli.data.store import json_text
+
+    write_text(path, json_text(obj, indent=2, ensure_ascii=False) + "\n", continue_with)
 
 
 def write_text(path: Path, text: str, continue_with: str | None = None) -> None:

@@ -83,3 +83,24 @@ def test_missing_and_broken_files(tmp_path):
         get_task("race").load(str(tmp_path / "R"))
     with pytest.raises(PlmError, match="--data-dir .* is not a directory"):
         get_task("race").load(str(tmp_path / "nowhere"))
+
+
+def test_split_discovery_is_the_choice_base_s(tmp_path):
+    """SWAG and RACE find their splits through one helper (ChoiceTask.files) with their own names: a folder name
+    (RACE's train/) is a folder only, a file name a file only, and a file option wins over --data-dir."""
+    from plmcli.data.tasks.choice import ChoiceTask
+    from plmcli.data.tasks.swag import SwagTask
+
+    assert RaceTask.files is ChoiceTask.files and SwagTask.files is ChoiceTask.files
+    root = write_race_dir(tmp_path / "R", ("train", "dev"))
+    (root / "dev.json").write_text("[]")  # train/ and dev/ come first in RACE's names
+    (root / "test.json").mkdir()  # a folder under a file's name is not a test file
+    own = tmp_path / "mine.jsonl"
+    own.write_text("")
+    paths = get_task("race", TaskOptions(train=str(own))).files(str(root))
+    assert paths == {"train": own, "dev": root / "dev"}
+    (tmp_path / "S").mkdir()
+    (tmp_path / "S" / "train.csv").write_text("")
+    (tmp_path / "S" / "val.csv").mkdir()  # swagaf's names are files
+    with pytest.raises(PlmError, match="has no val.csv: SWAG finetuning needs a train and a dev file"):
+        get_task("swag").files(str(tmp_path / "S"))

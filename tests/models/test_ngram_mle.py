@@ -99,7 +99,7 @@ def test_eval_ppl_cli_says_it(mle_run, tmp_path):
     assert out.exit_code == 0, out.output
     assert "ppl inf" in out.stdout and "zero-probability tokens 2" in out.stdout
     res = json.loads(run("eval-ppl", test, "--model", mle_run, "--json").stdout)
-    assert res["ppl"] == math.inf and res["zero_prob_tokens"] == 2
+    assert res["ppl"] is None and res["zero_prob_tokens"] == 2  # strict JSON: inf is null (tests/test_strict_json.py)
 
 
 def test_validation_summary_reports_zeros(tmp_path):

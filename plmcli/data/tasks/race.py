@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from plmcli.data.tasks.swag import ChoiceExample, ChoiceTask
+from plmcli.data.tasks.choice import ChoiceExample, ChoiceTask, SplitFiles
 from plmcli.errors import PlmError
 
-SPLITS = ("train", "dev", "test")
 SUFFIXES = (".txt", ".json", ".jsonl")
 """The files a folder split is read from (RACE's downloads hold .txt files of JSON)."""
 
@@ -44,6 +44,11 @@ class RaceTask(ChoiceTask):
     name: str = "race"
     label_names: tuple = ("A", "B", "C", "D")
     test_splits: dict = field(default_factory=lambda: {"test": "RACE.tsv"})
+    split_files: ClassVar[SplitFiles] = SplitFiles(
+        names={s: (f"{s}/", f"{s}.jsonl", f"{s}.json") for s in ("train", "dev", "test")},
+        holding="RACE's train/ and dev/ (and test/)", needs="train and dev questions", given="data",
+        how="pass --data-dir holding RACE's train/ and dev/ folders, or --train and --dev (files or folders)",
+        existing="pass an existing RACE file or folder", folders=True)
 
     def choice_name(self, i: int) -> str:
         """RACE names its options by letter (answers "A".."D")."""
@@ -64,30 +69,6 @@ class RaceTask(ChoiceTask):
                                "every split of a run needs the same number of options")
         self.set_choices(choices["train"])
         return splits
-
-    def files(self, data_dir: str | None) -> dict[str, Path]:
-        """Split -> file or folder: the --train/--dev/--test options, else what --data-dir holds."""
-        o = self.options
-        paths = {s: Path(f) for s, f in zip(SPLITS, (o.train, o.dev, o.test)) if f}
-        if data_dir is not None:
-            root = Path(data_dir)
-            if not root.is_dir():
-                raise PlmError(f"--data-dir {root} is not a directory",
-                               "pass the RACE folder holding train/ and dev/ (and test/)")
-            for split in SPLITS:
-                found = next((p for p in (root / split, root / f"{split}.jsonl", root / f"{split}.json") if p.exists()), None)
-                if split not in paths and found is not None:
-                    paths[split] = found
-        missing = [s for s in ("train", "dev") if s not in paths]
-        if missing:
-            where = f"--data-dir {data_dir} has no {' or '.join(f'{s}/' for s in missing)}" if data_dir \
-                else f"no {' or '.join(missing)} data given"
-            raise PlmError(f"{where}: RACE finetuning needs train and dev questions",
-                           "pass --data-dir holding RACE's train/ and dev/ folders, or --train and --dev (files or folders)")
-        for path in paths.values():
-            if not path.exists():
-                raise PlmError(f"{path} not found", "pass an existing RACE file or folder")
-        return paths
 
 
 def race_files(path: Path) -> list[Path]:

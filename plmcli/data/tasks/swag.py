@@ -19,50 +19,12 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from plmcli.data.tasks import Task
+from plmcli.data.tasks.choice import ChoiceExample, ChoiceTask, SplitFiles
 from plmcli.errors import PlmError
 
-FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
 _ENDING = re.compile(r"ending(\d+)$")
-
-
-@dataclass
-class ChoiceExample:
-    """One multiple-choice question: a context and its candidate endings (objective `choice`)."""
-
-    context: str
-    endings: list
-    label: int | None = None
-    """Index of the right ending; None where the split is unlabeled."""
-    id: str | None = None
-    """The row's index column (the file's leading unnamed column), else its position among the examples."""
-
-
-@dataclass
-class ChoiceTask(Task):
-    """A multiple-choice task (SWAG, RACE): the number of choices comes from the data and is kept with the run."""
-
-    objective: str = "choice"
-    num_labels: int = 4
-    """The number of choices, taken from the data."""
-    metrics: tuple = ("accuracy",)
-    main_metric: str = "accuracy"
-    eval_splits: dict = field(default_factory=lambda: {"dev": ""})
-
-    def choice_name(self, i: int) -> str:
-        """How choice i is named in predictions (SWAG: its index)."""
-        return str(i)
-
-    def state(self) -> dict:
-        return {"choices": self.num_labels}
-
-    def restore(self, state: dict) -> None:
-        self.set_choices(int(state.get("choices", self.num_labels)))
-
-    def set_choices(self, k: int) -> None:
-        self.num_labels = k
-        self.label_names = tuple(self.choice_name(i) for i in range(k))
 
 
 @dataclass
@@ -70,6 +32,11 @@ class SwagTask(ChoiceTask):
     name: str = "swag"
     label_names: tuple = ("0", "1", "2", "3")
     test_splits: dict = field(default_factory=lambda: {"test": "SWAG.tsv"})
+    split_files: ClassVar[SplitFiles] = SplitFiles(
+        names={"train": ("train.csv",), "dev": ("val.csv",), "test": ("test.csv",)},  # swagaf's names
+        holding="SWAG's train.csv and val.csv (and test.csv)", needs="a train and a dev file", given="file",
+        how="pass --train FILE --dev FILE (SWAG-format CSVs), or --data-dir holding train.csv and val.csv",
+        existing="pass an existing SWAG-format CSV file")
 
     # -------------------------------------------------------------- reading
 
@@ -86,29 +53,6 @@ class SwagTask(ChoiceTask):
                                "every file of a run needs the same number of choices")
         self.set_choices(choices[first])
         return splits
-
-    def files(self, data_dir: str | None) -> dict[str, Path]:
-        """Split -> file: the --train/--dev/--test options, else swagaf's names in --data-dir."""
-        o = self.options
-        paths = {s: Path(f) for s, f in (("train", o.train), ("dev", o.dev), ("test", o.test)) if f}
-        if data_dir is not None:
-            root = Path(data_dir)
-            if not root.is_dir():
-                raise PlmError(f"--data-dir {root} is not a directory",
-                               "pass the folder holding SWAG's train.csv and val.csv (and test.csv)")
-            for split, name in FILES.items():
-                if split not in paths and (root / name).is_file():
-                    paths[split] = root / name
-        missing = [s for s in ("train", "dev") if s not in paths]
-        if missing:
-            where = f"--data-dir {data_dir} has no {' or '.join(FILES[s] for s in missing)}" if data_dir \
-                else f"no {' or '.join(missing)} file given"
-            raise PlmError(f"{where}: SWAG finetuning needs a train and a dev file",
-                           "pass --train FILE --dev FILE (SWAG-format CSVs), or --data-dir holding train.csv and val.csv")
-        for path in paths.values():
-            if not path.is_file():
-                raise PlmError(f"{path} not found", "pass an existing SWAG-format CSV file")
-        return paths
 
     def read_file(self, path: Path, labeled: bool) -> tuple[list[ChoiceExample], int]:
         """(examples, number of choices) of one SWAG-format CSV."""
