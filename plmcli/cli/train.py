@@ -55,7 +55,9 @@ def pretrain(
         return
     if as_json:
         return print_json(summary)
-    val = f", val loss {summary['val_loss']:.4f} (ppl {summary['val_ppl']:.2f})" if "val_loss" in summary else ""
+    # A summary re-read from strict JSON holds null for a non-finite figure (an unsmoothed n-gram's inf ppl).
+    loss, ppl = ("not finite" if summary.get(k) is None else f"{summary[k]:.{d}f}" for k, d in (("val_loss", 4), ("val_ppl", 2)))
+    val = f", val loss {loss} (ppl {ppl})" if "val_loss" in summary else ""
     typer.echo(f"{summary['run_dir']}: {summary['steps']} steps, {summary['tokens']:,} tokens in {summary['elapsed_s']:.1f}s{val}")
 
 

@@ -393,7 +393,7 @@ def _check_backbone(family: str, run_label: str, task) -> None:
         clause, _, need = problem.partition("; it needs ")
         raise PlmError(f"run {run_label} {clause} ({family}); {what} needs {need or 'another kind of run'}",
                        "pretrain one with `plm pretrain --recipe bert-mini` (or gpt-mini, lstm-ptb-small, txl-mini, "
-                       "transformer-mini; elmo-mini for ELMo features)")
+                       "transformer-mini, seq2seq-attn-mini; elmo-mini for ELMo features)")
 
 
 def _with_dropout(cfg: dict, dropout: float | None, run_label: str) -> dict:
