@@ -137,14 +137,16 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
              out: str | None = None, max_seq_len: int | None = None, max_steps: int | None = None,
              init: str | None = None, console=None, eval_only: bool = False, warmup_ratio: float | None = None,
              weight_decay: float | None = None, dropout: float | None = None, classifier_dropout: float | None = None,
-             *, config: str | None = None, overrides: list[str] | dict | None = None, **options) -> dict:
+             *, config: str | None = None, overrides: list[str] | dict | None = None, freeze: bool | None = None,
+             features: str | None = None, elmo_at_output: bool | None = None, **options) -> dict:
     """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
 
     `config`: a finetune config YAML (sections task, model, train, optim; a finished finetune's
     OUT/finetune.yaml is one); `overrides`: `section.key=value` strings (or a nested dict) over it. Every
     other argument sets one config key, and one that is given beats both (None: not given; the defaults of
     plmcli.config.FinetuneConfig then apply). `options`: the task settings of
-    plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
+    plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...). `freeze`, `features`, `elmo_at_output`:
+    feature-based use (model.freeze / model.features / model.elmo_at_output).
     """
     from dataclasses import fields
 
@@ -158,7 +160,8 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     cfg = finetune_config(config, overrides, options, task=task, from_run=from_run, data_dir=data_dir, epochs=epochs,
                           lr=lr, batch_size=batch_size, seed=seed, max_seq_len=max_seq_len, max_steps=max_steps,
                           init=init, warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
-                          classifier_dropout=classifier_dropout)
+                          classifier_dropout=classifier_dropout, freeze=freeze, features=features,
+                          elmo_at_output=elmo_at_output)
     cfg = replace(cfg, task=replace(cfg.task, data_dir=sample_data_dir(cfg.task.data_dir)))
     quiet_datasets_off_terminal()
     return run_finetune(cfg, out, eval_only, console)
