@@ -88,6 +88,46 @@ def test_layer_states_last_entry_is_the_hidden_heads_read(name):
     assert torch.equal(states[-1], hidden)
 
 
+STATEFUL = {  # families whose heads read `token_states`: a 3-layer tiny config each
+    "lstm": ("rnn", {"cell": "lstm", "n_layer": 3, "d_embed": 12, "d_hidden": 16}),
+    "gru": ("rnn", {"cell": "gru", "n_layer": 2, "d_embed": 16, "d_hidden": 16}),
+    "transformer_xl": ("transformer_xl", {"n_layer": 3, "n_head": 2, "d_model": 16, "d_ff": 32, "mem_len": 4,
+                                          "eval_tgt_len": 3, "dropout": 0.0}),
+    "transformer": ("transformer", {"max_positions": 32, "n_encoder_layers": 3, "n_decoder_layers": 1, "d_model": 16,
+                                    "d_ff": 32, "n_head": 2}),
+    "xlnet": ("xlnet", {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16, "d_ff": 32}),
+}
+
+
+@pytest.mark.parametrize("name", list(STATEFUL))
+def test_layer_states_of_per_row_families_end_with_token_states(name):
+    family, section = STATEFUL[name]
+    cls = model_class(family)
+    torch.manual_seed(0)
+    model = cls(cls.Config(vocab_size=50, **section)).eval()
+    ids, types, mask = batch()
+    with torch.no_grad():
+        states = model.layer_states(ids, None, mask)
+        hidden = model.encode(ids, None, mask)[0] if name == "xlnet" else model.token_states(ids, mask)
+    # an RNN lists its layers' outputs (its embeddings have another width); the rest embeddings + layers
+    assert len(states) == section.get("n_layer", section.get("n_encoder_layers")) + (name not in ("lstm", "gru"))
+    assert torch.equal(states[-1], hidden)
+
+
+def test_rnn_layer_states_are_each_layer_of_the_fused_module():
+    family, section = STATEFUL["lstm"]
+    cls = model_class(family)
+    torch.manual_seed(0)
+    model = cls(cls.Config(vocab_size=50, **section)).eval()
+    ids = batch()[0]
+    with torch.no_grad():
+        states = model.layer_states(ids)
+        for k in range(1, 4):  # the first k layers of the stack, fused, end with layer k's output
+            first_k = torch.nn.LSTM(12, 16, num_layers=k, batch_first=True)
+            first_k.load_state_dict({n: p for n, p in model.rnn.state_dict().items() if int(n[-1]) < k})
+            torch.testing.assert_close(states[k - 1], first_k(model.wte(ids))[0], rtol=0, atol=1e-6)
+
+
 def test_elmo_layer_states_are_its_layers_and_encode_mixes_them():
     family, section = TINY["elmo"]
     cls = model_class(family)
@@ -190,6 +230,10 @@ def test_frozen_finetune_keeps_the_backbone_bitwise_and_loads_back(tmp_path, tok
     model, _, cfg = load_finetuned(str(out))
     assert cfg["finetune"]["features"] == "scalar_mix" and model.features == "scalar_mix"
     assert torch.equal(model.mix.scalars, got["mix.scalars"])
+    from plmcli.interop.hf import export_hf  # a head over mixed layers has no transformers class: the network alone
+
+    report = export_hf(str(out), str(tmp_path / "hf"))
+    assert any("head not exported" in n for n in report["notes"]), report
 
 
 # ------------------------------------------------------------------ ELMo at the output
@@ -238,7 +282,7 @@ def test_cli_flags_reach_the_config_and_the_run(tmp_path, tokenizer):  # noqa: F
 
 @pytest.mark.parametrize("args,needles", [
     (["--features", "everything"], ["--features 'everything'", "scalar_mix"]),
-    (["--features", "scalar_mix"], ["RNNLM gives no per-layer states"]),
+    (["--features", "concat_last_four"], ["RNNLM has 2 layer states", "fewer than 4"]),
     (["--elmo-at-output"], ["--elmo-at-output", "not ELMo"]),
 ])
 def test_refusals_are_one_line(tmp_path, tokenizer, args, needles):  # noqa: F811
@@ -247,6 +291,15 @@ def test_refusals_are_one_line(tmp_path, tokenizer, args, needles):  # noqa: F81
     res = cli("finetune", "--task", "sst2", "--from", run, "--data-dir", SAMPLE, "--max-steps", 1, "--out", out, *args)
     assert_clean_error(res, *needles)
     assert not out.exists()
+
+
+def test_a_family_without_layer_states_is_refused():
+    from helpers import ToyEncoder, ToyEncoderConfig
+    from plmcli.objectives.heads import features_problem
+
+    what, fix = features_problem(ToyEncoder(ToyEncoderConfig(vocab_size=5)), "scalar_mix")
+    assert what == "--features scalar_mix: ToyEncoder gives no per-layer states" and "leave --features out" in fix
+    assert features_problem(ToyEncoder(ToyEncoderConfig(vocab_size=5)), "last") is None
 
 
 def test_concat_last_four_needs_four_layer_states(tmp_path, tokenizer):  # noqa: F811
@@ -264,3 +317,34 @@ def test_unfrozen_scalar_mix_trains_the_backbone_too(tmp_path, tokenizer):  # no
              features="scalar_mix")
     pre, got = load_file(str(run / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert not torch.equal(pre["blocks.0.attn.qkv.weight"], got["encoder.blocks.0.attn.qkv.weight"])
+
+
+def test_xlnet_reads_its_last_real_token_of_the_mixed_states():
+    family, section = STATEFUL["xlnet"]
+    cls = model_class(family)
+    torch.manual_seed(0)
+    head = SequenceClassifier(cls(cls.Config(vocab_size=50, **section)), 2)
+    configure_features(head, "scalar_mix")
+    head.eval()
+    ids, types, mask = batch()
+    with torch.no_grad():
+        mixed = head.layer_features(ids, types, mask)
+        last = mixed[torch.arange(3), mask.sum(1) - 1]  # XLNet's <cls> ends each row
+        torch.testing.assert_close(head(ids, types, mask), head.head(last))
+
+
+@pytest.mark.parametrize("name,kind,features", [
+    ("xlnet", "classification", "scalar_mix"), ("lstm", "classification", "scalar_mix"),
+    ("transformer_xl", "tagging", "scalar_mix"), ("transformer", "classification", "scalar_mix"),
+    ("elmo", "tagging", "scalar_mix"), ("gpt", "multiple_choice", "scalar_mix"),
+])
+def test_other_families_finetune_with_mixed_features(tmp_path, tokenizer, name, kind, features):  # noqa: F811
+    from test_finetune_matrix import TASKS, write_data
+
+    task, metric = TASKS[kind]
+    run = tiny_run(tmp_path / name, name, tokenizer)
+    data_dir, options = write_data(tmp_path / "data", kind)
+    res = finetune(task, from_run=str(run), data_dir=data_dir, options=options, max_steps=2, batch_size=8, lr=1e-2,
+                   out=str(tmp_path / "ft"), features=features, freeze=True)
+    assert metric in res["dev"]
+    assert load_finetuned(str(tmp_path / "ft"))[0].features == features

@@ -198,7 +198,8 @@ class TaskHead(nn.Module):
         return freeze_unreached(self, lambda: self(x, types, mask).float().sum())
 
 
-FEATURE_FAMILIES = "bert, roberta, albert, nezha, spanbert, electra, gpt or elmo"
+FEATURE_FAMILIES = ("bert, roberta, albert, nezha, spanbert, electra, xlnet, gpt, transformer_xl, rnn / lstm / gru, "
+                    "transformer or elmo")
 """The families that declare `HasLayerStates` (what --features other than last needs)."""
 
 
@@ -209,8 +210,8 @@ def features_problem(network: nn.Module, features: str = "last", elmo_at_output:
     if elmo_at_output and not isinstance(network, HasTaskHead):
         return (f"--elmo-at-output: {kind} is not ELMo (no ELMo task model to add ELMo to)",
                 "finetune an elmo run on a classification / pair / regression task, or leave it out")
-    if features == "last" or isinstance(network, HasTaskHead):
-        return None  # ELMo's own classifier always reads its scalar mix (tagging reads `encode`'s mix)
+    if features == "last":
+        return None
     if not isinstance(network, HasLayerStates):
         return (f"--features {features}: {kind} gives no per-layer states",
                 f"leave --features out (last), or finetune a {FEATURE_FAMILIES} run")
