@@ -348,3 +348,23 @@ def test_other_families_finetune_with_mixed_features(tmp_path, tokenizer, name, 
                    out=str(tmp_path / "ft"), features=features, freeze=True)
     assert metric in res["dev"]
     assert load_finetuned(str(tmp_path / "ft"))[0].features == features
+
+
+@pytest.mark.parametrize("name", ["bert", "electra"])
+def test_layer_states_unpadded_match_padded_at_the_real_tokens(name, monkeypatch):
+    from plmcli.models import layers
+
+    model = build(name)
+    ids, types, mask = batch()
+    with torch.no_grad():
+        padded = model.layer_states(ids, types, mask)
+        # the CUDA path (unpad, jagged blocks, repad), forced on the CPU as test_unpadded_attention does
+        monkeypatch.setattr(layers, "unpadded_attention", lambda device: True)
+        unpadded = model.layer_states(ids, types, mask)
+        hidden = model.encode(ids, types, mask)[0]
+    real = mask.bool()
+    assert len(unpadded) == len(padded) == 4 and torch.equal(unpadded[-1], hidden)
+    for p, u in zip(padded, unpadded):
+        assert u.shape == p.shape and not u.is_nested
+        torch.testing.assert_close(u[real], p[real], rtol=0, atol=1e-5)
+    assert all(torch.equal(u[~real], torch.zeros_like(u[~real])) for u in unpadded[1:])
