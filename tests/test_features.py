@@ -368,3 +368,14 @@ def test_layer_states_unpadded_match_padded_at_the_real_tokens(name, monkeypatch
         assert u.shape == p.shape and not u.is_nested
         torch.testing.assert_close(u[real], p[real], rtol=0, atol=1e-5)
     assert all(torch.equal(u[~real], torch.zeros_like(u[~real])) for u in unpadded[1:])
+
+
+def test_elmo_at_output_on_a_tagging_task_is_refused_and_leaves_nothing(tmp_path, tokenizer):  # noqa: F811
+    from test_finetune_matrix import write_data
+
+    run = tiny_run(tmp_path / "elmo", "elmo", tokenizer)
+    data_dir, _ = write_data(tmp_path / "data", "tagging")
+    with pytest.raises(PlmError, match="not ELMo's BiLSTM classifier"):
+        finetune("conll2003", from_run=str(run), data_dir=data_dir, max_steps=1, out=str(tmp_path / "ft"),
+                 elmo_at_output=True)
+    assert not (tmp_path / "ft").exists()
