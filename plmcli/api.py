@@ -139,6 +139,7 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
              init: str | None = None, console=None, eval_only: bool = False, warmup_ratio: float | None = None,
              weight_decay: float | None = None, dropout: float | None = None, classifier_dropout: float | None = None,
              *, config: str | None = None, overrides: list[str] | dict | None = None, seeds: int | None = None,
+             freeze: bool | None = None, features: str | None = None, elmo_at_output: bool | None = None,
              **options) -> dict:
     """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
 
@@ -149,7 +150,8 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     OUT/finetune.yaml is one); `overrides`: `section.key=value` strings (or a nested dict) over it. Every
     other argument sets one config key, and one that is given beats both (None: not given; the defaults of
     plmcli.config.FinetuneConfig then apply). `options`: the task settings of
-    plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...).
+    plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...). `freeze`, `features`, `elmo_at_output`:
+    feature-based use (model.freeze / model.features / model.elmo_at_output).
     """
     from dataclasses import fields
 
@@ -164,7 +166,8 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     cfg = finetune_config(config, overrides, options, task=task, from_run=from_run, data_dir=data_dir, epochs=epochs,
                           lr=lr, batch_size=batch_size, seed=seed, max_seq_len=max_seq_len, max_steps=max_steps,
                           init=init, warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
-                          classifier_dropout=classifier_dropout, seeds=seeds)
+                          classifier_dropout=classifier_dropout, seeds=seeds, freeze=freeze, features=features,
+                          elmo_at_output=elmo_at_output)
     cfg = replace(cfg, task=replace(cfg.task, data_dir=sample_data_dir(cfg.task.data_dir)))
     quiet_datasets_off_terminal()
     cells = grid_cells(cfg)

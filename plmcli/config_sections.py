@@ -181,6 +181,11 @@ class FinetuneTaskConfig(TaskOptions):
     """Tokens per example, special tokens included; none = min(128, the model's positions)."""
 
 
+FinetuneFeatures = Literal["last", "scalar_mix", "concat_last_four"]
+"""model.features: what the task head reads — the last layer (its pooled [CLS] where the encoder has a pooler),
+a learned scalar mix γ·Σ softmax(s)_j h_j of every layer, embeddings included (ELMo eq. 1), or the last four
+layers concatenated (BERT's best feature-based NER, Devlin et al. 2018 §5.3)."""
+
 FinetuneInit = Literal["pretrained", "random"]
 """model.init: the run's weights, or the same architecture freshly initialised (the baseline that shows
 what pretraining buys)."""
@@ -198,6 +203,15 @@ class FinetuneModelConfig:
     """The backbone's dropout and attention dropout while finetuning; none = the run's own."""
     classifier_dropout: Optional[Probability] = None
     """Dropout before the task head; none = the backbone's dropout."""
+    freeze: bool = False
+    """Feature-based: the backbone's weights stay as pretrained (eval mode, no backward through it); only the
+    task head (and a scalar mix) train."""
+    features: FinetuneFeatures = "last"
+    """last | scalar_mix | concat_last_four: what the head reads (scalar_mix and concat_last_four take the
+    [CLS] position of the mixed states, not the pretrained pooler)."""
+    elmo_at_output: bool = False
+    """ELMo runs, sequence tasks: ELMo vectors also at the task BiLSTM's output, with their own scalar mix
+    (Peters et al. 2018 §3.3)."""
 
 
 @dataclass

@@ -247,6 +247,7 @@ def finetuned_model(run: Path, cfg: dict, tok=None, backbone=None):
     unless a `backbone` is given (then the caller loads them into the returned model)."""
     from plmcli.data.tasks import TaskOptions
     from plmcli.data.tasks.registry import get_task
+    from plmcli.objectives.heads import configure_features
 
     ft = cfg["finetune"]
     task = get_task(ft["task"], TaskOptions(**ft.get("options", {})))
@@ -258,6 +259,8 @@ def finetuned_model(run: Path, cfg: dict, tok=None, backbone=None):
         backbone = load_encoder(run, {**cfg, "finetune": None}, pretrained=False)
     obj = task_objective(task, tok, special_ids, ft["max_seq_len"], type(backbone), ft.get("classifier_dropout"))
     model = obj.build_model(backbone)
+    # the mix / wider head the finetune trained, so its weights load; not frozen again: loaded, it only reads
+    configure_features(model, ft.get("features", "last"), elmo_at_output=ft.get("elmo_at_output", False))
     if not given:
         load_weights(model, run, cfg)
         model.eval()

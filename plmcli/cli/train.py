@@ -63,6 +63,13 @@ def pretrain(
 
 # ---------------------------------------------------------------- finetune
 
+FREEZE = typer.Option(None, "--freeze", help="Feature-based: the backbone stays as pretrained (eval mode, no backward through "
+                      "it); only the task head (and a scalar mix) train (= model.freeze).")
+FEATURES = typer.Option(None, "--features", help="What the head reads: last | scalar_mix (a learned γ·Σ softmax(s)_j h_j over "
+                        "every layer, embeddings included) | concat_last_four (BERT §5.3) (= model.features; default last).")
+ELMO_AT_OUTPUT = typer.Option(None, "--elmo-at-output", help="ELMo runs: ELMo vectors also at the task BiLSTM's output, "
+                              "with a scalar mix of their own (Peters et al. §3.3) (= model.elmo_at_output).")
+
 
 @commands.command()
 @guarded
@@ -98,6 +105,7 @@ def finetune(
     dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
                                             "(= model.dropout; default: the run's own)."),
     classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (= model.classifier_dropout)."),
+    freeze: Optional[bool] = FREEZE, features: Optional[str] = FEATURES, elmo_at_output: Optional[bool] = ELMO_AT_OUTPUT,
     train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, "
                                         "SQuAD JSON, CoNLL, SWAG CSV) (= task.train)."),
     dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best "
@@ -143,7 +151,7 @@ def finetune(
                        _grid_list(batch_size, "--batch-size", int), seed, out, max_seq_len, max_steps, init,
                        console=stderr(), eval_only=eval_only, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
                        dropout=dropout, classifier_dropout=classifier_dropout, config=config, overrides=overrides,
-                       seeds=seeds, **options)
+                       seeds=seeds, freeze=freeze, features=features, elmo_at_output=elmo_at_output, **options)
     _echo_finetune(res, as_json)
 
 

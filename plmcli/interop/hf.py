@@ -118,7 +118,8 @@ def _export_model(src: Path, cfg: dict):
 
     task = cfg["finetune"].get("task")
     task_model = load_finetuned(str(src), USAGE)[0]
-    if isinstance(task_model, SequenceClassifier) and not task_model.feature_based:
+    # a head over mixed or concatenated layers (--features) has no transformers class either
+    if isinstance(task_model, SequenceClassifier) and not task_model.feature_based and task_model.features == "last":
         return task_model.encoder.eval(), task_model.head, []
     note = f"{task} head not exported, only the network it finetuned (transformers has no class for the head)"
     return load_encoder(src, cfg).eval(), None, [note]

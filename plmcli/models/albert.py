@@ -91,18 +91,23 @@ class Albert(MaskedLMEncoder):
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.wte.weight
 
-    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
-        """(B, T) ids -> ((B, T, H) hidden states, (B, H) pooled [CLS] or None). attention_mask: 1 = token, 0 = padding."""
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
+        """(B, T) ids -> ((B, T, H) hidden states, (B, H) pooled [CLS] or None). attention_mask: 1 = token, 0 = padding.
+        `states`: the projected embeddings and each layer's output are appended to it (layer_states)."""
         x = absolute_embeddings(self, input_ids, token_type_ids)  # (B, T, E)
         x = self.emb_proj(self.drop(self.ln_emb(x)))  # (B, T, H)
-        x = bidirectional(self._layers, x, attention_mask)
+        if states is not None:
+            states.append(x)
+        x = bidirectional(self._layers, x, attention_mask, states)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, H)
         return x, pooled
 
-    def _layers(self, x, mask):
+    def _layers(self, x, mask, states: list | None = None):
         for i in range(self.cfg.n_layer):
             x = self.attention[i % len(self.attention)](x, False, mask)
             x = self.ffn[i % len(self.ffn)](x)
+            if states is not None:
+                states.append(x)
         return x
 
     def flops_per_token(self, seq_len: int) -> float:

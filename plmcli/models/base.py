@@ -278,3 +278,15 @@ class HasWordVectors(Protocol):
     `plm eval-vectors` scores them."""
 
     def word_vectors(self, token_strings: list[str]) -> tuple[list[str], Any]: ...
+
+
+@runtime_checkable
+class HasLayerStates(Protocol):
+    """Every layer's per-token states for feature-based transfer (Devlin et al. 2018 §5.3; Peters et al. 2018):
+    layer_states(ids (B, T), types, mask) -> [h_0, h_1, ..., h_L], each (B, T, C): h_0 the embedding output,
+    h_j layer j's output, h_L exactly the states the family's task heads read by default (`encode`'s hidden,
+    `hidden`, `token_states`; a final LayerNorm included). An RNN LM's list is its layers' outputs alone (its
+    embeddings have another width). Read with the same per-row rules as those
+    (padding never reaches a real position). `--features scalar_mix | concat_last_four` read them."""
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list: ...

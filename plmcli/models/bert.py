@@ -126,8 +126,15 @@ class MaskedLMEncoder(LanguageModel):
     mlm_fraction = 0.15
     """Share of tokens the MLM head is computed at, for flops_per_token (BERT's mask_prob)."""
 
-    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
+        """`states` (a list): the embedding output and each layer's output are appended to it (layer_states)."""
         raise NotImplementedError
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """[embedding output, each layer's output] (B, T, C) each, the last = encode's hidden (HasLayerStates)."""
+        states: list = []
+        self.encode(input_ids, token_type_ids, attention_mask, states=states)
+        return states
 
     @property
     def max_positions(self) -> int:
@@ -184,21 +191,27 @@ class Bert(MaskedLMEncoder):
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.wte.weight
 
-    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """(B, T) ids -> ((B, T, C) hidden states, (B, C) pooled [CLS] or None).
 
-        attention_mask (B, T): 1 = token, 0 = padding (padding is never attended to).
+        attention_mask (B, T): 1 = token, 0 = padding (padding is never attended to). `states`: see MaskedLMEncoder.
         """
         x = self.drop(self.ln_emb(absolute_embeddings(self, input_ids, token_type_ids)))
-        x = bidirectional(self._blocks, x, attention_mask)
+        if states is not None:
+            states.append(x)
+        x = bidirectional(self._blocks, x, attention_mask, states)
         if self.ln_f is not None:
             x = self.ln_f(x)
+            if states is not None:
+                states[-1] = x  # pre-LN: the last layer's state is the normalized one heads read
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, C)
         return x, pooled
 
-    def _blocks(self, x, mask):
+    def _blocks(self, x, mask, states: list | None = None):
         for block in self.blocks:
             x = block(x, causal=False, attn_mask=mask)
+            if states is not None:
+                states.append(x)
         return x
 
     def flops_per_token(self, seq_len: int) -> float:

@@ -107,14 +107,19 @@ class Transformer(nn.Module):
             for _ in range(cfg.n_layer)
         )
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None, states: list | None = None) -> torch.Tensor:
+        """`states` (a list): the (projected) embeddings and each block's output are appended to it."""
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # (B, T, E) -> (B, T, C)
-        return bidirectional(self._blocks, x, attention_mask)
+        if states is not None:
+            states.append(x)
+        return bidirectional(self._blocks, x, attention_mask, states)
 
-    def _blocks(self, x, mask):
+    def _blocks(self, x, mask, states: list | None = None):
         for block in self.blocks:
             x = block(x, causal=False, attn_mask=mask)
+            if states is not None:
+                states.append(x)
         return x
 
 
@@ -182,6 +187,12 @@ class Electra(LanguageModel):
     def encode(self, input_ids, token_type_ids=None, attention_mask=None):
         """(B, T) ids -> ((B, T, C) discriminator states, None): there is no pooler; use [CLS]'s state."""
         return self.discriminator(self._embed(input_ids, token_type_ids), attention_mask), None
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """The discriminator's [embeddings, each layer's output] (B, T, C) each (HasLayerStates)."""
+        states: list = []
+        self.discriminator(self._embed(input_ids, token_type_ids), attention_mask, states)
+        return states
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None,
                 part: str = "generator") -> ElectraOutput:

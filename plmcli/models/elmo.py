@@ -32,7 +32,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import require_vocab
+from plmcli.models.layers import ScalarMix, require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
 N_CHARS = BYTE0 + 256
@@ -115,19 +115,6 @@ class CharCNN(nn.Module):
         return self.proj(self.highway(x)).view(*shape, -1)  # (…, d_proj)
 
 
-class ScalarMix(nn.Module):
-    """γ · Σ_j softmax(s)_j h_j over n layer representations, s and γ learned (ELMo eq. 1)."""
-
-    def __init__(self, n_layers: int):
-        super().__init__()
-        self.scalars = nn.Parameter(torch.zeros(n_layers))
-        self.gamma = nn.Parameter(torch.ones(()))
-
-    def forward(self, layers: list[torch.Tensor]) -> torch.Tensor:
-        w = torch.softmax(self.scalars, dim=0)
-        return self.gamma * sum(wj * h for wj, h in zip(w, layers))
-
-
 def digit_chars(vocab_size: int, max_chars: int) -> np.ndarray:
     """A stand-in table: each id spelled as its decimal digits between BOW and EOW."""
     ids = np.arange(vocab_size)
@@ -153,7 +140,8 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tenso
 class ELMoTaskHead(nn.Module):
     """Feature-based transfer (Peters et al. 2018, §3.3): the biLM stays frozen; the task learns its own
     scalar mix (s, γ), reads [x; ELMo_task] with a small BiLSTM, pools (max and mean over real tokens)
-    and classifies."""
+    and classifies. `add_output_mix` also puts ELMo at the task BiLSTM's output: h_k -> [h_k; ELMo'_k]
+    with a second mix of its own (§3.3, "another set of output specific linear weights")."""
 
     def __init__(self, elmo: "ELMo", num_labels: int, dropout: float = 0.5, d_lstm: int = 0):
         super().__init__()
@@ -163,6 +151,14 @@ class ELMoTaskHead(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.lstm = nn.LSTM(3 * d_proj, d_lstm, batch_first=True, bidirectional=True)
         self.out = nn.Linear(4 * d_lstm, num_labels)
+        self.mix_out: ScalarMix | None = None
+
+    def add_output_mix(self) -> None:
+        """ELMo at the output too: a second ScalarMix whose vectors (2·d_proj) join the BiLSTM's states before
+        pooling; the classifier is rebuilt for the wider [max; mean] (same default init as nn.Linear's)."""
+        n_layers, d_elmo = len(self.mix.scalars), 2 * self.lstm.input_size // 3
+        self.mix_out = ScalarMix(n_layers).to(self.mix.scalars.device)
+        self.out = nn.Linear(self.out.in_features + 2 * d_elmo, self.out.out_features).to(self.out.weight.device)
 
     def forward(self, elmo: "ELMo", input_ids, attention_mask=None) -> torch.Tensor:
         lengths = attention_mask.sum(1).long() if attention_mask is not None else None
@@ -170,6 +166,8 @@ class ELMoTaskHead(nn.Module):
             layers = elmo.layers(input_ids, lengths)
         x = layers[0][..., : elmo.cfg.d_proj]  # the context-free token representation
         h, _ = self.lstm(self.drop(torch.cat([x, self.mix(layers)], -1)))  # (B, T, 2·d_lstm)
+        if self.mix_out is not None:
+            h = torch.cat([h, self.mix_out(layers)], -1)  # (B, T, 2·d_lstm + 2·d_proj)
         m = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).bool()[..., None]
         mean = (h * m).sum(1) / m.sum(1).clamp(min=1)
         top = h.masked_fill(~m, float("-inf")).amax(1)
@@ -254,6 +252,11 @@ class ELMo(LanguageModel):
         """
         x, f, b = self._directions(input_ids, lengths)
         return [torch.cat([x, x], -1)] + [torch.cat([fj, bj], -1) for fj, bj in zip(f, b)]
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """`layers` read with the rows' lengths (HasLayerStates): [x; x], then [→h_j; ←h_j]."""
+        lengths = attention_mask.sum(1).long() if attention_mask is not None else None
+        return self.layers(input_ids, lengths)
 
     def task_head(self, num_labels: int, dropout: float | None = None) -> ELMoTaskHead:
         """What `plm finetune` trains over this model instead of a linear head on a pooled vector."""

@@ -89,16 +89,31 @@ class GPT(LanguageModel):
     def max_positions(self) -> int:
         return self.cfg.max_positions
 
-    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, C) final hidden states; position t sees tokens ≤ t only."""
+    def hidden(self, input_ids: torch.Tensor, states: list | None = None) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, C) final hidden states; position t sees tokens ≤ t only. `states` (a
+        list): the embedding output and each block's output are appended, the last one after ln_f."""
         T = input_ids.shape[1]
         if T > self.cfg.max_positions:
             raise ValueError(f"sequence of {T} tokens exceeds max_positions={self.cfg.max_positions}")
         pos = torch.arange(T, device=input_ids.device)
         x = self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
+        if states is not None:
+            states.append(x)
         for block in self.blocks:
             x = block(x, causal=True)
-        return self.ln_f(x)
+            if states is not None:
+                states.append(x)
+        x = self.ln_f(x)
+        if states is not None:
+            states[-1] = x  # pre-LN: the last layer's state is the normalized one heads read
+        return x
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """[embedding output, each block's output (the last after ln_f)] (B, T, C) each (HasLayerStates);
+        causal attention: right padding never reaches a real position, so no mask is needed."""
+        states: list = []
+        self.hidden(input_ids, states)
+        return states
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) -> (B, T, V) next-token logits; with `labels` (B, T) (-100 = not scored) the mean

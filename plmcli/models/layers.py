@@ -76,17 +76,25 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return attention_mask.bool()[:, None, None, :]
 
 
-def bidirectional(layers, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def bidirectional(layers, x: torch.Tensor, attention_mask: torch.Tensor | None,
+                  states: list | None = None) -> torch.Tensor:
     """Run an encoder's stack, `layers(x, attn_mask)`, over padded (B, T, C) states.
 
     A batch with padding runs unpadded where `unpadded_attention` says that pays (jagged states, no mask;
     padding positions come back as zeros), otherwise padded with a key mask. The stack must be made of
     Blocks / MultiHeadAttention and position-wise layers, which take both forms.
+    `states` (a list): the stack is called `layers(x, attn_mask, states)` and appends each layer's output
+    there; they come back padded (B, T, C) as the result does (the feature-based `layer_states`).
     """
     mask = padding_mask(attention_mask)
+    extra = () if states is None else (states,)
     if mask is None or not unpadded_attention(x.device):
-        return layers(x, mask)
-    return repad(layers(unpad(x, attention_mask), None), attention_mask)
+        return layers(x, mask, *extra)
+    n = 0 if states is None else len(states)
+    out = repad(layers(unpad(x, attention_mask), None, *extra), attention_mask)
+    if states is not None:
+        states[n:] = [repad(h, attention_mask) for h in states[n:]]
+    return out
 
 
 def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -255,3 +263,17 @@ def sinusoid_table(pos: torch.Tensor, d: int) -> torch.Tensor:
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
     angles = pos.float()[:, None] * inv_freq[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class ScalarMix(nn.Module):
+    """γ · Σ_j softmax(s)_j h_j over n layer representations, s and γ learned (ELMo eq. 1): ELMo's task
+    features, and any family's `--features scalar_mix` over its `layer_states`."""
+
+    def __init__(self, n_layers: int):
+        super().__init__()
+        self.scalars = nn.Parameter(torch.zeros(n_layers))
+        self.gamma = nn.Parameter(torch.ones(()))
+
+    def forward(self, layers: list[torch.Tensor]) -> torch.Tensor:
+        w = torch.softmax(self.scalars, dim=0)
+        return self.gamma * sum(wj * h for wj, h in zip(w, layers))

@@ -169,8 +169,9 @@ class Nezha(MaskedLMEncoder):
         index = (pos[None, :] - pos[:, None]).clamp(-k, k) + k  # j − i, clipped, as a row of table[K−k : K+k+1]
         return self.rel_table[K - k: K + k + 1], index
 
-    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
-        """(B, T) ids -> ((B, T, C) hidden states, (B, C) pooled [CLS] or None). attention_mask: 1 = token, 0 = padding."""
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
+        """(B, T) ids -> ((B, T, C) hidden states, (B, C) pooled [CLS] or None). attention_mask: 1 = token, 0 = padding.
+        `states`: the embedding output and each layer's output are appended to it (layer_states)."""
         B, T = input_ids.shape
         if T > self.max_positions:
             raise ValueError(f"sequence of {T} tokens exceeds max_positions={self.max_positions}")
@@ -180,8 +181,12 @@ class Nezha(MaskedLMEncoder):
         x = self.drop(self.ln_emb(x))
         mask = padding_mask(attention_mask)
         table, index = self.relative(T, input_ids.device)
+        if states is not None:
+            states.append(x)
         for block in self.blocks:
             x = block(x, table, index, mask)
+            if states is not None:
+                states.append(x)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, C)
         return x, pooled
 

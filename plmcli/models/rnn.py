@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
@@ -104,6 +105,23 @@ class RNNLM(LanguageModel):
         never depend on the rows beside or before it. Right padding comes after every real step of a
         left-to-right RNN, so no mask is needed."""
         return self.rnn(self.drop_embed(self.wte(input_ids)))[0]
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """Each recurrent layer's outputs (B, T, d_hidden), read as `token_states` reads a row (HasLayerStates);
+        the embeddings (d_embed wide) are not among them. The fused multi-layer module hides its inner layers,
+        so each layer runs as a one-layer module of the same kind on that layer's weights (built on the meta
+        device: no memory, no random draws); the last output is token_states' exactly."""
+        cfg = self.cfg
+        h, states = self.drop_embed(self.wte(input_ids)), []
+        for k in range(cfg.n_layer):
+            with torch.device("meta"):
+                one = CELLS[cfg.cell](cfg.d_embed if k == 0 else cfg.d_hidden, cfg.d_hidden, batch_first=True)
+            weights = {f"{n}_l0": getattr(self.rnn, f"{n}_l{k}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+            if k > 0:  # the fused module's between-layer dropout
+                h = F.dropout(h, cfg.dropout_hidden, self.training)
+            h = functional_call(one, weights, (h,))[0]
+            states.append(h)
+        return states
 
     def state_logits(self, states: torch.Tensor) -> torch.Tensor:
         """(B, T, d_hidden) states -> (B, T, V) next-token logits (the projection first, when tied through one)."""

@@ -165,18 +165,33 @@ class Transformer(LanguageModel):
             raise ValueError(f"sequence of {offset + T} tokens exceeds max_positions={self.cfg.max_positions}")
         return self.drop(emb(ids) * self.scale + self.pe[offset : offset + T])
 
-    def encode_hidden(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """(B, S) source ids, (B, S) bool mask (True = real token) -> (B, S, C) memory."""
+    def encode_hidden(self, src_ids: torch.Tensor, src_mask: torch.Tensor, states: list | None = None) -> torch.Tensor:
+        """(B, S) source ids, (B, S) bool mask (True = real token) -> (B, S, C) memory. `states` (a list): the
+        embeddings and each encoder layer's output are appended, the last one after the final norm."""
         x = self.embed_tokens(self.src_embed, src_ids)
         attn_mask = src_mask[:, None, None, :]  # padding keys get no attention
+        if states is not None:
+            states.append(x)
         for block in self.encoder:
             x = block(x, attn_mask=attn_mask)
-        return self.enc_norm(x)
+            if states is not None:
+                states.append(x)
+        x = self.enc_norm(x)
+        if states is not None:
+            states[-1] = x
+        return x
 
     def token_states(self, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
         """(B, S) ids, (B, S) mask (1 = real token; None: all real) -> (B, S, C) the encoder's states, for transfer."""
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         return self.encode_hidden(input_ids, mask)
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """The encoder's [embeddings, each layer's output] (B, S, C) each, the last = token_states (HasLayerStates)."""
+        states: list = []
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        self.encode_hidden(input_ids, mask, states)
+        return states
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.embed.weight) if self.out is None else self.out(h)

@@ -217,9 +217,10 @@ class TransformerXL(LanguageModel):
         """Relative positions: no table bounds the length (memory is what costs)."""
         return 2**31 - 1
 
-    def hidden(self, input_ids: torch.Tensor, mems=None):
+    def hidden(self, input_ids: torch.Tensor, mems=None, states: list | None = None):
         """(B, T) ids, memory from the previous segment (a list of n_layer (B, M, C) tensors, or None) ->
-        ((B, T, C) final hidden states, the new memory or None when mem_len is 0)."""
+        ((B, T, C) final hidden states, the new memory or None when mem_len is 0). `states` (a list): the
+        embeddings, each layer's output and the final states are appended (L+1 entries)."""
         B, T = input_ids.shape
         M = 0 if mems is None else mems[0].shape[1]
         K = M + T
@@ -240,6 +241,8 @@ class TransformerXL(LanguageModel):
             layer_inputs.append(x)
             x = layer(x, None if mems is None else mems[i], r, blocked, self.u, self.v)
         x = self.drop(self.ln_f(x))
+        if states is not None:
+            states.extend([*layer_inputs, x])
         return x, self._update(mems, layer_inputs)
 
     def _update(self, mems, layer_inputs):
@@ -257,12 +260,21 @@ class TransformerXL(LanguageModel):
         segments before it, as eval-ppl reads a text; with mem_len ≥ the row that is the whole row's causal
         attention. Padding sits on the right, after every real token, so no real position sees it.
         """
+        return self.segment_states(input_ids)[-1]
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """[embeddings, each layer's output] (B, T, C) each, read as `token_states` reads a row (HasLayerStates)."""
+        return self.segment_states(input_ids, every_layer=True)
+
+    def segment_states(self, input_ids: torch.Tensor, every_layer: bool = False) -> list:
+        """token_states' segment loop: [final states], or every layer's (`every_layer`), each (B, T, C)."""
         seg = self.cfg.eval_tgt_len or input_ids.shape[1]
         mems, out = None, []
         for lo in range(0, input_ids.shape[1], seg):
-            h, mems = self.hidden(input_ids[:, lo:lo + seg], mems)
-            out.append(h)
-        return torch.cat(out, 1)
+            states = [] if every_layer else None
+            h, mems = self.hidden(input_ids[:, lo:lo + seg], mems, states)
+            out.append(states if every_layer else [h])
+        return [torch.cat(parts, 1) for parts in zip(*out)]
 
     def state_logits(self, states: torch.Tensor) -> torch.Tensor:
         """(B, T, C) states -> (B, T, V) next-token log-probabilities through the (adaptive) softmax."""

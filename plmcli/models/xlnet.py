@@ -191,10 +191,11 @@ class XLNet(LanguageModel):
     # ------------------------------------------------------------------ the stack
 
     def stack(self, input_ids, seg=None, perm_mask=None, q_pos=None, mems=None, key_pad=None,
-              reuse_len=None, mem_len=None, bi_data=False):
+              reuse_len=None, mem_len=None, bi_data=False, states: list | None = None):
         """Run both streams. input_ids, seg (B, T); perm_mask (B, T, T), 1 = i may not attend to j;
         q_pos (B, M) positions of the query-stream rows (None: no query stream); mems: per layer (B, Tm, C)
-        or None; key_pad (B, T) True at padding. Returns (h (B, T, C), g (B, M, C) | None, new mems | None)."""
+        or None; key_pad (B, T) True at padding. Returns (h (B, T, C), g (B, M, C) | None, new mems | None).
+        `states` (a list): the content stream's embeddings and each layer's output are appended (layer_states)."""
         B, T = input_ids.shape
         mlen = mems[0].shape[1] if mems else 0
         klen = mlen + T
@@ -227,10 +228,15 @@ class XLNet(LanguageModel):
             mem = mems[i] if mems else None
             if new_mems is not None:  # each layer's input is the next segment's memory for that layer
                 new_mems.append(self._cache(h, mem, reuse_len, mem_len))
+            if states is not None:
+                states.append(h)
             h, g = block(h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos)
         if new_mems is not None and new_mems[0] is None:
             new_mems = None
-        return self.drop(h), (self.drop(g) if g is not None else None), new_mems
+        h = self.drop(h)
+        if states is not None:
+            states.append(h)
+        return h, (self.drop(g) if g is not None else None), new_mems
 
     @staticmethod
     def _cache(h, mem, reuse_len, mem_len):
@@ -257,10 +263,11 @@ class XLNet(LanguageModel):
         out = g if g is not None else h
         return F.linear(out, self.wte.weight, self.lm_bias), new_mems
 
-    def encode(self, input_ids, token_type_ids=None, attention_mask=None):
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """(B, T) ids -> ((B, T, C) content states, (B, C) pooled): no memory, no permutation.
 
         Rows are right-padded; the last real token (XLNet's <cls>) gets a segment of its own and is pooled.
+        `states`: the embeddings and each layer's content states are appended to it (layer_states).
         """
         B, T = input_ids.shape
         rows = torch.arange(B, device=input_ids.device)
@@ -268,8 +275,14 @@ class XLNet(LanguageModel):
         seg = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.clone()
         seg[rows, last] = 2
         key_pad = attention_mask == 0 if attention_mask is not None and not bool(attention_mask.all()) else None
-        h, _, _ = self.stack(input_ids, seg, key_pad=key_pad, mem_len=0)
+        h, _, _ = self.stack(input_ids, seg, key_pad=key_pad, mem_len=0, states=states)
         return h, torch.tanh(self.summary(h[rows, last]))
+
+    def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
+        """[embeddings, each layer's content states] (B, T, C) each, the last = encode's hidden (HasLayerStates)."""
+        states: list = []
+        self.encode(input_ids, token_type_ids, attention_mask, states=states)
+        return states
 
     def freeze_summary(self) -> None:
         """Pretraining never reaches the sequence summary: frozen, DDP does not wait for its gradients."""

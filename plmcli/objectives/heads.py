@@ -10,12 +10,17 @@ best-weight selection and load_finetuned handle it whole.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from plmcli.models.base import Encodes, HasHidden, HasTokenStates, HasWordVectors, head_dropout, head_init_std, traits_of, uses_token_types
+from plmcli.errors import PlmError
+from plmcli.models.base import (Encodes, HasHidden, HasLayerStates, HasTaskHead, HasTokenStates, HasWordVectors,
+                                head_dropout, head_init_std, traits_of, uses_token_types)
+from plmcli.models.elmo import ELMoTaskHead
+from plmcli.models.layers import ScalarMix
 
 NEEDS_STATES = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, "
                 "transformer, seq2seq)")
@@ -104,6 +109,8 @@ class TaskHead(nn.Module):
     """The attribute (and state-dict prefix) that holds the pretrained network."""
     default_dropout: ClassVar[float | None] = None
     """Dropout when the task sets none; None: the network's own (models.base.head_dropout)."""
+    feature_based: bool = False
+    """The family built the head itself (ELMo's scalar mix + BiLSTM): it reads the network on its own."""
 
     def __init__(self, network: nn.Module, num_outputs: int, dropout: float | None = None, width: int | None = None,
                  head: nn.Module | None = None):
@@ -112,6 +119,12 @@ class TaskHead(nn.Module):
         super().__init__()
         setattr(self, self.network_name, network)
         self.frozen: list[str] = []
+        self.features = "last"
+        """What the head reads (model.features, set by `configure_features`): the last layer, a scalar mix of
+        every layer, or the last four layers concatenated."""
+        self.mix: ScalarMix | None = None
+        self.frozen_backbone = False
+        """model.freeze: the network runs in eval mode under no_grad; only the head (and mix) train."""
         # One segment embedding (RoBERTa) or none: pairs are told apart by [SEP] alone.
         self.use_types = uses_token_types(network)
         if head is not None:
@@ -133,12 +146,45 @@ class TaskHead(nn.Module):
         return self.network.max_positions
 
     def states(self, input_ids, token_type_ids=None, attention_mask=None):
-        """The backbone's (hidden (B, T, C), pooled (B, C) | None) through its declared primitive (`token_states`)."""
-        return token_states(self.network, input_ids, token_type_ids if self.use_types else None, attention_mask)
+        """The backbone's (hidden (B, T, C), pooled (B, C) | None) through its declared primitive (`token_states`),
+        or the features `self.features` names (pooled None)."""
+        types = token_type_ids if self.use_types else None
+        if self.features != "last":
+            return self.layer_features(input_ids, types, attention_mask), None
+        with self.backbone_grad():
+            return token_states(self.network, input_ids, types, attention_mask)
 
     def encoded(self, input_ids, token_type_ids=None, attention_mask=None):
-        """The encoder's (hidden (B, T, C), pooled (B, C) | None); segment ids only where it has segments."""
-        return self.network.encode(input_ids, token_type_ids if self.use_types else None, attention_mask)
+        """The encoder's (hidden (B, T, C), pooled (B, C) | None); segment ids only where it has segments.
+        With features other than `last` the pretrained pooler is not used: pooled is None for [CLS]-first
+        encoders (heads read hidden[:, 0]) and each row's last real state for [CLS]-last ones (XLNet)."""
+        types = token_type_ids if self.use_types else None
+        if self.features == "last":
+            with self.backbone_grad():
+                return self.network.encode(input_ids, types, attention_mask)
+        hidden = self.layer_features(input_ids, types, attention_mask)
+        if traits_of(self.network).pair_layout != "cls_last":
+            return hidden, None
+        lengths = attention_mask.sum(-1) if attention_mask is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1])
+        return hidden, pool(hidden, lengths, "last")
+
+    def layer_features(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
+        """(B, T, C') per-token features from every layer's states: γ·Σ softmax(s)_j h_j (scalar_mix, C' = C)
+        or [h_{L-3}; h_{L-2}; h_{L-1}; h_L] (concat_last_four, C' = 4C: BERT's best feature-based NER, §5.3)."""
+        with self.backbone_grad():
+            layers = self.network.layer_states(input_ids, token_type_ids, attention_mask)
+        return self.mix(layers) if self.features == "scalar_mix" else torch.cat(layers[-4:], -1)
+
+    def backbone_grad(self):
+        """no_grad around a frozen backbone: no graph is kept, nothing runs backward through it."""
+        return torch.no_grad() if self.frozen_backbone else nullcontext()
+
+    def train(self, mode: bool = True):
+        """A frozen backbone stays in eval mode (no dropout): its features are the same every epoch."""
+        super().train(mode)
+        if self.frozen_backbone:
+            self.network.eval()
+        return self
 
     def freeze_unused(self, cls_id: int, sep_id: int) -> list[str]:
         """Freeze the parameters a finetuning pass never reaches (MLM/NSP heads) and name them.
@@ -151,6 +197,78 @@ class TaskHead(nn.Module):
         types = torch.tensor([[0, 0, 1], [0, 0, 0]], device=p0.device)
         mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=p0.device)
         return freeze_unreached(self, lambda: self(x, types, mask).float().sum())
+
+
+FEATURE_FAMILIES = ("bert, roberta, albert, nezha, spanbert, electra, xlnet, gpt, transformer_xl, rnn / lstm / gru, "
+                    "transformer or elmo")
+"""The families that declare `HasLayerStates` (what --features other than last needs)."""
+
+
+def features_problem(network: nn.Module, features: str = "last", elmo_at_output: bool = False) -> tuple[str, str] | None:
+    """(what is wrong, how to fix) when `network` cannot give `features` or ELMo-at-output, else None: checked
+    by finetune before anything is written, and again by configure_features."""
+    kind = type(network).__name__
+    if elmo_at_output and not isinstance(network, HasTaskHead):
+        return (f"--elmo-at-output: {kind} is not ELMo (no ELMo task model to add ELMo to)",
+                "finetune an elmo run on a classification / pair / regression task, or leave it out")
+    if features == "last":
+        return None
+    if not isinstance(network, HasLayerStates):
+        return (f"--features {features}: {kind} gives no per-layer states",
+                f"leave --features out (last), or finetune a {FEATURE_FAMILIES} run")
+    n = _layer_count(network)
+    if features == "concat_last_four" and n < 4:
+        return (f"--features concat_last_four: {kind} has {n} layer states (embeddings included), fewer than 4",
+                "use --features scalar_mix, or a model with ≥ 3 layers")
+    return None
+
+
+def configure_features(model: TaskHead, features: str = "last", freeze: bool = False, elmo_at_output: bool = False) -> None:
+    """Set what a built task model reads and trains (model.features, model.freeze, model.elmo_at_output).
+
+    features: `last` (the head as built), `scalar_mix` (a learned ScalarMix over every `layer_states` entry,
+    embeddings included) or `concat_last_four` (the last four entries concatenated: the head's input width
+    ×4, the Linear rebuilt with the same init). freeze: every network parameter stops training and the
+    network runs under no_grad in eval mode; `model.frozen` then names them all. The weights stay in the
+    model, so the saved file holds the whole network and loads back as is. elmo_at_output: ELMo's own
+    classifier also mixes ELMo's layers into its BiLSTM's output (ELMoTaskHead.add_output_mix).
+    """
+    net = model.network
+    problem = features_problem(net, features, elmo_at_output)
+    if problem is None and elmo_at_output and not isinstance(model.head, ELMoTaskHead):
+        problem = (f"--elmo-at-output: {type(net).__name__}'s task model here is not ELMo's BiLSTM classifier",
+                   "use it on a classification / pair / regression task, or leave it out")
+    if problem:
+        raise PlmError(*problem)
+    if elmo_at_output:
+        model.head.add_output_mix()
+    if features != "last" and not model.feature_based:
+        model.features = features
+        if features == "scalar_mix":
+            model.mix = ScalarMix(_layer_count(net)).to(next(net.parameters()).device)
+        else:
+            old = model.head
+            model.head = nn.Linear(4 * old.in_features, old.out_features).to(old.weight.device)
+            nn.init.normal_(model.head.weight, std=head_init_std(net))
+            nn.init.zeros_(model.head.bias)
+    if freeze:
+        for p in net.parameters():
+            p.requires_grad_(False)
+        model.frozen = sorted(set(model.frozen) | {f"{model.network_name}.{n}" for n, _ in net.named_parameters()})
+        model.frozen_backbone = True
+        model.train(model.training)
+
+
+def _layer_count(network: nn.Module) -> int:
+    """How many states `layer_states` gives (embeddings + layers), asked of the network on a two-token row."""
+    p0 = next(network.parameters())
+    was_training = network.training
+    network.eval()
+    with torch.no_grad():
+        ids = torch.zeros(1, 2, dtype=torch.long, device=p0.device)
+        n = len(network.layer_states(ids, None, torch.ones_like(ids)))
+    network.train(was_training)
+    return n
 
 
 def freeze_unreached(model: nn.Module, probe) -> list[str]:

@@ -25,13 +25,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
-from plmcli.config_sections import FinetuneGridConfig, FinetuneInit, TaskOptions
+from plmcli.config_sections import FinetuneFeatures, FinetuneGridConfig, FinetuneInit, TaskOptions
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
                          load_encoder, load_run_tokenizer, resolve_run, run_config, runs_root, task_objective)
 
 INITS = typing.get_args(FinetuneInit)
+FEATURES = typing.get_args(FinetuneFeatures)
 
 FINETUNE_CONFIG = "finetune.yaml"
 """OUT/finetune.yaml: the resolved config a finetune ran with; `plm finetune --config` takes it back."""
@@ -41,6 +42,7 @@ ARGUMENT_KEYS = {
     "lr": "optim.lr", "batch_size": "train.batch_size", "seed": "train.seed", "max_seq_len": "task.max_seq_len",
     "max_steps": "train.max_steps", "init": "model.init", "warmup_ratio": "optim.warmup_ratio",
     "weight_decay": "optim.weight_decay", "dropout": "model.dropout", "classifier_dropout": "model.classifier_dropout",
+    "freeze": "model.freeze", "features": "model.features", "elmo_at_output": "model.elmo_at_output",
 }
 """finetune()'s keyword arguments (plm finetune's flags) and the config key each one sets."""
 
@@ -54,7 +56,8 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
              max_seq_len: int | None = None, max_steps: int | None = None, init: str | None = None,
              warmup_ratio: float | None = None, weight_decay: float | None = None, classifier_dropout: float | None = None,
              dropout: float | None = None, options=None, eval_only: bool = False, console=None,
-             config: str | None = None, overrides: list[str] | dict | None = None) -> dict:
+             config: str | None = None, overrides: list[str] | dict | None = None, freeze: bool | None = None,
+             features: str | None = None, elmo_at_output: bool | None = None) -> dict:
     """Finetune run `from_run` (default runs/latest) on `task`; returns OUT/metrics.json.
 
     Every argument left None takes its value from the config file `config`, its `overrides` (--set) or the
@@ -65,12 +68,14 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     the baseline that shows what pretraining buys). dropout: the backbone's dropout and attention dropout
     while finetuning (default: the run's own; a run pretrained without dropout may want 0.1 here);
     classifier_dropout: before the task head (default: the backbone's dropout). options: a TaskOptions or a
-    dict of its fields (files, columns, QA windows, CRF, auxiliary LM weight). eval_only: `from_run` is a
+    dict of its fields (files, columns, QA windows, CRF, auxiliary LM weight). freeze, features,
+    elmo_at_output: feature-based use (config_sections.FinetuneModelConfig; heads.configure_features). eval_only: `from_run` is a
     finetuned run of this task; its dev split is scored and its test split predicted, nothing is trained.
     """
     arguments = dict(task=task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
                      seed=seed, max_seq_len=max_seq_len, max_steps=max_steps, init=init, warmup_ratio=warmup_ratio,
-                     weight_decay=weight_decay, classifier_dropout=classifier_dropout, dropout=dropout)
+                     weight_decay=weight_decay, classifier_dropout=classifier_dropout, dropout=dropout, freeze=freeze,
+                     features=features, elmo_at_output=elmo_at_output)
     return run_finetune(finetune_config(config, overrides, options, **arguments), out, eval_only, console)
 
 
@@ -145,6 +150,7 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
     else:
         run_cfg = _with_dropout(run_cfg, cfg.model.dropout, run_label)
         model = load_encoder(run, run_cfg, pretrained=cfg.model.init == "pretrained", seed=cfg.train.seed)
+        _check_features(model, cfg.model)
         cfg = _resolved(cfg, run, _seq_len(cfg.task.max_seq_len, _positions(model)))
         special_ids = run_cfg.get("tokenizer", {}).get("special_token_ids", {})
         obj = task_objective(t, tok, special_ids, cfg.task.max_seq_len, type(model), cfg.model.classifier_dropout)
@@ -255,6 +261,7 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
     counts = _counts(meta)
     torch.manual_seed(cfg.train.seed)
     model = obj.build_model(encoder)
+    with_features(model, obj, cfg.model)
     steps_per_epoch = math.ceil(counts["train"] / cfg.train.batch_size)
     total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
     warmup = int(cfg.optim.warmup_ratio * total)
@@ -298,7 +305,8 @@ def _write_run_files(t, run_cfg: dict, run: Path, out_dir: Path, cfg: FinetuneCo
     finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
                      "label_names": list(t.label_names), "from_run": str(run), "init": m.init,
                      "max_seq_len": cfg.task.max_seq_len, "classifier_dropout": m.classifier_dropout,
-                     "dropout": m.dropout, "task_state": t.state(), "options": asdict(t.options)}
+                     "dropout": m.dropout, "task_state": t.state(), "options": asdict(t.options),
+                     "freeze": m.freeze, "features": m.features, "elmo_at_output": m.elmo_at_output}
     ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in run_cfg.items() if k != "finetune"},
                                            "objective": t.objective, "finetune": finetune_info})
     shutil.copyfile(run / TOKENIZER, out_dir / TOKENIZER)
@@ -311,8 +319,8 @@ def _settings(t, cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: 
     return {"epochs": tr.epochs, "lr": cfg.optim.lr, "batch_size": tr.batch_size, "seed": tr.seed,
             "max_seq_len": cfg.task.max_seq_len, "max_steps": tr.max_steps, "steps_per_epoch": steps_per_epoch,
             "total_steps": total, "warmup_steps": warmup, "weight_decay": cfg.optim.weight_decay,
-            "classifier_dropout": m.classifier_dropout, "dropout": m.dropout,
-            "data_dir": cfg.task.data_dir if cfg.task.data_dir else _data_source(t)}
+            "classifier_dropout": m.classifier_dropout, "dropout": m.dropout, "freeze": m.freeze, "features": m.features,
+            "elmo_at_output": m.elmo_at_output, "data_dir": cfg.task.data_dir if cfg.task.data_dir else _data_source(t)}
 
 
 @contextmanager
@@ -408,12 +416,37 @@ def _with_dropout(cfg: dict, dropout: float | None, run_label: str) -> dict:
     return {**cfg, "model": {**cfg["model"], **dict.fromkeys(keys, dropout)}}
 
 
+def _check_features(encoder, m) -> None:
+    """--features / --elmo-at-output the backbone cannot serve: one line before OUT exists."""
+    from plmcli.objectives.heads import features_problem
+
+    problem = features_problem(encoder, m.features, m.elmo_at_output)
+    if problem:
+        raise PlmError(*problem)
+
+
+def with_features(model, obj, m) -> None:
+    """The task model reads and trains what the model section says (features, freeze, elmo_at_output). GPT's
+    auxiliary LM loss is off then: a frozen backbone's LM would train nothing, and mixed states are not the
+    last layer its LM head reads."""
+    from plmcli.objectives.classify import Classify
+    from plmcli.objectives.heads import configure_features
+
+    configure_features(model, m.features, m.freeze, m.elmo_at_output)
+    if (m.freeze or m.features != "last") and isinstance(obj, Classify):
+        obj.aux_lm_weight = 0.0
+
+
 def _check_arguments(given: dict) -> None:
     """The arguments (flags) given, each checked as its flag: these messages name what the user typed. The
     config machinery checks the same ranges for values from a file or --set, naming the key."""
     init = given.get("init")
     if init is not None and init not in INITS:
         raise PlmError(f"--init '{init}' is not one of {', '.join(INITS)}", "use --init pretrained (default) or random")
+    features = given.get("features")
+    if features is not None and features not in FEATURES:
+        raise PlmError(f"--features '{features}' is not one of {', '.join(FEATURES)}",
+                       "use --features last (default), scalar_mix or concat_last_four")
     checks = {
         "epochs": (lambda v: isinstance(v, int) and v >= 1, "e.g. --epochs 3"),
         "lr": (lambda v: v > 0, "e.g. --lr 2e-5"),
