@@ -66,8 +66,9 @@ def device_flops(device_type: str, index: int | None = None, precision: str = "n
     return 2 * n ** 3 * reps / max(min(timed(reps) for _ in range(5)), 1e-9)
 
 
-def _smaller_recipe(family: str, params: int) -> tuple[str, int] | None:
-    """The shipped recipe of `family` with the fewest parameters, if it has fewer than `params`.
+def _smaller_recipe(family: str, params: int, of: str = "") -> tuple[str, int] | None:
+    """The shipped recipe of `family` with the fewest parameters, if it has fewer than `params`; one of the same
+    line as recipe `of` (its first word: bert-base -> bert-mini, not roberta-mini of the same family) when there is one.
 
     Read from the shipped parameter table; an entry gone stale (its recipe edited) is skipped rather
     than recounted, which would build a model just to word a hint."""
@@ -82,7 +83,9 @@ def _smaller_recipe(family: str, params: int) -> tuple[str, int] | None:
         n = table_params(name, raw, table)
         if n is not None and 0 < n < params:
             found.append((n, name))
-    return (min(found)[1], min(found)[0]) if found else None
+    line = [f for f in found if f[1].split("-")[0] == of.split("-")[0]]
+    n, best = min(line or found) if found else (0, None)
+    return (best, n) if best else None
 
 
 def _fmt(row: dict | None, ev: dict) -> str:
@@ -190,7 +193,7 @@ class TrainProgress:
         self.hinted = True
         p = self.plan
         ways = []
-        smaller = _smaller_recipe(p["family"], p["params"]) if "family" in p else None
+        smaller = _smaller_recipe(p["family"], p["params"], p.get("name", "")) if "family" in p else None
         if smaller:
             ways.append(f"a smaller {p['family']} recipe (--recipe {smaller[0]}, {smaller[1] / 1e6:,.1f}M parameters "
                         f"against {p['params'] / 1e6:,.1f}M)")
