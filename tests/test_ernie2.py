@@ -302,3 +302,21 @@ def test_resume_is_bitwise(ernie2_run, tmp_path):
     rows = [[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()] for r in ("full", "half")]
     pick = lambda rs: [(r["step"], r["reorder_loss"], r["distance_acc"]) for r in rs if "reorder_loss" in r]  # noqa: E731
     assert len(pick(rows[0])) == 4 and pick(rows[0]) == pick(rows[1])
+
+
+def test_a_corpus_without_validation_text_builds_and_streams(tmp_path):
+    from plmcli.config_sections import TokenizerConfig
+    from plmcli.data.corpus import tokenize_corpus
+
+    (tmp_path / "zh.txt").write_text("一二三。\n四五六。\n\n七八九。\n十一二。\n", encoding="utf-8")
+    specials = {"cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]", "pad": "[PAD]", "unk": "[UNK]"}
+    cfg = TokenizerConfig(kind="wordpiece", vocab_size=100, min_frequency=1, special_tokens=specials)
+    meta = tokenize_corpus([str(tmp_path / "zh.txt")], tmp_path / "tok", cfg, val_fraction=0.0)
+    out = Ernie2(Ernie2Config(), None, meta["tokenizer"]["special_token_ids"], 16).prepare(tmp_path / "tok", tmp_path / "cache")
+    built = json.loads((out / "meta.json").read_text())["counts"]
+    assert built["validation"]["instances"] == 0 and built["train"]["instances"] > 0
+    obj = Ernie2(Ernie2Config(), None, meta["tokenizer"]["special_token_ids"], 16)
+    assert obj.stream(out, "validation", 4, 0, 0, 1, shuffle=False).batches_per_epoch() == 0
+    batch = obj.stream(out, "train", 4, 0, 0, 1, shuffle=True)[0]
+    assert batch["reorder_labels"].shape == batch["distance_labels"].shape == (4,)
+    assert ((batch["reorder_labels"] >= 0) != (batch["distance_labels"] >= 0)).all()  # one task per row

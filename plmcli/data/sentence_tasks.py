@@ -25,6 +25,7 @@ sample takes seconds; make-mlm-data's sharded parallel build is the model for a 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -344,7 +345,7 @@ def _features():
 
 def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, key: str) -> dict:
     import pyarrow as pa
-    from datasets import Dataset, DatasetDict, load_from_disk
+    from datasets import Dataset, load_from_disk
 
     source = load_from_disk(str(corpus_dir / "dataset"))
     tok = cmeta["tokenizer"]
@@ -372,7 +373,9 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, key: str) -
         table = pa.concat_tables(tables) if tables else _features().arrow_schema.empty_table()
         splits[name] = Dataset(table.cast(_features().arrow_schema))
         counts[name] = {"documents": split.n_docs, **c}
-    DatasetDict(splits).save_to_disk(str(tmp / "dataset"))
+    for name, ds in splits.items():  # an empty split is still one (empty) file, or datasets cannot load it
+        ds.save_to_disk(str(tmp / "dataset" / name), num_shards=None if len(ds) else 1)
+    (tmp / "dataset" / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}), encoding="utf-8")
     (tmp / "tokenizer.json").write_bytes((corpus_dir / "tokenizer.json").read_bytes())
     meta = {"format": FORMAT, "version": VERSION, **settings, "source": cmeta.get("key"),
             "corpus": str(corpus_dir.resolve()), "counts": counts, "tokenizer": tok, "key": key}
