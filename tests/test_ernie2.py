@@ -320,3 +320,13 @@ def test_a_corpus_without_validation_text_builds_and_streams(tmp_path):
     batch = obj.stream(out, "train", 4, 0, 0, 1, shuffle=True)[0]
     assert batch["reorder_labels"].shape == batch["distance_labels"].shape == (4,)
     assert ((batch["reorder_labels"] >= 0) != (batch["distance_labels"] >= 0)).all()  # one task per row
+
+
+def test_training_batches_mix_both_tasks(ernie2_run):
+    """Not grouped by length (which would make each batch one task): most micro-batches carry both losses."""
+    root, _ = ernie2_run
+    (data,) = [d for d in (root / "cache" / "ernie2").glob("*/")
+               if (lambda m: (m["reorder_prob"], m["reorder_segments"]) == (0.5, 3))(json.loads((d / "meta.json").read_text()))]
+    s = Ernie2(Ernie2Config(dupe_factor=1), None, SPECIAL, 64).stream(data, "train", 16, 0, 0, 1, shuffle=True)
+    both = [bool((b["reorder_labels"] >= 0).any() and (b["distance_labels"] >= 0).any()) for b in (s[k] for k in range(20))]
+    assert sum(both) >= 18

@@ -130,13 +130,11 @@ class Ernie2(MaskedLM):
             return _NoBatches()
         if len(ds) < 1:
             raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
-        import pyarrow.compute as pc
-
         pad = self.special_ids.get("pad", 0)
-        lengths = pc.list_value_length(ds.data.column("input_ids")).to_numpy(zero_copy_only=False)
-        grouped = shuffle and lengths.min() < lengths.max()  # batches of similar length pad little
+        # Not batched by length (as make-mlm-data's instances are): a paragraph is longer than a sentence
+        # pair, so length groups would be one task each; mixed micro-batches carry both losses every step.
         return BatchStream(len(ds), batch_size, lambda epochs, idx: collate(ds[list(idx)], pad),
-                           seed, rank, world, shuffle, lengths=lengths if grouped else None)
+                           seed, rank, world, shuffle)
 
     @staticmethod
     def streaming_problem(c):
