@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import assert_clean_error, dirs_under, run
 from plmcli.data import sentence_tasks as st
