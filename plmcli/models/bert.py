@@ -68,6 +68,12 @@ class BertConfig:
     """post: LN(x + f(x)) as BERT. pre: x + f(LN(x)) and a final LayerNorm before the heads, as Geiping &
     Goldstein's "Cramming" BERT (2022): stable at a high learning rate with a short warmup, which is what
     a small compute budget needs; transformers' BERT classes are post-LN, so such runs do not export."""
+    reorder_classes: Count = 0
+    """ERNIE 2.0's sentence reordering head on the pooled [CLS]: Σ_{n=1}^{m} n! permutation classes of m
+    segments (m = 3: 9); 0 = none. Objective ernie2 sets it from objective.reorder_segments."""
+    distance_classes: Count = 0
+    """ERNIE 2.0's sentence distance head on the pooled [CLS] (adjacent / same document / other document:
+    3); 0 = none. Objective ernie2 sets it."""
 
 
 @dataclass
@@ -80,6 +86,10 @@ class BertOutput:
     """(N, V) at the N requested flat positions, or (B, T, V) at every position."""
     nsp_logits: torch.Tensor | None
     """(B, 2) next-sentence (or sentence-order) logits, or None without the head."""
+    reorder_logits: torch.Tensor | None = None
+    """(B, reorder_classes) ERNIE 2.0 sentence reordering logits, or None without the head."""
+    distance_logits: torch.Tensor | None = None
+    """(B, distance_classes) ERNIE 2.0 sentence distance logits, or None without the head."""
 
 
 class MLMHead(nn.Module):
@@ -183,13 +193,26 @@ class Bert(MaskedLMEncoder):
         )
         # pre-LN leaves the residual stream unnormalized: normalize once before the heads.
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_position == "pre" else None
-        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if cfg.nsp_head else None
+        # ERNIE 2.0's sentence-level heads read the pooled [CLS] too: they bring the pooler without NSP.
+        pooled = cfg.nsp_head or cfg.reorder_classes or cfg.distance_classes
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if pooled else None
         self.nsp = nn.Linear(cfg.d_model, 2, bias=cfg.bias) if cfg.nsp_head else None
+        self.reorder = nn.Linear(cfg.d_model, cfg.reorder_classes, bias=cfg.bias) if cfg.reorder_classes else None
+        self.distance = nn.Linear(cfg.d_model, cfg.distance_classes, bias=cfg.bias) if cfg.distance_classes else None
         self.mlm = MLMHead(cfg)
         # BERT has no residual-scaled init (that is GPT-2's): N(0, 0.02) everywhere, zero biases.
         init_weights(self, cfg.init_std)
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.wte.weight
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> BertOutput:
+        """MaskedLMEncoder's outputs, plus ERNIE 2.0's sentence-level logits where the heads are built."""
+        out = super().forward(input_ids, token_type_ids, attention_mask, mlm_positions)
+        if self.reorder is not None:
+            out.reorder_logits = self.reorder(out.pooled)  # (B, reorder_classes)
+        if self.distance is not None:
+            out.distance_logits = self.distance(out.pooled)  # (B, distance_classes)
+        return out
 
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """(B, T) ids -> ((B, T, C) hidden states, (B, C) pooled [CLS] or None).
@@ -281,9 +304,13 @@ class Bert(MaskedLMEncoder):
 
     def hf_export_notes(self) -> list[str]:
         """What `to_hf` leaves out, for the export's report."""
+        notes = []
         if self.cfg.position_offset and self.cfg.nsp_head:
-            return ["pooler and NSP head dropped (transformers' RoBERTa has neither)"]
-        return []
+            notes.append("pooler and NSP head dropped (transformers' RoBERTa has neither)")
+        if self.reorder is not None or self.distance is not None:
+            notes.append("ERNIE 2.0's sentence reordering / distance heads dropped (transformers has no such heads)"
+                         + ("" if self.cfg.nsp_head else ", and with them the pooler (BertForMaskedLM has none)"))
+        return notes
 
     def to_hf_sequence_classification(self, run_config: dict, head: nn.Linear) -> tuple[dict, dict[str, torch.Tensor]]:
         """A finetuned classifier (plmcli.objectives.classify: pooled [CLS] -> dropout -> linear) as

@@ -7,6 +7,7 @@ from plmcli.registry_util import resolve
 OBJECTIVES: dict[str, str] = {
     "clm": "plmcli.objectives.clm:CausalLM",
     "mlm": "plmcli.objectives.mlm:MaskedLM",
+    "ernie2": "plmcli.objectives.ernie2:Ernie2",
     "classify": "plmcli.objectives.classify:Classify",
     "qa": "plmcli.objectives.qa:SpanQA",
     "tagging": "plmcli.objectives.tagging:Tagging",
