@@ -77,8 +77,9 @@ def finetune(
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
                                            "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
     epochs: Optional[int] = typer.Option(None, help="Epochs; dev is evaluated after each and the best weights are kept "
-                                         "(= train.epochs; default 3)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5)."),
+                                         "(= train.epochs; default 3, more for a small model on few rows: see --lr)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default "
+                                    "from the backbone's size: 2e-5 for BERT-base, 3e-4 for bert-mini; the choice is printed)."),
     batch_size: Optional[int] = typer.Option(None, help="Examples per optimizer step (= train.batch_size; default 32)."),
     seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
