@@ -13,6 +13,8 @@ from plmcli.models.bert import Bert, BertConfig
 from plmcli.pipelines.finetune import backbone_size, finetune, finetune_config, size_defaults
 from test_finetune import make_run, tokenizer  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 BASE = dict(n_layer=12, n_head=12, d_model=768, d_ff=3072, vocab_size=30522, max_positions=512)
 """BERT-base (Devlin et al.)."""
 MINI = dict(n_layer=4, n_head=4, d_model=256, d_ff=1024, vocab_size=8192, max_positions=512)
