@@ -35,7 +35,7 @@ accuracy leaves the majority class between steps 63 and 189 in every run above a
 slice (rows 30,001–32,000 of SST-2 train, seed 7, the same 30-step run, 10 epochs each): the defaults 0.6686 from
 the pretrained run (best at epoch 4, then 0.64–0.66) and 0.6972 from random init; lr 1e-4 instead 0.6583; lr 1e-3
 0.5092 after every one of the 10 epochs. Of the three, 3e-4 is the best for this size; the margin over the issue's
-0.65 from the 30-step run is 2–6 points, depending on the slice.
+0.65 from the 30-step run is 2–8 points, depending on slice and seed.
 """
 """What was measured while looking for the cause (1 thread, this slice): fixed prose, re-run by hand."""
 
