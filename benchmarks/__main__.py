@@ -28,6 +28,7 @@ BENCHMARKS = {
     "bert-plateau": "benchmarks.bert_plateau",
     "gpu-varlen": "benchmarks.gpu_varlen",
     "word2vec": "benchmarks.word2vec",
+    "small-data-finetune": "benchmarks.small_data_finetune",
 }
 
 

@@ -218,8 +218,9 @@ class FinetuneModelConfig:
 class FinetuneTrainConfig:
     """finetune's `train` section (Devlin et al. 2018 §4.1: dev evaluated after every epoch, best weights kept)."""
 
-    epochs: Size = 3
-    """Epochs; dev is evaluated after each and the best weights are kept."""
+    epochs: Optional[Size] = None
+    """Epochs; dev is evaluated after each and the best weights are kept. none = chosen from the backbone's size
+    (plmcli.pipelines.finetune.size_defaults): 3 (Devlin et al.) for BERT-base-size models, more for small ones."""
     batch_size: Size = 32
     """Examples per optimizer step, over all processes."""
     micro_batch_size: Count = 0
@@ -244,8 +245,9 @@ class FinetuneOptimConfig:
 
     name: Annotated[OptimizerName, Folded()] = "adamw"
     """adamw | adam | lamb | sgd."""
-    lr: Positive = 2e-5
-    """Peak learning rate."""
+    lr: Optional[Positive] = None
+    """Peak learning rate. none = chosen from the backbone's size (plmcli.pipelines.finetune.size_defaults): 2e-5
+    (Devlin et al.) for BERT-base-size models, higher for small ones (Turc et al. 2019)."""
     weight_decay: NonNegative = 0.01
     """Decoupled weight decay (never on biases or norm weights)."""
     warmup_ratio: Probability = 0.1

@@ -63,11 +63,13 @@ def test_summary_by_hand():
 
 def test_a_grid_runs_every_cell_and_keeps_the_best_as_out(grid, gpt, tmp_path):
     out, res, cli = grid
-    names = ["0.001-3-32-seed42", "0.001-3-32-seed43", "0.0001-3-32-seed42", "0.0001-3-32-seed43"]
+    # epochs left to the backbone's size (pipelines.finetune.size_defaults): "auto" in the name, the resolved number in grid.json
+    names = ["0.001-auto-32-seed42", "0.001-auto-32-seed43", "0.0001-auto-32-seed42", "0.0001-auto-32-seed43"]
     assert sorted(p.name for p in (out / "grid").iterdir()) == sorted(names)
     saved = json.loads((out / "grid.json").read_text())
     assert saved == res and len(saved["runs"]) == 4 and saved["main_metric"] == "accuracy"
     assert [r["dir"] for r in saved["runs"]] == [f"grid/{n}" for n in names]
+    assert [r["epochs"] for r in saved["runs"]] == [3] * 4  # --max-steps: the size defaults keep 3 epochs
     acc = [cell_metrics(out, n)["dev"]["accuracy"] for n in names]
     assert [r["metric"] for r in saved["runs"]] == acc
     # mean ± sample std per setting, by hand from the runs' own metrics.json
@@ -100,10 +102,10 @@ def test_one_value_is_todays_finetune_and_a_cell_is_one(grid, gpt, tmp_path):
         "SST-2.tsv", "config.json", "data", "finetune.yaml", "metrics.json", "metrics.jsonl", "model.safetensors",
         "tokenizer.json"}
     assert "grid" not in yaml.safe_load((tmp_path / "one" / "finetune.yaml").read_text())
-    cell = cell_metrics(out, "0.001-3-32-seed43")  # the same finetune, inside the grid
+    cell = cell_metrics(out, "0.001-auto-32-seed43")  # the same finetune, inside the grid
     for key in ("dev", "history", "train_loss", "steps", "settings"):
         assert single[key] == cell[key], key
-    assert (tmp_path / "one" / "finetune.yaml").read_text() == (out / "grid" / "0.001-3-32-seed43" / "finetune.yaml").read_text()
+    assert (tmp_path / "one" / "finetune.yaml").read_text() == (out / "grid" / "0.001-auto-32-seed43" / "finetune.yaml").read_text()
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -140,14 +142,14 @@ def test_a_stopped_grid_keeps_its_finished_runs_and_the_same_command_finishes_it
     assert res.exit_code == 130 and res.stderr.strip().splitlines()[-1] == (
         f"interrupted — the grid stopped in run 2 of 2; its 1 finished run stays in {out / 'grid'} — the same "
         f"command with --out {out} finetunes only the rest")
-    assert [p.name for p in (out / "grid").iterdir()] == ["0.001-3-32-seed42"] and not (out / "metrics.json").exists()
+    assert [p.name for p in (out / "grid").iterdir()] == ["0.001-auto-32-seed42"] and not (out / "metrics.json").exists()
     monkeypatch.undo()
     done = ok_json(run(*cmd))  # the first run is taken back, the second finetuned; both as the full grid's
     assert [r["reused"] for r in done["runs"]] == [True, False]
     by_dir = {r["dir"]: r["metric"] for r in full["runs"]}
     assert all(by_dir[r["dir"]] == r["metric"] for r in done["runs"])
     # after a kill -9 a run has no metrics.json: it is finetuned again from scratch
-    (out / "grid" / "0.0001-3-32-seed42" / "metrics.json").unlink()
+    (out / "grid" / "0.0001-auto-32-seed42" / "metrics.json").unlink()
     assert [r["reused"] for r in ok_json(run(*cmd))["runs"]] == [True, False]
     # another grid into the same OUT is refused
     assert_clean_error(run(*args(gpt, out, "--lr", "1e-3,1e-5")), "holds another grid")

@@ -87,9 +87,9 @@ def finetune(
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
                                            "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
     epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev is evaluated after each and the best weights are kept "
-                                         "(= train.epochs; default 3). A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
-    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default 2e-5). "
-                                     "A list (5e-5,3e-5,2e-5) finetunes each: a grid (= grid.lr)."),
+                                         "(= train.epochs; default 3, more for a small model on few rows: see --lr). A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
+    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default from the "
+                                     "backbone's size: 2e-5 for BERT-base, 3e-4 for bert-mini, printed). A list (5e-5,3e-5) finetunes each: a grid (= grid.lr)."),
     batch_size: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Examples per optimizer step (= train.batch_size; default 32). "
                                              "A list (16,32) finetunes each: a grid (= grid.batch_size)."),
     seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),

@@ -235,6 +235,58 @@ def _counts(meta: dict) -> dict:
     return {k: v["documents"] for k, v in meta["counts"].items()}
 
 
+SIZE_DEFAULTS = (
+    (50_000_000, 2e-5, 0),  # BERT-base (85M weights outside the embeddings) and up: Devlin et al. §4.1, 3 epochs
+    (10_000_000, 1e-4, 600),  # BERT-small / medium (13M / 25M): the top of Turc et al. 2019's grid
+    (0, 3e-4, 600),  # BERT-mini (3.3M) and smaller: BENCHMARKS.md, "Finetuning on small data (issue 20 §1)"
+)
+"""(fewest weights outside the embeddings, lr, fewest optimizer steps), largest first: what a finetune runs with
+when it sets no lr or epochs. Epochs: 3, or as many as make the fewest steps on a small training set.
+
+Why a small encoder gets more: it starts (from random init, or early in pretraining) with nearly one [CLS]
+state for every input — attention near uniform, the [CLS] token's own embedding dominating its row — and it
+takes a few hundred updates before the classifier's input depends on the sentence; at BERT-base's 2e-5 and 3
+epochs of 2,000 rows (189 steps) it ends on the majority class. Failed few-sample runs are optimisation
+failures that more iterations cure (Mosbach et al. 2021); the small models take the higher lr Turc et al.
+found best for them."""
+
+DEFAULT_EPOCHS = 3
+"""Devlin et al.'s epochs, every model's when its training set gives it enough steps."""
+
+
+def backbone_size(model) -> int:
+    """Weights outside the embedding tables, whose size follows the vocabulary rather than the network's
+    capacity (a tied output layer is one of them, counted once)."""
+    from torch import nn
+
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in model.parameters() if id(p) not in tables)
+
+
+def size_defaults(cfg: FinetuneConfig, backbone, steps_per_epoch: int) -> tuple[FinetuneConfig, str | None]:
+    """`cfg` with the lr and epochs it leaves unset (None) chosen from the backbone's size and the steps an epoch
+    takes (SIZE_DEFAULTS), and a line saying what was chosen and why (None when the config set both). A value
+    the user set (flag, --set, config file) always stays."""
+    t, o = cfg.train, cfg.optim
+    if t.epochs is not None and o.lr is not None:
+        return cfg, None
+    n = backbone_size(backbone)
+    _, lr, min_steps = next(row for row in SIZE_DEFAULTS if n >= row[0])
+    # --max-steps sets the step count itself (epochs then only label the history)
+    epochs = DEFAULT_EPOCHS if t.max_steps else max(DEFAULT_EPOCHS, math.ceil(min_steps / steps_per_epoch))
+    chosen = [f"lr {lr:g}"] * (o.lr is None)
+    if t.epochs is None:
+        more = f" (at least {min_steps} steps at {steps_per_epoch} an epoch)" if epochs > DEFAULT_EPOCHS else ""
+        chosen.append(f"{epochs} epochs{more}")
+    base = SIZE_DEFAULTS[0]
+    note = (f"finetune defaults for a {n / 1e6:.2f}M-weight backbone (embeddings aside): {', '.join(chosen)}; "
+            f"BERT-base size (≥ {base[0] / 1e6:g}M): lr {base[1]:g}, {DEFAULT_EPOCHS} epochs; "
+            "--lr / --epochs override")
+    cfg = replace(cfg, train=replace(t, epochs=t.epochs if t.epochs is not None else epochs),
+                  optim=replace(o, lr=o.lr if o.lr is not None else lr))
+    return cfg, note
+
+
 def _loop_recipe(cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: int) -> LoopRecipe:
     """THE loop's recipe for a finetune: the train and optim sections it reads, as Devlin et al. set them
     unless the config says otherwise (dev after every epoch, the best weights kept, no checkpoints)."""
@@ -259,10 +311,15 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
     from plmcli.train.loop import train
 
     counts = _counts(meta)
+    steps_per_epoch = math.ceil(counts["train"] / cfg.train.batch_size)
+    cfg, chosen = size_defaults(cfg, encoder, steps_per_epoch)
+    if chosen and state.is_main_process:
+        from rich.console import Console
+
+        (console or Console(stderr=True)).print(chosen, highlight=False, soft_wrap=True)
     torch.manual_seed(cfg.train.seed)
     model = obj.build_model(encoder)
     with_features(model, obj, cfg.model)
-    steps_per_epoch = math.ceil(counts["train"] / cfg.train.batch_size)
     total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
     warmup = int(cfg.optim.warmup_ratio * total)
     if state.is_main_process:
@@ -285,7 +342,7 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
         "train_loss": summary.get("train_loss"), "steps": summary["steps"], "elapsed_s": summary["elapsed_s"],
         "examples": counts, "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()},
         "test_predictions": written, **({"skipped_rows": dict(t.skipped)} if t.skipped else {}),
-        "settings": _settings(t, cfg, steps_per_epoch, total, warmup),
+        "settings": _settings(t, cfg, steps_per_epoch, total, warmup), **({"size_defaults": chosen} if chosen else {}),
     }
     if state.is_main_process:
         from plmcli.train import checkpoint as ckpt

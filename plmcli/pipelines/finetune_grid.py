@@ -54,11 +54,17 @@ class Cell:
 
     @property
     def name(self) -> str:
-        return f"{self.lr:g}-{self.epochs}-{self.batch_size}-seed{self.seed}"
+        return f"{auto(self.lr)}-{auto(self.epochs)}-{self.batch_size}-seed{self.seed}"
 
     @property
     def setting(self) -> tuple:
         return self.lr, self.epochs, self.batch_size
+
+
+def auto(value) -> str:
+    """A grid setting as shown: a number, or "auto" where the config leaves it to the backbone's size
+    (pipelines.finetune.size_defaults chooses it in each run and records it in the run's metrics.json)."""
+    return "auto" if value is None else f"{value:g}"
 
 
 def grid_cells(cfg: FinetuneConfig) -> list[Cell]:
@@ -168,7 +174,7 @@ def _run_cells(cfg: FinetuneConfig, cells: list[Cell], out_dir: Path, made: bool
     began, ran = time.perf_counter(), 0
     for i, cell in enumerate(cells):
         cell_dir = out_dir / GRID_DIR / cell.name
-        head = f"grid {i + 1}/{len(cells)}: lr {cell.lr:g}, {cell.epochs} epochs, batch {cell.batch_size}, seed {cell.seed}"
+        head = f"grid {i + 1}/{len(cells)}: lr {auto(cell.lr)}, {auto(cell.epochs)} epochs, batch {cell.batch_size}, seed {cell.seed}"
         if (cell_dir / FINISHED_FINETUNE).is_file():
             res = json.loads((cell_dir / FINISHED_FINETUNE).read_text(encoding="utf-8"))
             runs.append(_run_row(cell, res, reused=True))
@@ -206,7 +212,10 @@ def _stopped(out_dir: Path, made: bool, i: int, n: int, kept: int, main: bool) -
 
 def _run_row(cell: Cell, res: dict, reused: bool) -> dict:
     main = res.get("main_metric")
-    return {**asdict(cell), "dir": f"{GRID_DIR}/{cell.name}", "metric": (res.get("dev") or {}).get(main),
+    ran = res.get("settings") or {}
+    # An "auto" setting as the run resolved it (size_defaults), so the table shows the lr and epochs trained with.
+    resolved = {k: ran.get(k) for k in ("lr", "epochs") if getattr(cell, k) is None}
+    return {**asdict(cell), **resolved, "dir": f"{GRID_DIR}/{cell.name}", "metric": (res.get("dev") or {}).get(main),
             "dev": res.get("dev") or {}, "best_epoch": res.get("best_epoch"), "steps": res.get("steps"),
             "elapsed_s": res.get("elapsed_s"), "reused": reused}
 
@@ -284,13 +293,13 @@ def _rows(result: dict) -> tuple[list[str], list[list[str]]]:
             cells.append("–" if m is None else f"{m:.4f}" + (" *" if here and seed == best["seed"] else ""))
         spread = "–" if st["std"] is None else f"{st['std']:.4f}"
         mean = "–" if st["mean"] is None else f"{st['mean']:.4f} ± {spread}"
-        rows.append([f"{st['lr']:g}", str(st["epochs"]), str(st["batch_size"]), *cells, mean])
+        rows.append([auto(st["lr"]), auto(st["epochs"]), str(st["batch_size"]), *cells, mean])
     return header, rows
 
 
 def _best_line(result: dict) -> str:
     b = result["best"]
-    return (f"best (*): lr {b['lr']:g}, {b['epochs']} epochs, batch {b['batch_size']}, seed {b['seed']}: dev "
+    return (f"best (*): lr {auto(b['lr'])}, {auto(b['epochs'])} epochs, batch {b['batch_size']}, seed {b['seed']}: dev "
             f"{result['main_metric']} {b['metric']:.4f} ({b['dir']}, now also {result['out_dir']} itself)")
 
 
