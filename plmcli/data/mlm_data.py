@@ -183,23 +183,37 @@ def text_vocab(corpus_dir: Path, what: str = "--masking chinese-wwm") -> list[st
     return words
 
 
-def _table(masked, target, original, types, lengths, labels):
-    import pyarrow as pa
-
+def masked_lm_columns(masked, target, original, lengths) -> tuple[np.ndarray, dict]:
+    """(B, T) masked rows, their targets and original ids, (B,) real lengths -> (the rows' list offsets, the
+    Arrow list columns every masked-LM instance table holds: input_ids, masked_lm_positions, masked_lm_labels)."""
     valid = np.arange(masked.shape[1])[None, :] < lengths[:, None]
     offsets = np.append(0, np.cumsum(lengths)).astype(np.int32)
     rows, cols = np.nonzero(target)
     pred_off = np.append(0, np.cumsum(np.bincount(rows, minlength=len(lengths)))).astype(np.int32)
+    return offsets, {
+        "input_ids": list_column(offsets, masked[valid].astype(np.int32, copy=False)),
+        "masked_lm_positions": list_column(pred_off, cols.astype(np.int32)),
+        "masked_lm_labels": list_column(pred_off, original[rows, cols].astype(np.int32, copy=False)),
+    }
 
-    def lists(off, values):
-        return pa.ListArray.from_arrays(pa.array(off), pa.array(values))
 
+def list_column(offsets: np.ndarray, values: np.ndarray):
+    """An Arrow list column from flat `values` cut at `offsets`."""
+    import pyarrow as pa
+
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def _table(masked, target, original, types, lengths, labels):
+    import pyarrow as pa
+
+    offsets, lm = masked_lm_columns(masked, target, original, lengths)
     return pa.table({
-        "input_ids": lists(offsets, masked[valid].astype(np.int32, copy=False)),
-        "token_type_ids": lists(offsets, types),
-        "attention_mask": lists(offsets, np.ones(int(offsets[-1]), dtype=np.int8)),
-        "masked_lm_positions": lists(pred_off, cols.astype(np.int32)),
-        "masked_lm_labels": lists(pred_off, original[rows, cols].astype(np.int32, copy=False)),
+        "input_ids": lm["input_ids"],
+        "token_type_ids": list_column(offsets, types),
+        "attention_mask": list_column(offsets, np.ones(int(offsets[-1]), dtype=np.int8)),
+        "masked_lm_positions": lm["masked_lm_positions"],
+        "masked_lm_labels": lm["masked_lm_labels"],
         "next_sentence_label": pa.array(labels.astype(np.int8)),
     })
 

@@ -221,19 +221,15 @@ def assemble(split: Split, batch: list[Instance], ids: dict):
 def _table(masked, target, original, types, lengths, batch: list[Instance]):
     import pyarrow as pa
 
+    from plmcli.data.mlm_data import list_column, masked_lm_columns
+
+    offsets, lm = masked_lm_columns(masked, target, original, lengths)
     valid = np.arange(masked.shape[1])[None, :] < lengths[:, None]
-    offsets = np.append(0, np.cumsum(lengths)).astype(np.int32)
-    rows, cols = np.nonzero(target)
-    pred_off = np.append(0, np.cumsum(np.bincount(rows, minlength=len(lengths)))).astype(np.int32)
-
-    def lists(off, values):
-        return pa.ListArray.from_arrays(pa.array(off), pa.array(values))
-
     return pa.table({
-        "input_ids": lists(offsets, masked[valid].astype(np.int32)),
-        "token_type_ids": lists(offsets, types[valid]),
-        "masked_lm_positions": lists(pred_off, cols.astype(np.int32)),
-        "masked_lm_labels": lists(pred_off, original[rows, cols].astype(np.int32)),
+        "input_ids": lm["input_ids"],
+        "token_type_ids": list_column(offsets, types[valid]),
+        "masked_lm_positions": lm["masked_lm_positions"],
+        "masked_lm_labels": lm["masked_lm_labels"],
         "reorder_label": pa.array(np.array([x.reorder_label for x in batch], dtype=np.int16)),
         "distance_label": pa.array(np.array([x.distance_label for x in batch], dtype=np.int8)),
     })
