@@ -29,6 +29,7 @@ BENCHMARKS = {
     "gpu-varlen": "benchmarks.gpu_varlen",
     "word2vec": "benchmarks.word2vec",
     "small-data-finetune": "benchmarks.small_data_finetune",
+    "low-resource": "benchmarks.low_resource",
 }
 
 

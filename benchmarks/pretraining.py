@@ -20,7 +20,9 @@ def pretrain_for(recipe_name: str, corpus: Path, root: Path, budget: float, over
 
     recipe = load_recipe(recipe_name, overrides)
     tokens_per_step = recipe.train.global_batch_size * recipe.train.seq_len
-    api.pretrain(recipe_name, [str(corpus)], str(root / "calibrate"), overrides=overrides, max_steps=30)
+    # logged every 5 steps whatever the recipe says, so that 30 steps give rates past the first (warm-up) one
+    calibrate = [*(overrides or []), "train.log_every=5"]
+    api.pretrain(recipe_name, [str(corpus)], str(root / "calibrate"), overrides=calibrate, max_steps=30)
     rates = [r["tok_per_s"] for r in map(json.loads, (root / "calibrate" / "metrics.jsonl").read_text().splitlines())
              if "tok_per_s" in r][1:]
     rate = statistics.median(rates)
