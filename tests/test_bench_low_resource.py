@@ -1,0 +1,73 @@
+"""The pieces the low-resource benchmark's table is computed from: seeded slices, the scikit-learn baselines
+scored by plm's own task code, mean ± std, the plot. (The benchmark itself pretrains for half an hour.)"""
+
+import statistics
+
+import pytest
+
+from benchmarks import low_resource as lr
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_a_seed_draws_the_same_rows_another_seed_others_and_all_keeps_every_row():
+    items = list(range(100))
+    a, b = lr._sample(items, "10", 42), lr._sample(items, 10, 42)
+    assert a == b and len(set(a)) == 10 and set(a) <= set(items)
+    assert lr._sample(items, "10", 1) != a
+    assert lr._sample(items, "all", 42) == items
+
+
+def test_conll_blocks_split_at_blank_lines_and_drop_docstart(tmp_path):
+    f = tmp_path / "eng.train"
+    f.write_text("-DOCSTART- -X- O O\n\nEU NNP I-NP I-ORG\nrejects VBZ I-VP O\n\n\nPeter NNP I-NP I-PER\n")
+    assert lr._conll_blocks(f) == [["EU NNP I-NP I-ORG", "rejects VBZ I-VP O"], ["Peter NNP I-NP I-PER"]]
+
+
+def test_word_features_read_the_token_its_shape_affixes_and_two_neighbours_each_side():
+    f = lr._word_features(["Peter", "Blackburn", "said"], 0)
+    assert f["word=Peter"] == f["0:lower=peter"] == f["0:shape=Xx"] == f["pre2=Pe"] == f["suf3=ter"] == 1.0
+    assert f["-1:lower=<s>"] == f["-2:lower=<s>"] == f["1:lower=blackburn"] == f["2:lower=said"] == 1.0
+    assert (f["title"], f["upper"], f["digit"], f["first"]) == (1.0, 0.0, 0.0, 1.0)
+    assert lr._word_features(["in", "1996"], 1)["0:shape=d"] == 1.0  # runs of a character class collapse
+
+
+def _sst2_dir(root, train, dev):
+    d = root / "SST-2"
+    d.mkdir(parents=True)
+    for name, rows in (("train.tsv", train), ("dev.tsv", dev)):
+        (d / name).write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    return root
+
+
+def test_bag_of_words_learns_a_separable_task_through_plms_sst2_reader(tmp_path):
+    good, bad = ["good", "great", "fine", "nice"], ["bad", "awful", "poor", "dull"]
+    train = [(f"a {w} film number {k}", 1) for k in range(6) for w in good]
+    train += [(f"a {w} film number {k}", 0) for k in range(6) for w in bad]
+    dev = [("the great one", 1), ("the awful one", 0), ("nice and fine", 1), ("dull and poor", 0)]
+    assert lr.bag_of_words("sst2", _sst2_dir(tmp_path, train, dev), seed=0) == 1.0
+
+
+def test_token_classifier_is_scored_by_plms_seqeval_scorer(tmp_path):
+    sents = [[("John", "I-PER"), ("met", "O"), ("Mary", "I-PER"), ("in", "O"), ("Paris", "I-LOC")],
+             [("Anna", "I-PER"), ("saw", "O"), ("Rome", "I-LOC")],
+             [("the", "O"), ("city", "O"), ("is", "O"), ("Berlin", "I-LOC")]] * 8
+    text = "\n\n".join("\n".join(f"{w} X X {t}" for w, t in s) for s in sents) + "\n"
+    for name in ("eng.train", "eng.testa"):
+        (tmp_path / name).write_text(text)
+    assert lr.token_classifier(tmp_path, seed=0) == 1.0
+
+
+def test_mean_and_sample_std_as_the_table_shows_them():
+    xs = [0.70, 0.74, 0.72]
+    assert lr._stats(xs) == pytest.approx((0.72, statistics.stdev(xs)))
+    assert lr._fmt(xs) == "0.7200 ± 0.0200" and lr._fmt([0.5]) == "0.5000 ± 0.0000"
+
+
+def test_plot_writes_a_png_of_every_cell(tmp_path):
+    cells = [{"task": "sst2", "rows": r, "n_rows": n, "pretrained": [0.7, 0.72], "random": [0.6, 0.61],
+              "sklearn": [0.65, 0.66]} for r, n in (("500", 500), ("1000", 1000))]
+    cells += [{"task": t, "rows": "1000", "n_rows": 1000, "pretrained": [0.8], "random": [0.7], "sklearn": []}
+              for t in ("chnsenticorp", "conll2003")]
+    png = lr.plot(cells, tmp_path / "fig.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
