@@ -71,3 +71,14 @@ def test_plot_writes_a_png_of_every_cell(tmp_path):
               for t in ("chnsenticorp", "conll2003")]
     png = lr.plot(cells, tmp_path / "fig.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_reading_states_the_goal_from_the_means_and_every_cells_gain():
+    probe = {"pretrained": [0.60, 0.62], "random": [0.55, 0.56]}
+    cell = {"task": "sst2", "rows": "1000", "n_rows": 1000, "sklearn": [0.68, 0.70]}
+    met = lr.reading([{**cell, "pretrained": [0.76, 0.74], "random": [0.69, 0.69]}], probe, 42)
+    assert "**met** — 0.7500 vs 0.6900 (+6.0 points) and 0.6900 (+6.0)" in met
+    assert "SST-2 1,000 +6.0" in met and "best 0.620 vs 0.560" in met
+    missed = lr.reading([{**cell, "pretrained": [0.73], "random": [0.69]}], probe, 42)  # +4 points: not enough
+    assert "**NOT met**" in missed
+    assert lr._points(0.7, 0.65) == "+5.0" and lr._points(float("nan"), 0.6) == "–"
