@@ -4,7 +4,7 @@
   mask, span targets, the memory of the previous segment) on xlnet-mini, against transformers'
   `XLNetLMHeadModel` given the same input ids, segments, perm_mask, target_mapping, labels and memory.
 - electra: plm's `rtd` objective (`ReplacedTokenDetection.step`: generator MLM at the masked positions, a
-  Gumbel-max sample of its softmax, the discriminator on the corrupted ids, MLM + λ·BCE) on electra-mini,
+  sample of its softmax (`rtd.sample`), the discriminator on the corrupted ids, MLM + λ·BCE) on electra-mini,
   against transformers' `ElectraForMaskedLM` (generator) + `ElectraForPreTraining` (discriminator) with one
   shared embeddings module, as ELECTRA shares them, drawing the same sample noise.
 
@@ -148,7 +148,7 @@ def electra_batch(obj, B: int, V: int, seed: int) -> dict:
 
 def hf_electra_loss(gen, disc, batch: dict, cfg):
     """transformers' generator and discriminator doing the `rtd` step: MLM loss at the masked positions
-    (-100 elsewhere), the same Gumbel-max sample (same seed) written into the original ids, BCE over every token."""
+    (-100 elsewhere), the same sample (`rtd.sample`, same seed) written into the original ids, BCE over every token."""
     import torch
 
     from plmcli.objectives.rtd import sample
@@ -254,7 +254,7 @@ mapping), the memory the loop would carry into it.
 One pretraining step of `{recipe.name}`'s ELECTRA ({m.n_layer} layers; discriminator d_model {m.d_model}, generator
 × {m.generator_size}; embeddings {m.embedding_size}, vocab {V}, dropout {m.dropout}) on {B} × {T} tokens, masked by the
 `rtd` objective's own `window_batch` (mask_prob {o.mask_prob}, at most {o.max_predictions}, 85% [MASK] / 15% kept):
-generator MLM loss, a Gumbel-max sample at each masked position, discriminator BCE on every token,
+generator MLM loss, a sample of its softmax at each masked position (`rtd.sample`, the same function and seed on both sides), discriminator BCE on every token,
 loss = {o.gen_weight} · MLM + {o.disc_weight} · RTD.
 
 - **plm**: `ReplacedTokenDetection.step` on `plmcli.models.electra.Electra`, as the loop calls it (the MLM head at

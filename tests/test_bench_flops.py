@@ -202,3 +202,19 @@ def test_electra_batch_is_the_objectives_window_batch():
     assert 0 < len(pos) <= 3 * 19 and isinstance(batch["sample_seed"], int)
     again = pretrain_step.electra_batch(obj, 3, 60, 0)
     assert torch.equal(again["input_ids"], ids) and again["sample_seed"] == batch["sample_seed"]
+
+
+# ---------------------------------------------------------------- the speed-ups keep the distribution
+
+
+def test_blockwise_inverse_cdf_sample_follows_the_softmax_across_blocks():
+    from plmcli.objectives.rtd import sample
+
+    # 7 tokens in blocks of 3 (the last one padded), a token of probability 0 inside the first block
+    logits = torch.tensor([2.0, -1e4, 0.0, -1.0, 1.0, 0.5, 3.0])
+    draws = sample(logits.expand(100_000, 7), torch.Generator().manual_seed(1), block=3)
+    freq = torch.bincount(draws, minlength=7).float() / len(draws)
+    torch.testing.assert_close(freq, logits.softmax(-1), atol=0.005, rtol=0)
+    assert not (draws == 1).any() and draws.max() < 7
+    one_hot = torch.full((5, 130), -1e4).scatter(1, torch.tensor([[0], [63], [64], [127], [129]]), 0.0)
+    assert sample(one_hot).tolist() == [0, 63, 64, 127, 129]  # all mass on one token: that token, at block edges too
