@@ -374,6 +374,12 @@ def profile_table(profiles: dict[str, list[tuple[str, float, float]]], rows: int
     lines = []
     for name, ops in profiles.items():
         total = sum(ms for _, ms, _ in ops)
+        matmuls = sum(share for op, _, share in ops if op in MATMUL_OPS)
         top = ", ".join(f"`{op}` {100 * share:.0f}% ({ms:.0f} ms)" for op, ms, share in ops[:rows])
-        lines.append(f"- **{name}** ({total:.0f} ms/step of op self time): {top}")
+        lines.append(f"- **{name}** ({total:.0f} ms/step of op self time, {100 * matmuls:.0f}% in matmuls): {top}")
     return "\n".join(lines)
+
+
+# The ops that run at the GEMM probe's speed at best; everything else is time a step spends below it.
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                        "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})

@@ -23,6 +23,7 @@ NAME = "pretrain-step"
 HELP = ("pretraining-step tokens/s of plm's XLNet (permutation LM) or ELECTRA (replaced-token detection) vs "
         "transformers doing the same step")
 RECIPES = {"xlnet": "xlnet-mini", "electra": "electra-mini"}
+TITLES = {"xlnet": "XLNet", "electra": "ELECTRA"}
 STREAM_SEGMENTS = 4  # each synthetic stream holds this many seq_len's of tokens: several segments to read
 
 
@@ -289,7 +290,7 @@ def run(args) -> int:
     peaks = {k: v for k, v in peaks.items() if k == "fp32"}
     table = rate_table(stats, B * T, fpt, peaks)
     text = describe(args.family, recipe, B, T, V, check, args) + limit_text(stats, info, args, formula(args.family, plm, T, fpt), profiles)
-    title = f"{args.family.upper() if args.family == 'xlnet' else 'ELECTRA'} pretraining step: plm vs transformers"
+    title = f"{TITLES[args.family]} pretraining step: plm vs transformers"
     common.publish(f"{NAME}-{args.family}", common.section_body(title, args, text, table, info), args)
     return 0
 

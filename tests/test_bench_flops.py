@@ -218,3 +218,10 @@ def test_blockwise_inverse_cdf_sample_follows_the_softmax_across_blocks():
     assert not (draws == 1).any() and draws.max() < 7
     one_hot = torch.full((5, 130), -1e4).scatter(1, torch.tensor([[0], [63], [64], [127], [129]]), 0.0)
     assert sample(one_hot).tolist() == [0, 63, 64, 127, 129]  # all mass on one token: that token, at block edges too
+
+
+def test_profile_table_names_the_matmul_share():
+    ops = [("aten::mm", 5.0, 0.5), ("aten::bmm", 2.0, 0.2), ("aten::bernoulli_", 3.0, 0.3)]
+    line = common.profile_table({"plm": ops}, rows=2)
+    assert line.startswith("- **plm** (10 ms/step of op self time, 70% in matmuls): `aten::mm` 50% (5 ms), `aten::bmm` 20%")
+    assert "bernoulli" not in line  # only the top `rows` ops are listed
