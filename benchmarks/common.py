@@ -46,10 +46,35 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Flags that decide how fast a large matmul can go: vector width, then bf16 dot-product units (AVX512-BF16)
+# and tiles (AMX). The machine kind changes between runs (an Intel Xeon with AMX, an AMD EPYC with
+# AVX512-BF16), so every figure is recorded with them.
+PEAK_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The PEAK_FLAGS the CPU has (from /proc/cpuinfo, or the text given), in PEAK_FLAGS order."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in PEAK_FLAGS if f in have]
+    return []
+
+
+def has_bf16_units(flags: list[str]) -> bool:
+    """bf16 matmuls run natively (AVX512-BF16 dot products or AMX tiles); elsewhere bf16 is emulated and slower."""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def machine_info() -> dict:
     import torch
 
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    info = {"cpu": cpu_model(), "flags": cpu_flags(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "date": datetime.date.today().isoformat()}
     try:
@@ -63,7 +88,8 @@ def machine_info() -> dict:
 
 def machine_line(info: dict | None = None) -> str:
     i = info or machine_info()
-    return (f"{i['cpu']}, {i['cores']} cores ({i['threads']} torch threads); Python {i['python']}, "
+    flags = " ".join(i.get("flags", [])) or "none of " + "/".join(PEAK_FLAGS)
+    return (f"{i['cpu']} (flags: {flags}), {i['cores']} cores ({i['threads']} torch threads); Python {i['python']}, "
             f"torch {i['torch']}, transformers {i['transformers']}")
 
 
@@ -246,3 +272,114 @@ def isolated_workdir(prefix: str, keep: Path | None = None):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+# ---------------------------------------------------------------- distance from the machine's limit (issue 21 §3)
+
+
+def matmul_flops(m: int, k: int, n: int) -> int:
+    """FLOPs of an (m, k) @ (k, n) product: one multiply and one add per term."""
+    return 2 * m * k * n
+
+
+def add_limit_arguments(p) -> None:
+    """The GEMM probe's options, shared by the step benchmarks."""
+    p.add_argument("--gemm-size", type=int, default=2048,
+                   help="the probe multiplies two N×N matrices (large enough to run at the CPU's matmul peak)")
+    p.add_argument("--gemm-calls", type=int, default=3, help="matmuls per probe sample (one sample per repeat)")
+
+
+def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0) -> Callable[[], float]:
+    """A runner for `interleave`: each call times `calls` (size × size) @ (size × size) matmuls in `dtype`
+    ("fp32" / "bf16") at torch's current thread count and returns GFLOP/s.
+
+    Sampled once per repeat between the step runners, the probe sees the same load as the steps, so the
+    share of it a step reaches is a ratio of two medians taken under the same conditions."""
+    import torch
+
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(size, size, generator=g).to(dt) for _ in range(2))
+    out = torch.empty(size, size, dtype=dt)
+    flops = calls * matmul_flops(size, size, size)
+
+    def once() -> float:
+        return flops / timed(lambda: torch.mm(a, b, out=out), calls) / 1e9
+
+    return once
+
+
+def probe_runners(args, flags: list[str]) -> dict[str, Callable[[], float]]:
+    """{"gemm fp32": runner, "gemm bf16": runner (only where the CPU has bf16 units)}."""
+    kinds = ["fp32"] + (["bf16"] if has_bf16_units(flags) else [])
+    return {f"gemm {k}": gemm_runner(k, args.gemm_size, args.gemm_calls) for k in kinds}
+
+
+def achieved_gflops(tokens_per_s: float, flops_per_token: float) -> float:
+    """The step's training FLOPs per token times tokens/s, in GFLOP/s."""
+    return tokens_per_s * flops_per_token / 1e9
+
+
+def limit_columns(tokens_per_s: float, flops_per_token: float, peaks: dict[str, float]) -> list[str]:
+    """Table cells: achieved GFLOP/s, then its share of each probe in `peaks` ({"fp32": GFLOP/s, ...})."""
+    achieved = achieved_gflops(tokens_per_s, flops_per_token)
+    return [f"{achieved:.1f}", *(f"{100 * achieved / peak:.0f}%" for peak in peaks.values())]
+
+
+def limit_headers(peaks: dict[str, float]) -> list[str]:
+    return ["GFLOP/s (median)", *(f"% of {k} GEMM" for k in peaks)]
+
+
+def probe_line(stats: dict[str, dict], flags: list[str], size: int) -> str:
+    """One sentence of the probe's medians (and 'bf16: none' where the CPU has no bf16 units)."""
+    parts = [f"{name.split()[-1]} {s['median']:,.1f} GFLOP/s (min–max {s['min']:,.1f}–{s['max']:,.1f})"
+             for name, s in stats.items() if name.startswith("gemm ")]
+    if not has_bf16_units(flags):
+        parts.append("bf16 none (no avx512_bf16 / amx_bf16: bf16 matmuls are emulated)")
+    return f"Large-GEMM probe ({size}×{size} @ {size}×{size}, one sample per repeat, same process and threads): " + "; ".join(parts) + "."
+
+
+def split_probes(stats: dict[str, dict]) -> tuple[dict[str, dict], dict[str, float]]:
+    """(the step sides' stats, {"fp32": median GFLOP/s, "bf16": ...}) from `interleave`'s summaries."""
+    sides = {k: v for k, v in stats.items() if not k.startswith("gemm ")}
+    peaks = {k.split()[-1]: v["median"] for k, v in stats.items() if k.startswith("gemm ")}
+    return sides, peaks
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def add_profile_arguments(p) -> None:
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each side's step: top ops by self CPU time, printed and written into the section")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps to profile per side")
+    p.add_argument("--profile-rows", type=int, default=12, help="ops to show per profile")
+
+
+def profile_ops(step: Callable[[], object], steps: int) -> list[tuple[str, float, float]]:
+    """[(op, self CPU ms per step, share of the profiled self time)] of `steps` calls of `step`, largest first."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    rows = [(e.key, e.self_cpu_time_total / 1000 / steps) for e in prof.key_averages()]
+    total = sum(ms for _, ms in rows) or 1.0
+    return sorted(((k, ms, ms / total) for k, ms in rows), key=lambda r: -r[1])
+
+
+def profile_table(profiles: dict[str, list[tuple[str, float, float]]], rows: int) -> str:
+    """Markdown: for each side, its top `rows` ops as 'op share (ms/step)'."""
+    lines = []
+    for name, ops in profiles.items():
+        total = sum(ms for _, ms, _ in ops)
+        matmuls = sum(share for op, _, share in ops if op in MATMUL_OPS)
+        top = ", ".join(f"`{op}` {100 * share:.0f}% ({ms:.0f} ms)" for op, ms, share in ops[:rows])
+        lines.append(f"- **{name}** ({total:.0f} ms/step of op self time, {100 * matmuls:.0f}% in matmuls): {top}")
+    return "\n".join(lines)
+
+
+# The ops that run at the GEMM probe's speed at best; everything else is time a step spends below it.
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                        "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})

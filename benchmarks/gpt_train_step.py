@@ -28,9 +28,11 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per repeat")
     p.add_argument("--warmup", type=int, default=1, help="untimed repeats per model first (allocation, optimizer state)")
     p.add_argument("--seed", type=int, default=0, help="seeds the batch and both inits")
-    p.add_argument("--profile", action="store_true", help="also print each model's top ops by self CPU time")
-    p.add_argument("--profile-steps", type=int, default=5, help="steps to profile per model")
-    p.add_argument("--profile-rows", type=int, default=15, help="ops to print per profile")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: both sides under torch.autocast (CPU: AMX / AVX512-BF16 matmuls), as plm's "
+                        "train.mixed_precision=bf16; published as its own section")
+    common.add_limit_arguments(p)
+    common.add_profile_arguments(p)
 
 
 def hf_config(cfg, attn_implementation: str = "sdpa"):
@@ -82,11 +84,13 @@ def build(args):
         raise SystemExit(f"gpt-train-step: the models differ ({n_plm:,} vs {n_hf:,} parameters); the config mapping is wrong")
 
     def plm_loss():
-        # exactly plmcli.objectives.clm.CausalLM.step on a fp32 model
-        return plm(x, labels=y)
+        # exactly plmcli.objectives.clm.CausalLM.step
+        with autocast(args.precision):
+            return plm(x, labels=y)
 
     def hf_loss():
-        return hf(input_ids=x, labels=x).loss
+        with autocast(args.precision):
+            return hf(input_ids=x, labels=x).loss
 
     def opt(m):
         return build_optimizer(m, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps)
@@ -106,15 +110,57 @@ def train_step(model, loss_fn, optimizer, clip: float = 1.0):
     return loss
 
 
-def profile(name, model, loss_fn, optimizer, steps: int, rows: int) -> None:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+def autocast(precision: str):
+    """bf16: torch.autocast on the CPU, as plm's train.mixed_precision=bf16; fp32: a no-op context."""
+    import torch
 
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            train_step(model, loss_fn, optimizer)
-    print(f"\n=== {name}: top {rows} ops by self CPU time over {steps} steps ===")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def measure(args, sides: dict, tokens: int, flags: list[str]) -> tuple[dict, dict, dict]:
+    """Interleave the sides' steps (tokens/s over args.steps steps) with the GEMM probes (one sample each per
+    repeat): (each side's summary, {probe dtype: median GFLOP/s}, {side: top ops} when args.profile)."""
+    def runner(model, loss_fn, optimizer):
+        def once() -> float:
+            return args.steps * tokens / common.timed(lambda: train_step(model, loss_fn, optimizer), args.steps)
+        return once
+
+    runners = {name: runner(*s) for name, s in sides.items()} | common.probe_runners(args, flags)
+    samples = common.interleave(runners, args.repeats, args.warmup)
+    stats = {name: common.summary(v) for name, v in samples.items()}  # the probes' too: probe_line reads them
+    peaks = common.split_probes(stats)[1]
+    profiles = {}
+    if args.profile:
+        for name, s in sides.items():
+            profiles[name] = common.profile_ops(lambda s=s: train_step(*s), args.profile_steps)
+            print(f"\n=== {name}: top ops by self CPU time ===\n" + common.profile_table({name: profiles[name]}, args.profile_rows))
+    return stats, peaks, profiles
+
+
+def rate_table(stats: dict, tokens: int, flops_per_token: float, peaks: dict[str, float]) -> str:
+    """Per side: tokens/s (median, min–max), ms/step, spread, achieved GFLOP/s and its share of each probe;
+    then the plm / transformers ratio (of medians, and of each side's best repeat)."""
+    sides = common.split_probes(stats)[0]
+    rows = [[name, f"{s['median']:,.0f}", f"{s['min']:,.0f}–{s['max']:,.0f}", f"{1000 * tokens / s['median']:.1f}",
+             f"{100 * s['spread']:.0f}%", *common.limit_columns(s["median"], flops_per_token, peaks)]
+            for name, s in sides.items()]
+    ratio = sides["plm"]["median"] / sides["transformers"]["median"]
+    best_ratio = sides["plm"]["max"] / sides["transformers"]["max"]
+    rows.append(["**plm / transformers**", f"**{ratio:.2f}×**", f"best/best {best_ratio:.2f}×", "", "", *([""] * (1 + len(peaks)))])
+    headers = ["model", "tokens/s (median)", "tokens/s (min–max)", "ms/step (median)", "spread", *common.limit_headers(peaks)]
+    return common.markdown_table(headers, rows)
+
+
+def limit_text(stats: dict, info: dict, args, formula: str, profiles: dict) -> str:
+    """The section's paragraphs on the machine's limit: the probe, the FLOP formula, and the profile if any."""
+    text = "\n" + common.probe_line(stats, info["flags"], args.gemm_size) + f" Training FLOPs per token: {formula}. " + \
+        "Share = achieved GFLOP/s (FLOPs per token × median tokens/s) / the probe's median; the transformers side is " + \
+        "credited with the same FLOPs (work it does beyond plm's count is not useful work). Goal (issue 21 §3): " + \
+        "plm ≥ 70% of the fp32 probe.\n"
+    if profiles:
+        text += f"\nProfile (`--profile`, {args.profile_steps} steps per side, share of op self CPU time):\n\n" + \
+            common.profile_table(profiles, args.profile_rows) + "\n"
+    return text
 
 
 def run(args) -> int:
@@ -123,27 +169,11 @@ def run(args) -> int:
     recipe, sides, (B, T, V), n_params = build(args)
     tokens = B * T
     print(f"{common.machine_line(info)}\n{recipe.name}: {n_params:,} parameters, batch {B} x {T} tokens, vocab {V}")
-
-    def runner(model, loss_fn, optimizer):
-        def once() -> float:  # tokens/s over args.steps steps
-            return args.steps * tokens / common.timed(lambda: train_step(model, loss_fn, optimizer), args.steps)
-        return once
-
-    samples = common.interleave({name: runner(*s) for name, s in sides.items()}, args.repeats, args.warmup)
-
-    if args.profile:
-        for name, s in sides.items():
-            profile(name, *s, steps=args.profile_steps, rows=args.profile_rows)
-
-    stats = {name: common.summary(v) for name, v in samples.items()}
-    ratio = stats["plm"]["median"] / stats["transformers"]["median"]
-    # Each side's best repeat is its least-disturbed one: on a busy machine that ratio is the steadier estimate.
-    best_ratio = stats["plm"]["max"] / stats["transformers"]["max"]
-    rows = [[name, f"{s['median']:,.0f}", f"{s['min']:,.0f}–{s['max']:,.0f}",
-             f"{1000 * tokens / s['median']:.1f}", f"{100 * s['spread']:.0f}%"] for name, s in stats.items()]
-    rows.append(["**plm / transformers**", f"**{ratio:.2f}×**", f"best/best {best_ratio:.2f}×", "", ""])
-    table = common.markdown_table(
-        ["model", "tokens/s (median)", "tokens/s (min–max)", "ms/step (median)", "spread"], rows)
+    fpt = sides["plm"][0].flops_per_token(T)
+    stats, peaks, profiles = measure(args, sides, tokens, info["flags"])
+    if args.precision == "fp32":
+        peaks = {k: v for k, v in peaks.items() if k == "fp32"}
+    table = rate_table(stats, tokens, fpt, peaks)
     m = recipe.model
     text = f"""
 One full training step of `{recipe.name}`'s GPT-2 ({m.n_layer} layers, {m.n_head} heads, d_model {m.d_model},
@@ -159,8 +189,24 @@ vocab {V}, {n_params:,} parameters) on a batch of {B} × {T} random token ids, i
   `attn_implementation="sdpa"`), loss `model(input_ids=x, labels=x).loss` (shifted inside).
 
 Tokens/s = {B} × {T} / step time. {args.warmup} untimed repeat(s) each, then {args.repeats} repeats of
-{args.steps} steps, alternating plm, transformers, plm, ... Spread = (max − min) / median; best/best = the
-ratio of each side's fastest repeat. Goal: plm ≥ 1.2× (ratio of medians).
+{args.steps} steps, alternating plm, transformers, the probe(s), plm, ... Spread = (max − min) / median; best/best = the
+ratio of each side's fastest repeat. Goal: plm ≥ 1.5× (ratio of medians; issue 21 §2).
 """
-    common.publish(NAME, common.section_body("GPT-2 training step: plm vs transformers", args, text, table, info), args)
+    formula = (f"`GPT.flops_per_token` = 6·N + 12·L·T·C with N = {round(fpt - 12 * m.n_layer * T * m.d_model) // 6:,} "
+               f"parameters (all but the position table; the tied LM head counted once) = {fpt / 1e6:.1f} MFLOP")
+    text += limit_text(stats, info, args, formula, profiles)
+    title = "GPT-2 training step: plm vs transformers"
+    if args.precision == "bf16":
+        text += BF16_NOTE
+        title += ", bf16 autocast"
+    name = NAME + ("-bf16" if args.precision == "bf16" else "")
+    common.publish(name, common.section_body(title, args, text, table, info), args)
     return 0
+
+
+BF16_NOTE = """
+Both sides run under `torch.autocast("cpu", dtype=torch.bfloat16)`: on a CPU with AMX (Sapphire Rapids and
+later) or AVX512-BF16 the matmuls run in bf16. plm's runs get the same with `--set train.mixed_precision=bf16`
+(`auto` keeps fp32 on CPUs); without such units bf16 on a CPU is slower, not faster. The share is given of
+both probes: the bf16 one is the limit of this variant.
+"""

@@ -120,9 +120,12 @@ class RelativeAttention(nn.Module):
         B, Q, C = x.shape
         H, D, K = self.n_head, self.d_head, k.shape[2]
         q = self.q(x).view(B, Q, H, D)
+        # SDPA adds the bias after scaling q·k: the bias terms are scaled on the (B, Q, H, D) queries that
+        # make them rather than on the (B, H, Q, K) scores.
+        scale = D ** -0.5
         # Position term: every query against every distance once, then the distance of each key.
         spec = "bqhd,rhd->bhqr" if kr.dim() == 3 else "bqhd,brhd->bhqr"
-        bd = torch.einsum(spec, q + self.r_r_bias, kr)  # (B, H, Q, R)
+        bd = torch.einsum(spec, (q + self.r_r_bias) * scale, kr)  # (B, H, Q, R)
         if q_pos is None:
             bd = rel_shift(bd, K)
         else:  # query rows at arbitrary positions p: key j sits at distance index j + T - p
@@ -131,10 +134,8 @@ class RelativeAttention(nn.Module):
             bd = bd.gather(-1, idx[:, None].expand(B, H, Q, K))
         bias = bd
         if seg_diff is not None:
-            ef = torch.einsum("bqhd,shd->bhqs", q + self.r_s_bias, self.seg_embed)  # (B, H, Q, 2)
+            ef = torch.einsum("bqhd,shd->bhqs", (q + self.r_s_bias) * scale, self.seg_embed)  # (B, H, Q, 2)
             bias = bias + torch.where(seg_diff[:, None], ef[..., 1:], ef[..., :1])
-        scale = D ** -0.5
-        bias = bias * scale
         if blocked is not None:  # a large finite negative: a row with nothing visible stays finite
             bias = bias.masked_fill(blocked[:, None], torch.finfo(bias.dtype).min / 2)
         qc = (q + self.r_w_bias).transpose(1, 2)  # (B, H, Q, D): content term (q_i + u)·k_j
@@ -150,10 +151,13 @@ class XLNetBlock(nn.Module):
         self.ff = FeedForward(cfg.d_model, cfg.d_ff or 4 * cfg.d_model, cfg.activation, True, cfg.dropout)
         self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
-    def forward(self, h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos):
+    def forward(self, h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos, content: bool = True):
+        """`content` False: the content stream's output is not wanted (the last layer of a pretraining
+        step, whose loss reads the query stream only), so only the keys it gives the query stream are made."""
         k, v, kr = self.attn.keys(h if mem is None else torch.cat([mem, h], 1), pos)
-        h = self.attn(h, k, v, kr, seg_h, blocked_h)
-        h = self.ln(h + self.ff(h))
+        if content:
+            h = self.attn(h, k, v, kr, seg_h, blocked_h)
+            h = self.ln(h + self.ff(h))
         if g is not None:  # the query stream reads the same keys: the content of [mem; h] as it entered the layer
             g = self.attn(g, k, v, kr, seg_g, blocked_g, q_pos)
             g = self.ln(g + self.ff(g))
@@ -191,11 +195,13 @@ class XLNet(LanguageModel):
     # ------------------------------------------------------------------ the stack
 
     def stack(self, input_ids, seg=None, perm_mask=None, q_pos=None, mems=None, key_pad=None,
-              reuse_len=None, mem_len=None, bi_data=False, states: list | None = None):
+              reuse_len=None, mem_len=None, bi_data=False, states: list | None = None, content_out: bool = True):
         """Run both streams. input_ids, seg (B, T); perm_mask (B, T, T), 1 = i may not attend to j;
         q_pos (B, M) positions of the query-stream rows (None: no query stream); mems: per layer (B, Tm, C)
         or None; key_pad (B, T) True at padding. Returns (h (B, T, C), g (B, M, C) | None, new mems | None).
-        `states` (a list): the content stream's embeddings and each layer's output are appended (layer_states)."""
+        `states` (a list): the content stream's embeddings and each layer's output are appended (layer_states).
+        content_out False (with a query stream): h is not returned (None), and the last layer skips its
+        content stream, which nothing downstream reads: the memory is each layer's input."""
         B, T = input_ids.shape
         mlen = mems[0].shape[1] if mems else 0
         klen = mlen + T
@@ -230,9 +236,12 @@ class XLNet(LanguageModel):
                 new_mems.append(self._cache(h, mem, reuse_len, mem_len))
             if states is not None:
                 states.append(h)
-            h, g = block(h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos)
+            content = content_out or g is None or i < len(self.blocks) - 1
+            h, g = block(h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos, content)
         if new_mems is not None and new_mems[0] is None:
             new_mems = None
+        if not content_out and g is not None:
+            return None, self.drop(g), new_mems
         h = self.drop(h)
         if states is not None:
             states.append(h)
@@ -259,7 +268,7 @@ class XLNet(LanguageModel):
         q_pos = target_mapping.argmax(-1) if target_mapping is not None else None
         key_pad = attention_mask == 0 if attention_mask is not None and not bool(attention_mask.all()) else None
         h, g, new_mems = self.stack(input_ids, token_type_ids, perm_mask, q_pos, mems, key_pad, reuse_len,
-                                    mem_len, bi_data)
+                                    mem_len, bi_data, content_out=q_pos is None)
         out = g if g is not None else h
         return F.linear(out, self.wte.weight, self.lm_bias), new_mems
 
@@ -301,24 +310,27 @@ class XLNet(LanguageModel):
         causal = torch.ones(W + 1, W + 1, dtype=torch.bool, device=x.device).triu()  # j ≥ i blocked
         q_pos = torch.arange(1, W + 1, device=x.device).expand(B, W)
         _, g, new_mems = self.stack(x, torch.zeros_like(x), causal.expand(B, -1, -1), q_pos, mems,
-                                    reuse_len=W, mem_len=mem_len)
+                                    reuse_len=W, mem_len=mem_len, content_out=False)
         return F.linear(g, self.wte.weight, self.lm_bias), new_mems
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward + backward ≈ 3× forward, 2 per multiply-add).
+        """Training FLOPs per token of a pretraining step (forward + backward = 3× forward, 2 per multiply-add),
+        counted matmul by matmul as it runs.
 
-        Content stream: every block matmul, for each token; keys and values of the memory are projected
-        again each step; the position keys W_{k,R} R (klen + seq_len rows per layer) once per sequence.
-        The query stream (q, o, feed-forward) and the LM head run at `predict_fraction` of the tokens.
-        Attention: q·k and p·v over klen keys, q·W_R R over klen + seq_len distances, per stream row.
+        Every layer projects keys and values of [memory; segment] (klen = seq_len + mem_len rows) and the
+        position keys W_{k,R} R (klen + seq_len rows, counted once per sequence); the query stream (q, o,
+        feed-forward) and the LM head run at `predict_fraction` of the tokens in every layer; the content
+        stream's q, o and feed-forward in every layer but the last (the loss reads the query stream only,
+        so the last layer's content output is not computed). Attention per stream row: q·k and p·v over
+        klen keys, q·W_R R over klen + seq_len distances.
         """
         c = self.cfg
         C, L, F_ = c.d_model, c.n_layer, c.d_ff or 4 * c.d_model
         f, klen = self.predict_fraction, seq_len + c.mem_len
-        block = 5 * C * C + 2 * C * F_
-        extra = 2 * C * C * c.mem_len / seq_len + C * C * (klen + seq_len) / seq_len
-        dense = L * (block + extra + f * (2 * C * C + 2 * C * F_)) + f * C * c.vocab_size
-        return 6 * dense + 6 * L * C * (3 * klen + seq_len) * (1 + f)
+        keys = 2 * C * C * klen / seq_len + C * C * (klen + seq_len) / seq_len
+        rows = 2 * C * C + 2 * C * F_  # q, o and the feed-forward of one stream row
+        dense = L * (keys + f * rows) + (L - 1) * rows + f * C * c.vocab_size
+        return 6 * dense + 6 * C * (3 * klen + seq_len) * ((L - 1) + L * f)
 
     # ------------------------------------------------------------------ transformers interop
 

@@ -290,6 +290,9 @@ class PermutationLM(Objective):
                            "use objective.name: plm with family xlnet (xlnet-mini, xlnet-base)")
         self.check_positions(model)
         model.freeze_summary()  # finetuning's pooler gets no gradient here; DDP must not wait for it
+        # The query stream and LM head run at num_predict rows of seq_len: flops_per_token (and the logged
+        # MFU) count what runs rather than the paper's 85/512.
+        model.predict_fraction = self.cfg.num_predict / self.seq_len
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream

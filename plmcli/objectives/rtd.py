@@ -5,7 +5,7 @@ Masking and data are MaskedLM's (dynamic by default, as RoBERTa: the released EL
 fly too), with ELECTRA's replacement shares: of the targets 85% become [MASK] and 15% stay, no random
 token (pretrain_helpers.mask). One step, both networks through the model's `forward`:
   1. generator logits at the masked positions -> MLM loss (cross-entropy, mean over targets);
-  2. each masked position gets a sample from the generator's softmax (Gumbel-max at `temperature`),
+  2. each masked position gets a sample from the generator's softmax (at `temperature`, by inverse CDF),
      drawn without gradient from detached logits: the RTD loss never reaches the generator;
   3. the discriminator reads the corrupted ids; label 1 where a token differs from the original (a
      sample equal to the original counts as original, as in the paper) -> BCE with logits, mean over
@@ -127,10 +127,26 @@ class ReplacedTokenDetection(MaskedLM):
         return StepOutput(loss, metrics, count)
 
 
-def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of softmax(logits), by Gumbel-max: argmax(logits - log E), E ~ Exp(1)."""
-    noise = torch.empty_like(logits).exponential_(generator=generator)
-    return (logits - noise.log()).argmax(-1)
+def sample(logits: torch.Tensor, generator: torch.Generator | None = None, block: int = 64) -> torch.Tensor:
+    """One draw per row of softmax(logits), by inverse CDF with one uniform u per row.
+
+    Gumbel-max needs an exponential per logit (N × V of them: ~5% of an electra-mini step on a CPU), and a
+    running sum over all V probabilities is a slow sequential pass. Here the vocabulary is cut in blocks
+    of `block` tokens: a block is drawn with probability its mass (a running sum over V / block block
+    masses), then a token inside it with probability p / mass, from what is left of u. A token of
+    probability 0 (or padding past V) is never drawn; the running sums are float64."""
+    p = torch.softmax(logits.float(), -1)  # (N, V)
+    N, V = p.shape
+    blocks = (F.pad(p, (0, -V % block)) if V % block else p).view(N, -1, block)  # (N, nb, block), zero mass past V
+    mass = blocks.sum(-1).double()  # (N, nb); a float32 sum of `block` terms (a float64 one is 100× slower on a CPU)
+    cdf = mass.cumsum(-1)
+    u = torch.rand(N, 1, generator=generator, dtype=torch.float64, device=logits.device) * cdf[:, -1:]
+    b = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)  # (N, 1): the block with cdf > u
+    m = mass.gather(1, b)
+    r = ((u - (cdf.gather(1, b) - m)) / m).clamp_(0.0, 1.0 - 2.0**-52)  # u's position inside the block, in [0, 1)
+    inner = blocks[torch.arange(N, device=p.device), b.squeeze(1)].double().cumsum_(-1)  # (N, block)
+    t = torch.searchsorted(inner, r * inner[:, -1:], right=True)  # < block: r · total < total
+    return (b * block + t).squeeze(1)
 
 
 class SampleSeeds(torch.utils.data.Dataset):
