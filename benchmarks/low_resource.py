@@ -216,15 +216,16 @@ def pretrain_jobs(args, root: Path, langs: list[str]) -> list[dict]:
 
 
 def finetune_jobs(args, root: Path, tasks: list[str], seeds: list[int]) -> list[dict]:
-    """Every (task, rows, seed, init), the issue's 1,000-row cells first, the all-rows cells last."""
+    """Every (task, rows, seed, init): seed by seed (a first seed of every cell before a second of any), within a
+    seed the issue's 1,000-row cells first and the all-rows cell last."""
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     cells = [("sst2", r) for r in rows if "sst2" in tasks]
     cells += [(t, "1000") for t in ("conll2003", "chnsenticorp") if t in tasks]
     cells.sort(key=lambda c: (c[1] == "all", c[1] != "1000"))
     threads = max(1, args.threads // max(1, args.jobs))
     jobs = []
-    for task, r in cells:
-        for seed in seeds:
+    for seed in seeds:
+        for task, r in cells:
             data = make_slice(root, task, r, seed)
             for init in ("pretrained", "random"):
                 out = root / "ft" / f"{task}-{r}-{init}-seed{seed}"
@@ -415,19 +416,17 @@ def _points(a: float, b: float) -> str:
 
 def gather(args, root: Path, tasks: list[str], seeds: list[int]) -> list[dict]:
     """One row per (task, labelled rows) with every seed's score for each init and the baseline."""
-    cells = []
+    by_key: dict[tuple, dict] = {}
     for job in finetune_jobs(args, root, tasks, seeds):
-        key = (job["name"], job["rows"])
-        if not cells or (cells[-1]["task"], cells[-1]["rows"]) != key:
-            cells.append({"task": key[0], "rows": key[1], "pretrained": [], "random": [], "sklearn": [],
-                          "steps": set(), "wall": []})
+        cell = by_key.setdefault((job["name"], job["rows"]), {
+            "task": job["name"], "rows": job["rows"], "pretrained": [], "random": [], "steps": set(), "wall": []})
         done = Path(job["done"])
-        if not done.is_file():
-            continue
-        res = json.loads(done.read_text())
-        cells[-1][job["init"]].append(res["dev"][res["main_metric"]])
-        cells[-1]["steps"].add(res["steps"])
-        cells[-1]["wall"].append(res["wall"])
+        if done.is_file():
+            res = json.loads(done.read_text())
+            cell[job["init"]].append(res["dev"][res["main_metric"]])
+            cell["steps"].add(res["steps"])
+            cell["wall"].append(res["wall"])
+    cells = list(by_key.values())
     for c in cells:
         c["sklearn"] = [baseline(root, c["task"], c["rows"], s) for s in seeds]
         c["n_rows"] = _row_count(root, c["task"], c["rows"], seeds[0])
