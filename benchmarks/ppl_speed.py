@@ -34,7 +34,7 @@ from benchmarks import common
 
 NAME = "ppl-speed"
 HELP = "plm eval-ppl vs the transformers perplexity guide loop on the same GPT-2 weights: tokens/s and perplexity"
-GOAL = 1.5
+GOAL = 2.0
 
 
 def add_arguments(p) -> None:
