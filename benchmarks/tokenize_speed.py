@@ -26,7 +26,7 @@ from benchmarks import common
 
 NAME = "tokenize-speed"
 HELP = "plm tokenize vs raw Tokenizer.encode_batch vs datasets.map (run_mlm.py): MB/s and tokens/s"
-GOAL = 0.8
+GOAL = 0.9
 
 
 def add_arguments(p) -> None:
@@ -167,8 +167,8 @@ def run(args) -> int:
     rows = common.rate_rows(stats, floor, "{:,.2f}", extra)
     plm1 = f"plm tokenize --num-proc {min(args.num_proc)}"
     ratio = stats[plm1]["median"] / stats[floor]["median"]
-    rows.append([f"**{plm1} / encode_batch**", f"**{ratio:.2f}×**", "", "goal ≥ 0.8×: " + ("met" if ratio >= GOAL else "NOT met"),
-                 "", ""])
+    verdict = f"goal ≥ {GOAL}×: " + ("met" if ratio >= GOAL else "NOT met")
+    rows.append([f"**{plm1} / encode_batch**", f"**{ratio:.2f}×**", "", verdict, "", ""])
     table = common.markdown_table(["pipeline", "MB/s (median)", "MB/s (min–max)", "vs encode_batch", "tokens/s (median)",
                                    "tokens"], rows)
     text = f"""

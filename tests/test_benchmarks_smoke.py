@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ppl_speed import guide_nll
+from benchmarks.ppl_speed import guide_nll, window_flops
 from benchmarks.startup import parse_importtime, top_level
 from benchmarks.tokenize_speed import write_corpus
 from benchmarks.varlen_sst2 import length_grouped, padding_share
@@ -194,3 +194,19 @@ def test_gpu_varlen_pieces_run_on_a_cpu_and_the_two_paths_agree():
         train_step(model, head, opt, batches[1], device)
     assert not layers.unpadded_attention(device)  # restored
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_window_flops_counts_each_matrix_multiply():
+    """ppl-speed's FLOP bound, counted row by row and layer by layer: qkv (d→3d), output projection (d→d),
+    feed-forward (d→4d→d), causal attention as half the L×L products; plm's last layer computes only keys and
+    values (and their attention) at the context rows, and its output layer only at the scored rows."""
+    n_layer, d, V, L, S = 3, 8, 50, 12, 5
+    guide = plm = 0
+    for layer in range(n_layer):
+        for t in range(L):
+            full = 2 * d * (3 * d + d + 4 * d + 4 * d) + 2 * L * d
+            guide += full
+            plm += 2 * d * 2 * d + 2 * L * d if layer == n_layer - 1 and t < L - S else full
+    guide += L * 2 * d * V
+    plm += S * 2 * d * V
+    assert window_flops(n_layer, d, V, L, S) == {"guide": guide, "plm": plm}

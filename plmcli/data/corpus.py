@@ -125,19 +125,26 @@ def _encoder(spec: tuple):
             yield batch
 
     def encode(unit):
-        # One batch ahead on a second thread: the tokenizer's Rust code releases the GIL, so encoding batch
-        # k+1 overlaps reading the text and writing Arrow for batch k. Results come back in order.
+        # A second thread runs only the tokenizer, whose Rust code releases the GIL: the work of a bare
+        # encode_batch loop. This thread meanwhile reads and splits the next documents, reads the finished
+        # encodings out and writes Arrow, so all of that stays off the tokenizer's path. Two batches are
+        # queued ahead so the tokenizer never waits for this side. Results come back in order.
+        from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
-            for batch in batches(unit):
-                job = pool.submit(_encode, {"text": batch}, tok, split)
-                if pending is not None:
-                    yield pending.result()
-                pending = job
-            if pending is not None:
-                yield pending.result()
+            pending: deque = deque()
+            for docs in batches(unit):
+                lines, per_doc = _lines(docs, split)
+                # encode_batch, not encode_batch_fast: the fast path leaves word_ids empty, and whole-word
+                # masking needs them.
+                pending.append((docs, per_doc, pool.submit(tok.encode_batch, lines, add_special_tokens=False)))
+                if len(pending) > 2:
+                    docs, per_doc, job = pending.popleft()
+                    yield _columns(docs, per_doc, job.result())
+            while pending:
+                docs, per_doc, job = pending.popleft()
+                yield _columns(docs, per_doc, job.result())
 
     return encode
 
@@ -153,12 +160,9 @@ def _totals(rb) -> dict:
             "tokens": total(pc.list_value_length(rb["input_ids"])), "bytes": total(rb["num_bytes"])}
 
 
-def _encode(batch: dict, tok, split_sentences: bool = False) -> dict:
-    """Documents -> the corpus' Arrow columns, built from flat arrays and offsets: no Python work per token.
-    A document's sentences are its lines, or with `split_sentences` the sentences within its lines."""
-    import pyarrow as pa
-
-    docs = batch["text"]
+def _lines(docs: list[str], split_sentences: bool = False) -> tuple[list[str], list[int]]:
+    """(the lines to encode, lines per document). A document's sentences are its lines, or with
+    `split_sentences` the sentences within its lines."""
     lines, per_doc = [], []
     for doc in docs:
         doc_lines = split_lines(doc)
@@ -166,8 +170,14 @@ def _encode(batch: dict, tok, split_sentences: bool = False) -> dict:
             doc_lines = [piece for line in doc_lines for piece in split_text_sentences(line)]
         lines.extend(doc_lines)
         per_doc.append(len(doc_lines))
-    # encode_batch, not encode_batch_fast: the fast path leaves word_ids empty, and whole-word masking needs them.
-    encodings = tok.encode_batch(lines, add_special_tokens=False)
+    return lines, per_doc
+
+
+def _columns(docs: list[str], per_doc: list[int], encodings) -> dict:
+    """The corpus' Arrow columns of `docs` from the encodings of their lines, built from flat arrays and
+    offsets: no Python work per token."""
+    import pyarrow as pa
+
     line_at = _offsets(np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings)))
     doc_lines_at = _offsets(np.asarray(per_doc, dtype=np.int64))
     doc_at = line_at[doc_lines_at]

@@ -22,7 +22,7 @@ from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probabil
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import (ACTIVATIONS, Activation, Block, NormPosition, bidirectional,
+from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, NormPosition, bidirectional,
                                    init_weights, require_vocab)
 
 
@@ -118,10 +118,13 @@ def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> tor
     if T > model.max_positions:
         raise ValueError(f"sequence of {T} tokens exceeds max_positions={model.max_positions}")
     offset = getattr(model.cfg, "position_offset", 0)
-    x = model.wte(input_ids) + model.wpe(torch.arange(offset, offset + T, device=input_ids.device))  # (B, T, C)
-    if model.wtt is not None:
-        # No segment ids = all segment 0: add its row instead of looking up B·T zeros.
-        x = x + (model.wtt(token_type_ids) if token_type_ids is not None else model.wtt.weight[0])
+    pos = model.wpe(torch.arange(offset, offset + T, device=input_ids.device))  # (T, C)
+    if model.wtt is not None and token_type_ids is None:
+        # No segment ids = all segment 0: its row joins the (T, C) positions, not the (B, T, C) sum.
+        pos = pos + model.wtt.weight[0]
+    x = model.wte(input_ids) + pos  # (B, T, C)
+    if model.wtt is not None and token_type_ids is not None:
+        x = x + model.wtt(token_type_ids)
     return x
 
 
@@ -183,7 +186,7 @@ class Bert(MaskedLMEncoder):
         self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # BERT normalizes the embedding sum: with post-LN blocks every block input is normalized.
         self.ln_emb = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         if cfg.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         self.blocks = nn.ModuleList(

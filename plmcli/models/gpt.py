@@ -17,8 +17,9 @@ from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probabil
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import Activation, Block, NormPosition, init_weights, require_vocab, scale_residual_init
-from plmcli.models.lm_loss import linear_cross_entropy
+from plmcli.models.layers import (Activation, Block, Dropout, NormPosition, init_weights, require_vocab,
+                                   scale_residual_init)
+from plmcli.models.lm_loss import IGNORE_INDEX, linear_cross_entropy
 
 
 @dataclass
@@ -71,7 +72,7 @@ class GPT(LanguageModel):
         d_ff = cfg.d_ff or 4 * cfg.d_model
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             Block(cfg.d_model, cfg.n_head, d_ff, cfg.activation, cfg.bias, cfg.dropout, cfg.attn_dropout,
                   cfg.norm_position, cfg.layer_norm_eps)
@@ -89,9 +90,10 @@ class GPT(LanguageModel):
     def max_positions(self) -> int:
         return self.cfg.max_positions
 
-    def hidden(self, input_ids: torch.Tensor, states: list | None = None) -> torch.Tensor:
+    def hidden(self, input_ids: torch.Tensor, states: list | None = None, start: int = 0) -> torch.Tensor:
         """(B, T) token ids -> (B, T, C) final hidden states; position t sees tokens ≤ t only. `states` (a
-        list): the embedding output and each block's output are appended, the last one after ln_f."""
+        list): the embedding output and each block's output are appended, the last one after ln_f.
+        `start` > 0: only positions ≥ start come out, (B, T - start, C), the last block computing no others."""
         T = input_ids.shape[1]
         if T > self.cfg.max_positions:
             raise ValueError(f"sequence of {T} tokens exceeds max_positions={self.cfg.max_positions}")
@@ -99,8 +101,8 @@ class GPT(LanguageModel):
         x = self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
         if states is not None:
             states.append(x)
-        for block in self.blocks:
-            x = block(x, causal=True)
+        for i, block in enumerate(self.blocks):
+            x = block.causal_tail(x, start) if start and i == len(self.blocks) - 1 else block(x, causal=True)
             if states is not None:
                 states.append(x)
         x = self.ln_f(x)
@@ -122,10 +124,16 @@ class GPT(LanguageModel):
         The loss is taken here rather than by the objective from `lm_head.weight` because sharded
         training (FSDP, ZeRO-3) only gathers that weight inside the model's forward.
         """
-        h = self.hidden(input_ids)
         if labels is None:
-            return self.lm_head(h)
-        return linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, labels.flatten())
+            return self.lm_head(self.hidden(input_ids))
+        start = 0
+        if not torch.is_grad_enabled():
+            # Scoring (eval-ppl's sliding windows): positions before the first scored one are context
+            # only, and the last block and the output layer need not compute them.
+            scored = (labels != IGNORE_INDEX).any(0).nonzero()
+            start = int(scored[0]) if len(scored) else 0
+        h = self.hidden(input_ids, start=start)
+        return linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, labels[:, start:].flatten())
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward ≈ 3× forward), PaLM's 6N + 12·L·T·C estimate."""

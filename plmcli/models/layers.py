@@ -6,6 +6,7 @@ import math
 from contextlib import contextmanager
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -113,6 +114,46 @@ def repad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(*keep.shape, values.shape[-1]).index_put((keep,), values)
 
 
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """F.dropout(x, p, training), with the masks drawn faster on a CPU.
+
+    torch's CPU dropout draws one Bernoulli variate per element from its Mersenne Twister, serially
+    (MKL's vectorised generator only serves Intel CPUs): ~20 ns an element, ~10% of a small Transformer's
+    training step. Here each mask is 32 random bits per element from numpy's PCG64, seeded by one draw
+    from torch's generator, so `torch.manual_seed` still fixes every mask and a resumed run (which restores
+    torch's RNG state) draws the same ones. P(drop) = round(p·2³²)/2³², kept elements scaled by 1/(1 − p)
+    as torch does. Elsewhere (CUDA's fused kernel, jagged tensors, torch.compile graphs) this is F.dropout.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or x.is_nested or p >= 1.0 or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)
+    n = x.numel()
+    seed = int(torch.randint(0, 2**62, (1,)))
+    bits = np.random.Generator(np.random.PCG64(seed)).bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    noise = np.empty(n, dtype=np.float32)
+    np.multiply(bits >= np.uint32(round(p * 2**32)), np.float32(1 / (1 - p)), out=noise)
+    return x * torch.from_numpy(noise).view(x.shape).to(x.dtype)
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `dropout` (same module, no state: checkpoints and names are unchanged)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+_future_masks: dict = {}
+
+
+def _future(T: int, device: torch.device) -> torch.Tensor:
+    """(T, T) boolean, True above the diagonal: the keys a causal query must not see (built once per T)."""
+    key = (T, str(device))
+    if key not in _future_masks:
+        _future_masks[key] = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+    return _future_masks[key]
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with a fused QKV projection; `causal` uses SDPA's built-in causal mask."""
 
@@ -123,14 +164,18 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.attn_dropout = attn_dropout
-        self.resid_dropout = nn.Dropout(resid_dropout)
+        self.resid_dropout = Dropout(resid_dropout)
 
     def forward(self, x: torch.Tensor, causal: bool = False, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         if x.is_nested:
             return self._jagged(x, causal, attn_mask)
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, D)
-        if _recorded is not None:
+        # unbind(2), not a permute to (3, B, H, T, D): backward then stacks the q/k/v gradients straight into
+        # the projection's (B, T, 3, H, D) layout instead of stacking them and copying once more.
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).unbind(2))
+        if _recorded is not None or (self.training and self.attn_dropout > 0 and x.device.type == "cpu"):
+            # With dropout SDPA's CPU kernels fall back to a general composite that also scales k, builds
+            # the causal mask and guards against all-masked rows on every call; this one does less.
             y = self._explicit(q, k, v, causal and attn_mask is None, attn_mask)
         else:
             y = F.scaled_dot_product_attention(
@@ -140,18 +185,32 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
 
+    def causal_tail(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Causal attention's output at positions ≥ `start` only, (B, T - start, C): queries from those
+        rows, keys and values from all. Scoring needs no more of a model's last layer than this."""
+        B, T, C = x.shape
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(x[:, start:], w[:C], None if b is None else b[:C])
+        kv = F.linear(x, w[C:], None if b is None else b[C:])
+        k, v = kv.view(B, T, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 2 × (B, H, T, D)
+        q = q.view(B, T - start, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T - start, D)
+        # query i is position start + i: it sees keys 0 .. start + i (SDPA's is_causal aligns to the top left)
+        mask = torch.ones(T - start, T, dtype=torch.bool, device=x.device).tril(start)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T - start, C)))
+
     def _explicit(self, q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """What SDPA computes, softmax(QKᵀ/√d + mask)·V, with the probabilities `recorded` on the way."""
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        scores = (q * (1 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, T); scaled on the smaller side
+        # In place: the matmul's backward needs its inputs, not its output.
         if causal:
-            T = q.shape[-2]
-            attn_mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        if attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's boolean mask: True = attend
-            scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
+            scores.masked_fill_(_future(q.shape[-2], q.device), torch.finfo(scores.dtype).min)
+        elif attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's boolean mask: True = attend
+            scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
         elif attn_mask is not None:  # a float mask is added
-            scores = scores + attn_mask
+            scores.add_(attn_mask)
         p = recorded(F.softmax(scores, dim=-1))
-        return F.dropout(p, self.attn_dropout, self.training) @ v
+        return dropout(p, self.attn_dropout, self.training) @ v
 
     def _jagged(self, x, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """x (B, j, C) from `unpad`: each row attends within its own tokens, none spent on padding."""
@@ -176,8 +235,8 @@ class FeedForward(nn.Module):
         self.fc = nn.Linear(d_model, d_ff, bias=bias)
         self.proj = nn.Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
-        self.inner = nn.Dropout(inner_dropout) if inner_dropout > 0 else nn.Identity()
-        self.dropout = nn.Dropout(dropout)
+        self.inner = Dropout(inner_dropout) if inner_dropout > 0 else nn.Identity()
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.proj(self.inner(self.act(self.fc(x)))))
@@ -200,6 +259,15 @@ class Block(nn.Module):
             x = x + self.attn(self.ln_1(x), causal, attn_mask)
             return x + self.mlp(self.ln_2(x))
         x = self.ln_1(x + self.attn(x, causal, attn_mask))
+        return self.ln_2(x + self.mlp(x))
+
+    def causal_tail(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """The causal block's output at positions ≥ `start` only (MultiHeadAttention.causal_tail): a
+        model's last layer when only those positions are read."""
+        if self.pre_norm:
+            x = x[:, start:] + self.attn.causal_tail(self.ln_1(x), start)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x[:, start:] + self.attn.causal_tail(x, start))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -238,7 +306,7 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.attn_dropout = attn_dropout
-        self.resid_dropout = nn.Dropout(resid_dropout)
+        self.resid_dropout = Dropout(resid_dropout)
 
     def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, C) memory -> keys and values, each (B, H, S, D)."""

@@ -44,18 +44,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss = torch.zeros((), dtype=acc, device=h.device)
             grad_h = torch.empty_like(h)
             grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+            every = bool(valid.all())  # pretraining: no ignored rows, so no per-row masking passes
+            same = dt == acc
             for s in range(0, h.shape[0], chunk):
                 hc, yc, vc = hd[s : s + chunk], targets[s : s + chunk], valid[s : s + chunk]
-                logits = (hc @ wd.t()).to(acc)  # (n, V)
-                lse = torch.logsumexp(logits, dim=-1)
-                safe_y = torch.where(vc, yc, 0)
-                loss += ((lse - logits.gather(1, safe_y[:, None]).squeeze(1)) * vc).sum()
-                p = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-                p.scatter_add_(1, safe_y[:, None], -vc[:, None].to(p.dtype))  # − one-hot
-                p.mul_(vc[:, None])  # ignored rows contribute nothing
+                # log_softmax is one fused pass where logsumexp-then-subtract took four over the (n, V) chunk
+                logp = F.log_softmax((hc @ wd.t()).to(acc), dim=-1)  # (n, V)
+                safe_y = yc if every else torch.where(vc, yc, 0)
+                picked = logp.gather(1, safe_y[:, None]).squeeze(1)
+                loss -= picked.sum() if every else (picked * vc).sum()
+                p = logp.exp_()  # softmax, in place
+                if every:
+                    p.scatter_add_(1, safe_y[:, None], p.new_full((len(yc), 1), -1.0))  # − one-hot
+                else:
+                    p.scatter_add_(1, safe_y[:, None], -vc[:, None].to(p.dtype))
+                    p.mul_(vc[:, None])  # ignored rows contribute nothing
                 pd = p.to(dt)
-                grad_h[s : s + chunk] = (pd @ wd).to(h.dtype)
-                grad_w += (pd.t() @ hc).to(acc)
+                if same and h.dtype == dt:
+                    torch.mm(pd, wd, out=grad_h[s : s + chunk])
+                else:
+                    grad_h[s : s + chunk] = (pd @ wd).to(h.dtype)
+                if same:
+                    grad_w.addmm_(pd.t(), hc)
+                else:
+                    grad_w += (pd.t() @ hc).to(acc)
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype), count)
         return loss / count
 

@@ -320,7 +320,8 @@ def test_prepare_corpus(tmp_path, monkeypatch):
 
 
 def _reference_encode(batch: dict, tok, split_sentences: bool = False) -> dict:
-    """`corpus._encode` as it was, token by token in Python: the output the vectorised one must equal."""
+    """The corpus columns of a batch of documents as the first implementation built them, token by token in
+    Python: the output the vectorised pipeline must equal."""
     assert not split_sentences  # the reference reads lines as sentences, as the files it is compared on
     lines, per_doc = [], []
     for doc in batch["text"]:
@@ -373,7 +374,8 @@ def test_vectorised_encoding_writes_the_reference_bytes(tmp_path, monkeypatch, k
     monkeypatch.setattr(corpus, "ENCODE_BATCH_BYTES", 400)
     new = tokenize_corpus([f], tmp_path / "new", given, val_fraction=0.3)
     with monkeypatch.context() as m:
-        m.setattr(corpus, "_encode", _reference_encode)
+        # the per-token implementation, from the documents, in place of reading the pipeline's encodings out
+        m.setattr(corpus, "_columns", lambda docs, per_doc, encodings: _reference_encode({"text": docs}, tok))
         ref = tokenize_corpus([f], tmp_path / "ref", given, val_fraction=0.3)
     assert new == ref
     a, b = _tree(tmp_path / "new"), _tree(tmp_path / "ref")

@@ -16,9 +16,10 @@ def _inputs(N=37, C=16, V=53, seed=0, ignore=True):
     return h, w, y
 
 
+@pytest.mark.parametrize("ignore", [True, False])
 @pytest.mark.parametrize("chunk", [1, 7, 16, 1000])
-def test_loss_and_gradients_equal_the_plain_cross_entropy(chunk):
-    h, w, y = _inputs()
+def test_loss_and_gradients_equal_the_plain_cross_entropy(chunk, ignore):
+    h, w, y = _inputs(ignore=ignore)
     h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
     ref = F.cross_entropy(h1 @ w1.t(), y, ignore_index=-100)
     (ref * 3.0).backward()  # a non-unit incoming gradient must scale both results
@@ -75,3 +76,23 @@ def test_without_gradients_logits_are_computed_for_scored_rows_only(monkeypatch)
     monkeypatch.undo()
     assert sum(rows) == int((y != -100).sum()) == 8
     torch.testing.assert_close(got, F.cross_entropy(h @ w.t(), y, ignore_index=-100), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_scoring_computes_the_last_block_at_scored_positions_only(norm):
+    """eval-ppl's windows: no gradient, context columns unscored; the loss is that of the full logits."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=61, max_positions=16, n_layer=3, n_head=2, d_model=16, norm_position=norm,
+                    final_norm=norm == "pre")
+    model = GPT(cfg).eval()
+    x = torch.randint(0, 61, (3, 12))
+    y = torch.randint(0, 61, (3, 12))
+    y[:, :5] = -100  # every window's context
+    y[1, 5:7] = -100  # a row scored from later on
+    y[2, 10:] = -100  # a shorter (right-padded) last window
+    with torch.no_grad():
+        ref = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+        got = model(x, labels=y)
+        none = model(x, labels=torch.full_like(y, -100))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert none.item() == 0.0
