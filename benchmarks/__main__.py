@@ -30,6 +30,7 @@ BENCHMARKS = {
     "word2vec": "benchmarks.word2vec",
     "small-data-finetune": "benchmarks.small_data_finetune",
     "low-resource": "benchmarks.low_resource",
+    "lstm-step": "benchmarks.lstm_step",
 }
 
 
