@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.lstm_step import build
+from benchmarks.lstm_step import build, paired_ratios
 from benchmarks.nanogpt_char import DEFAULT_NANOGPT, nanogpt_argv, parse_nanogpt_log, prepare_nanogpt
 from plmcli.config import load_recipe
 
@@ -49,6 +49,9 @@ def test_nanogpt_argv_runs_the_shipped_config_at_the_recipe_shape():
     assert (int(opts["block_size"]), int(opts["batch_size"])) == (t.seq_len, t.global_batch_size)
     assert (int(opts["n_layer"]), int(opts["n_head"]), int(opts["n_embd"])) == (m.n_layer, m.n_head, m.d_model)
     assert int(opts["max_iters"]) == int(opts["lr_decay_iters"]) == t.max_steps
+    assert "warmup_iters" not in opts  # the shipped config's 100, as plm's recipe
+    assert recipe.optim.warmup_steps == 100
+    assert nanogpt_argv(40)[-1] == "--warmup_iters=20"  # a smoke test shorter than the warmup still runs
 
 
 def test_prepare_nanogpt_copies_the_tree_and_makes_its_data_offline(tmp_path):
@@ -88,3 +91,7 @@ def test_plain_lstm_loop_matches_plm_step_at_the_same_weights():
     for (name, p), q in zip(plm.model.named_parameters(), plain.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
     assert plm.k == plain.k == 6 and plain.segments == plm.stream.num_segments == 3
+
+
+def test_paired_ratios_divide_each_round_by_its_own_partner():
+    assert paired_ratios([10.0, 30.0, 8.0], [5.0, 20.0, 8.0]) == [2.0, 1.5, 1.0]
