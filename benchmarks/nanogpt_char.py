@@ -247,4 +247,22 @@ plm's `{recipe.name}`: {m.n_layer} layers, {m.n_head} heads, d_model {m.d_model}
   *characters*, plm the last 10% of the *paragraphs*, and the blank line between paragraphs is one
   `<eos>` token in plm's stream.
 - **Goal**: plm's median wall ≤ {GOAL_RATIO}× nanoGPT's at a val loss no worse: ratio {verdict['ratio']:.2f}×.
-{smoke}"""
+{smoke}
+**Where the time goes, and why {GOAL_RATIO}× is out of reach** (profiled on an AMD EPYC, 1 thread, on the loaded
+machine, 2026-12-03). The two models are one computation: pre-LN GPT, no biases, exact GELU, SDPA with its causal
+kernel, tied output layer, 4 × 128 at block 64. A bare forward + backward of plm's GPT and of nanoGPT's
+`model.py` on the same batch, interleaved, took 107 and 104 ms (median; the noise was larger than the gap);
+matmuls, attention and GELU are 85% of a step (cProfile of plm's loop). What was plm's own, and is gone:
+- evaluations: the recipe scored the whole validation split (145 batches) every 250 steps, 9 times, about an
+  eighth of the run; now at step 1000 and at the end (2 × 111k tokens, more validation text than nanoGPT's
+  9 × 20 batches of 768);
+- the optimizer: the multi-tensor AdamW took 5.3 ms a step where torch's fused CPU kernel takes 2.4 ms (the
+  same numbers to 1 ulp; nanoGPT's per-tensor AdamW: 6.2 ms, gradient fill included);
+- data: a NumPy generator built per row to find the epoch's window offset (about 0.3 ms each, 12 a step),
+  now once per epoch;
+- start-up: importing `datasets` (2 s) for a run whose corpus is already tokenized.
+What is left is nanoGPT's own per-step work (the `median step ms` column, ratio ≈ 1), plus a start-up of
+the same kind (torch, torch._dynamo at the optimizer's first use, and accelerate). With the steps ≈ 95% of
+both walls, 0.8× would need plm's step 20% faster than a step running the same kernels: only compiling the
+model (`--compile`) or bf16 would, and nanoGPT's CPU command turns both off, so neither is used here.
+"""
