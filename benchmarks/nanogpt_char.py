@@ -263,6 +263,6 @@ matmuls, attention and GELU are 85% of a step (cProfile of plm's loop). What was
 - start-up: importing `datasets` (2 s) for a run whose corpus is already tokenized.
 What is left is nanoGPT's own per-step work (the `median step ms` column, ratio ≈ 1), plus a start-up of
 the same kind (torch, torch._dynamo at the optimizer's first use, and accelerate). In the full 2000-step run the
-steps are about 95% of both walls, so 0.8× would need plm's step 20% faster than a step running the same kernels:
+steps are over 90% of both walls, so 0.8× would need plm's step 20% faster than a step running the same kernels:
 that takes other kernels (compiling the model, bf16), which nanoGPT's CPU command turns off, so neither is used here.
 """
