@@ -31,6 +31,7 @@ BENCHMARKS = {
     "small-data-finetune": "benchmarks.small_data_finetune",
     "low-resource": "benchmarks.low_resource",
     "pretrain-step": "benchmarks.pretrain_step",
+    "lstm-step": "benchmarks.lstm_step",
 }
 
 

@@ -399,8 +399,6 @@ def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, f
     Streams the dataset in batches (memory flat in corpus size) into corpus_dir/filename once; a json
     sidecar, written last, marks the file complete.
     """
-    from datasets import load_from_disk
-
     corpus_dir = Path(corpus_dir)
     meta = require_meta(corpus_dir)
     if split == "train" and "streaming" in meta:
@@ -412,6 +410,8 @@ def column_stream(corpus_dir: str | Path, split: str, column: str, sep, dtype, f
     side_path = bin_path.with_suffix(".json")
     dtype = np.dtype(dtype)
     if not side_path.is_file():
+        from datasets import load_from_disk  # only here: a built stream is read without datasets' seconds of import
+
         ds = load_from_disk(str(corpus_dir / "dataset" / split))
         length = 0
         with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:

@@ -56,12 +56,17 @@ class CausalLM(Objective):
                 "add text, lower train.seq_len, or lower data.val_fraction",
             )
         shift = self.cfg.shift_windows and shuffle
+        offsets: dict[int, int] = {}  # epoch -> its window offset; a generator per row cost more than the row's copy
+
+        def offset(e: int) -> int:
+            if e not in offsets:
+                offsets[e] = int(np.random.default_rng((seed, e, 7)).integers(T)) if shift else 0
+            return offsets[e]
 
         def fetch(epochs, indices):
             rows = []
             for e, i in zip(epochs, indices):
-                off = int(np.random.default_rng((seed, e, 7)).integers(T)) if shift else 0
-                start = off + i * T
+                start = offset(e) + i * T
                 rows.append(np.asarray(tokens[start : start + T + 1], dtype=np.int64))
             x = torch.from_numpy(np.stack(rows))
             return {"input_ids": x[:, :-1], "labels": x[:, 1:]}

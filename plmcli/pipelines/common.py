@@ -7,13 +7,18 @@ from pathlib import Path
 
 
 def quiet_datasets_off_terminal() -> None:
-    """datasets' progress bars help on a terminal and only clutter logs elsewhere."""
+    """datasets' progress bars help on a terminal and only clutter logs elsewhere.
+
+    Through the environment variable datasets reads when it is imported, not by importing it here: a run
+    whose corpus is already tokenized never needs datasets, and importing it costs seconds of start-up.
+    A value the user set stays (datasets gives it priority over disable_progress_bars too)."""
+    import os
     import sys
 
     if not sys.stderr.isatty():
-        import datasets
-
-        datasets.disable_progress_bars()
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        if "datasets" in sys.modules:  # imported already: its config has read the environment
+            sys.modules["datasets"].disable_progress_bars()
 
 
 def default_corpus(name: str = "shakespeare-sample.txt") -> str:

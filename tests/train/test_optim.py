@@ -219,7 +219,7 @@ def test_build_optimizer_kinds_and_options():
     assert type(adamw) is torch.optim.AdamW
     g = adamw.param_groups[0]
     assert g["betas"] == (0.9, 0.95) and g["eps"] == 1e-7
-    assert g["foreach"] is True and not g["fused"]  # CPU params: no fused kernel by default
+    assert g["fused"] is True and not g["foreach"]  # CPU params: torch's fused kernel by default
     assert type(build_optimizer(model, "adam", lr=1e-3)) is torch.optim.Adam
     sgd = build_optimizer(model, "sgd", lr=0.1, momentum=0.9)
     assert type(sgd) is torch.optim.SGD and sgd.param_groups[0]["momentum"] == 0.9
