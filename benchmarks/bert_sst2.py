@@ -51,16 +51,8 @@ def build_corpus(path: Path, parts=CORPORA) -> Path:
 
     if "ptb" in parts:
         docs += chunks((d / "ptb" / "ptb.train.txt").read_text(encoding="utf-8").splitlines())
-    article: list[str] = []
-    for line in (d / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines() if "wikitext2" in parts else []:
-        s = line.strip()
-        if s.startswith("= ") and not s.startswith("= = ") and article:
-            docs.append("\n".join(article))
-            article = []
-        if s and not s.startswith("="):
-            article.append(s)
-    if article:
-        docs.append("\n".join(article))
+    if "wikitext2" in parts:
+        docs += common.wikitext_articles(d / "wikitext-2-raw" / "wiki.valid.raw")
     if "sst2" in parts:
         sst = [ln.split("\t")[0] for ln in (d / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]]
         docs += chunks(sst)

@@ -8,7 +8,7 @@ does); transformers computes it at every position and ignores the unmasked ones 
 from __future__ import annotations
 
 from benchmarks import common
-from benchmarks.gpt_train_step import BF16_NOTE, autocast, limit_text, measure, rate_table
+from benchmarks.gpt_train_step import autocast, limit_text, measure, publish_step, rate_table
 
 NAME = "bert-train-step"
 HELP = "training-step tokens/s of plm's BERT MLM vs transformers' BertForMaskedLM (BERT-mini, vocab 30522)"
@@ -116,9 +116,5 @@ the probe(s), plm, ...). Goal: plm ≥ 3.0× (ratio of medians; issue 21 §2).
                f"and tied decoder) at the masked share s = {n_masked}/{tokens} = {plm.mlm_fraction:.3f} of the tokens "
                f"(embedding lookups, pooler and NSP left out) = {fpt / 1e6:.1f} MFLOP")
     text += limit_text(stats, info, args, formula, profiles)
-    title = "BERT-mini MLM training step: plm vs transformers"
-    if args.precision == "bf16":
-        text += BF16_NOTE
-        title += ", bf16 autocast"
-    common.publish(NAME + ("-bf16" if args.precision == "bf16" else ""), common.section_body(title, args, text, table, info), args)
+    publish_step(NAME, "BERT-mini MLM training step: plm vs transformers", args, text, table, info)
     return 0

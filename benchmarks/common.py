@@ -383,3 +383,20 @@ def profile_table(profiles: dict[str, list[tuple[str, float, float]]], rows: int
 # The ops that run at the GEMM probe's speed at best; everything else is time a step spends below it.
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
+
+
+def wikitext_articles(path: Path) -> list[str]:
+    """WikiText-2 raw text as one document per article: a new one at each top-level `= Title =` heading, the
+    section headings themselves dropped, an article's lines kept as its sentences."""
+    docs: list[str] = []
+    article: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        s = line.strip()
+        if s.startswith("= ") and not s.startswith("= = ") and article:
+            docs.append("\n".join(article))
+            article = []
+        if s and not s.startswith("="):
+            article.append(s)
+    if article:
+        docs.append("\n".join(article))
+    return docs

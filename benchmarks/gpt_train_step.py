@@ -195,13 +195,15 @@ ratio of each side's fastest repeat. Goal: plm ≥ 1.5× (ratio of medians; issu
     formula = (f"`GPT.flops_per_token` = 6·N + 12·L·T·C with N = {round(fpt - 12 * m.n_layer * T * m.d_model) // 6:,} "
                f"parameters (all but the position table; the tied LM head counted once) = {fpt / 1e6:.1f} MFLOP")
     text += limit_text(stats, info, args, formula, profiles)
-    title = "GPT-2 training step: plm vs transformers"
-    if args.precision == "bf16":
-        text += BF16_NOTE
-        title += ", bf16 autocast"
-    name = NAME + ("-bf16" if args.precision == "bf16" else "")
-    common.publish(name, common.section_body(title, args, text, table, info), args)
+    publish_step(NAME, "GPT-2 training step: plm vs transformers", args, text, table, info)
     return 0
+
+
+def publish_step(name: str, title: str, args, text: str, table: str, info: dict) -> None:
+    """A step benchmark's section: NAME in fp32, NAME-bf16 (its own section, the bf16 note added) in bf16."""
+    if args.precision == "bf16":
+        name, title, text = name + "-bf16", title + ", bf16 autocast", text + BF16_NOTE
+    common.publish(name, common.section_body(title, args, text, table, info), args)
 
 
 BF16_NOTE = """

@@ -80,15 +80,7 @@ def english_corpus(path: Path) -> Path:
     sst = [ln.split("\t")[0] for ln in (d / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     docs = _grouped(sst)
     docs += _grouped(" ".join(line.split()[0] for line in b) for b in _conll_blocks(d / "conll2003" / "eng.train"))
-    article: list[str] = []
-    for line in (d / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines():
-        s = line.strip()
-        if s.startswith("= ") and not s.startswith("= = ") and article:
-            docs.append("\n".join(article))
-            article = []
-        if s and not s.startswith("="):
-            article.append(s)
-    docs.append("\n".join(article))
+    docs += common.wikitext_articles(d / "wikitext-2-raw" / "wiki.valid.raw")
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
 
