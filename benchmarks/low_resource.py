@@ -116,8 +116,7 @@ def make_slice(root: Path, task: str, rows, seed: int) -> Path:
         train = head + "".join(_sample(lines, rows, seed))
         names = ("train.tsv", "dev.tsv")
     elif task == "chnsenticorp":
-        src = folder = d / "chinese" / "ChnSentiCorp"
-        folder = out
+        src, folder = d / "chinese" / "ChnSentiCorp", out
         head, *lines = (src / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
         train, dev = head + "".join(_sample(lines, rows, seed)), (src / "dev.tsv").read_text(encoding="utf-8")
         names = ("train.tsv", "dev.tsv")
@@ -168,12 +167,13 @@ def run_jobs(jobs: list[dict], n: int, env: dict) -> list[dict]:
         done = Path(job["done"])
         if done.is_file():
             return json.loads(done.read_text())
-        print(f"  start {done.stem if done.parent.name == 'ft' else done.parent.name}", flush=True)
+        label = done.stem if job["kind"] == "finetune" else done.parent.name
+        print(f"  start {label}", flush=True)
         got = common.run_worker("benchmarks.low_resource", job, env)
         tmp = done.with_suffix(".tmp")
         tmp.write_text(json.dumps(got))
         tmp.replace(done)
-        print(f"  done  {done.stem if done.parent.name == 'ft' else done.parent.name}: {_main_metric(got)}", flush=True)
+        print(f"  done  {label}: {_main_metric(got)}", flush=True)
         return got
 
     with ThreadPoolExecutor(max_workers=max(1, n)) as pool:

@@ -368,6 +368,16 @@ def require_meta(corpus_dir: Path) -> dict:
     return meta
 
 
+def masked_lm_special_ids(meta: dict) -> dict[str, int]:
+    """The corpus tokenizer's special token ids, which must include the [CLS], [SEP] and [MASK] that static
+    masked-LM instances are built from, else a one-line PlmError."""
+    special_ids = meta["tokenizer"].get("special_token_ids", {})
+    missing = [r for r in ("cls", "sep", "mask") if r not in special_ids]
+    if missing:
+        raise PlmError(f"the corpus's tokenizer has no {'/'.join(missing)} token",
+                       "re-run `plm tokenize` with --special-tokens 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'")
+    return special_ids
+
 def load_corpus(corpus_dir: str | Path) -> tuple[DatasetDict, Tokenizer, dict]:
     """(DatasetDict with train/validation, Tokenizer, meta) of a `plm tokenize` output."""
     from datasets import load_from_disk

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plmcli.data.corpus import require_meta
+from plmcli.data.corpus import masked_lm_special_ids, require_meta
 from plmcli.data.knowledge import AutoUnits, check_kind, units_key
 from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_word_starts, lexicon_key, mask_batch, resolve_lexicon
 from plmcli.data.mlm_instances import assemble, packed_instances, pair_instances
@@ -359,11 +359,7 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
            span_p, span_max, lexicon, ngram_probs, knowledge_units)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = require_meta(corpus_dir)
-    special_ids = cmeta["tokenizer"].get("special_token_ids", {})
-    missing = [r for r in ("cls", "sep", "mask") if r not in special_ids]
-    if missing:
-        raise PlmError(f"the corpus's tokenizer has no {'/'.join(missing)} token",
-                       "re-run `plm tokenize` with --special-tokens 'cls=[CLS],sep=[SEP],mask=[MASK],pad=[PAD],unk=[UNK]'")
+    special_ids = masked_lm_special_ids(cmeta)
     settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                     mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
     if pairs == "none":

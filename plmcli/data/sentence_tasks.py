@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from plmcli.data.corpus import require_meta
+from plmcli.data.corpus import masked_lm_special_ids, require_meta
 from plmcli.data.masking import check_ngram_probs, check_span, lexicon_key, mask_batch, resolve_lexicon
 from plmcli.data.store import build_atomically, cache_key, read_meta, write_meta
 from plmcli.errors import PlmError
@@ -308,11 +308,7 @@ def build_sentence_tasks(corpus_dir, out_dir, *, max_seq_len: int = 128, reorder
     check_ngram_probs(ngram_probs)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = require_meta(corpus_dir)
-    special_ids = cmeta["tokenizer"].get("special_token_ids", {})
-    missing = [r for r in ("cls", "sep", "mask") if r not in special_ids]
-    if missing:
-        raise PlmError(f"the corpus's tokenizer has no {'/'.join(missing)} token",
-                       "add them to tokenizer.special_tokens, e.g. {cls: '[CLS]', sep: '[SEP]', mask: '[MASK]'}")
+    special_ids = masked_lm_special_ids(cmeta)
     settings = dict(max_seq_len=max_seq_len, reorder_segments=reorder_segments, reorder_prob=reorder_prob,
                     short_seq_prob=short_seq_prob, dupe_factor=dupe_factor, mask_prob=mask_prob,
                     max_predictions=max_predictions, masking=masking, seed=seed)
