@@ -98,7 +98,7 @@ TokenizerKind = Literal["wordpiece", "bpe", "bytelevel-bpe", "unigram", "char", 
 @dataclass
 class TokenizerConfig:
     kind: TokenizerKind = "bytelevel-bpe"
-    """wordpiece | bpe | bytelevel-bpe | unigram | char | word."""
+    """wordpiece | bpe | bytelevel-bpe | unigram | char | word (whitespace words; each CJK ideograph a word)."""
     vocab_size: Size = 8192
     """Target vocabulary size, special tokens included (char/word: an upper bound)."""
     min_frequency: Count = 2

@@ -6,6 +6,7 @@ import statistics
 import pytest
 
 from benchmarks import low_resource as lr
+from benchmarks import low_resource_baselines as lrb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,11 +26,11 @@ def test_conll_blocks_split_at_blank_lines_and_drop_docstart(tmp_path):
 
 
 def test_word_features_read_the_token_its_shape_affixes_and_two_neighbours_each_side():
-    f = lr._word_features(["Peter", "Blackburn", "said"], 0)
+    f = lrb.word_features(["Peter", "Blackburn", "said"], 0)
     assert f["word=Peter"] == f["0:lower=peter"] == f["0:shape=Xx"] == f["pre2=Pe"] == f["suf3=ter"] == 1.0
     assert f["-1:lower=<s>"] == f["-2:lower=<s>"] == f["1:lower=blackburn"] == f["2:lower=said"] == 1.0
     assert (f["title"], f["upper"], f["digit"], f["first"]) == (1.0, 0.0, 0.0, 1.0)
-    assert lr._word_features(["in", "1996"], 1)["0:shape=d"] == 1.0  # runs of a character class collapse
+    assert lrb.word_features(["in", "1996"], 1)["0:shape=d"] == 1.0  # runs of a character class collapse
 
 
 def _sst2_dir(root, train, dev):
@@ -45,7 +46,7 @@ def test_bag_of_words_learns_a_separable_task_through_plms_sst2_reader(tmp_path)
     train = [(f"a {w} film number {k}", 1) for k in range(6) for w in good]
     train += [(f"a {w} film number {k}", 0) for k in range(6) for w in bad]
     dev = [("the great one", 1), ("the awful one", 0), ("nice and fine", 1), ("dull and poor", 0)]
-    assert lr.bag_of_words("sst2", _sst2_dir(tmp_path, train, dev), seed=0) == 1.0
+    assert lrb.bag_of_words("sst2", _sst2_dir(tmp_path, train, dev), seed=0) == 1.0
 
 
 def test_token_classifier_is_scored_by_plms_seqeval_scorer(tmp_path):
@@ -55,7 +56,7 @@ def test_token_classifier_is_scored_by_plms_seqeval_scorer(tmp_path):
     text = "\n\n".join("\n".join(f"{w} X X {t}" for w, t in s) for s in sents) + "\n"
     for name in ("eng.train", "eng.testa"):
         (tmp_path / name).write_text(text)
-    assert lr.token_classifier(tmp_path, seed=0) == 1.0
+    assert lrb.token_classifier(tmp_path, seed=0) == 1.0
 
 
 def test_mean_and_sample_std_as_the_table_shows_them():

@@ -238,7 +238,8 @@ def test_runs_without_a_representation_to_transfer_are_refused(tmp_path, tokeniz
     why = {"toycausal": "is a causal LM without per-position hidden states to transfer",
            "ngram": "counts n-grams and has no learned states to finetune",
            "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example"}
-    need = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq run"
+    need = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
+            "word2vec run")
     for family, clause in why.items():
         with pytest.raises(PlmError) as e:
             finetune("sst2", from_run=str(tmp_path / family), data_dir=str(SAMPLE), out=str(tmp_path / "o"))

@@ -55,6 +55,15 @@ def test_size_defaults_keep_bert_base_on_the_paper_and_raise_the_lr_of_small_mod
     assert cfg.train.epochs == 3 and cfg.optim.lr == lr
 
 
+def test_a_bag_of_words_counts_no_weights_outside_its_tables_and_takes_a_linear_models_rate():
+    from plmcli.models.word2vec import Word2Vec, Word2VecConfig
+
+    w2v = Word2Vec(Word2VecConfig(vocab_size=500, dim=16))
+    assert backbone_size(w2v) == 0
+    cfg, note = size_defaults(finetune_config(task="sst2"), w2v, 32)
+    assert (cfg.optim.lr, cfg.train.epochs) == (3e-3, 19) and "0.00M-weight backbone" in note
+
+
 def test_a_value_the_user_sets_wins_over_the_size_default():
     mini = bert_on_meta(**MINI)
     cfg, note = size_defaults(finetune_config(task="sst2", lr=3e-5), mini, 63)  # a flag

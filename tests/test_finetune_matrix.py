@@ -53,6 +53,7 @@ TINY = {  # family, model section: a second or two per finetune on one CPU core
                             "max_positions": 64}),
     "seq2seq_gru": ("seq2seq", {"cell": "gru", "n_layer": 1, "d_embed": 16, "d_hidden": 16, "bidirectional": False,
                                 "decoder": "bahdanau", "attention": "additive", "max_positions": 64}),
+    "word2vec": ("word2vec", {"dim": 16, "min_count": 1}),
 }
 
 # task -> (the task name, the dev metric it writes)
@@ -63,7 +64,7 @@ ALL_TASKS = {**TASKS, "span_qa": ("squad", "f1")}  # span QA: encoders with [CLS
 YES = ([("lstm", t) for t in TASKS] + [("lstm", "tagging+crf")]
        + [("gru", "classification"), ("gru", "tagging"), ("rnn", "classification"), ("rnn", "regression")]
        + [("transformer_xl", t) for t in TASKS] + [("transformer", t) for t in TASKS] + [("seq2seq", t) for t in TASKS]
-       + [("seq2seq_gru", "classification"), ("seq2seq_gru", "tagging")]
+       + [("seq2seq_gru", "classification"), ("seq2seq_gru", "tagging")] + [("word2vec", t) for t in TASKS]
        + [("bert", t) for t in TASKS] + [("xlnet", t) for t in TASKS] + [("elmo", t) for t in TASKS] + [("gpt", t) for t in TASKS if t != "tagging"]
        + [(f, "span_qa") for f in ("bert", "xlnet", "elmo")])
 
@@ -249,6 +250,38 @@ def test_seq2seq_encoder_states_by_hand():
         torch.testing.assert_close(model.token_states(ids[1:, :3]), got[1:, :3])
 
 
+def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_path, tokenizer):
+    """word2vec × a sequence head is a neural bag of words: Linear(mean of the real tokens' vectors v); tagging reads
+    each word's own v; a finetune trains v (not the output vectors v', which no head reads)."""
+    from plmcli.runs import load_encoder
+
+    tok, meta = tokenizer
+    run = tiny_run(tmp_path / "w2v", "word2vec", tokenizer)
+    backbone = load_encoder(run, json.loads((run / "config.json").read_text()))
+    obj = task_objective(get_task("sst2"), tok, meta["special_token_ids"], 32, type(backbone))
+    model = obj.build_model(backbone).eval()
+    assert model.frozen == ["backbone.output_vectors"] and model.head.in_features == 16
+    ids = torch.tensor([[3, 20, 21, 4], [3, 22, 4, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    v = backbone.input_vectors
+    with torch.no_grad():
+        want = torch.stack([v[ids[0]].mean(0), v[ids[1, :3]].mean(0)])
+        torch.testing.assert_close(model(ids, None, mask), model.head(want))
+    before = v.detach().clone()
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=3, batch_size=8, lr=1e-2,
+                   out=str(tmp_path / "ft"))
+    tuned, _, _ = load_finetuned(str(tmp_path / "ft"))
+    assert res["steps"] == 3 and not torch.equal(tuned.backbone.input_vectors, before)
+    torch.testing.assert_close(tuned.backbone.output_vectors, backbone.output_vectors)
+    task = get_task("conll2003")
+    task.restore({"tags": ["O", "B-PER", "I-PER"]})
+    tagger = task_objective(task, tok, meta["special_token_ids"], 32, type(backbone)).build_model(backbone).eval()
+    first = torch.tensor([[False, True, True, False]])
+    with torch.no_grad():
+        scores, _ = tagger(ids[:1], mask[:1], first)
+        torch.testing.assert_close(scores[0, :2], tagger.head(v[ids[0, 1:3]]))
+
+
 def test_elmo_span_head_reads_the_scalar_mix_of_each_window_alone(tmp_path, tokenizer):
     """ELMo × span QA: start / end logits are the head over ELMo's scalar mix of its layers, both directions of every
     token (the backward LM starts at each window's last real token, so the padding reaches no real token)."""
@@ -332,16 +365,16 @@ def test_tags_sit_on_the_last_sub_token_of_a_left_to_right_row(tokenizer):
 
 # ------------------------------------------------------------------ the "no" cells
 
-NEED_SEQ = "an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq run"
+NEED_SEQ = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
+            "word2vec run")
 NEED_TOK = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, transformer, "
-            "seq2seq)")
+            "seq2seq, word2vec)")
 WHY = {
     "ngram": "counts n-grams and has no learned states to finetune",
     "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example",
-    "word2vec": "gives one static vector per word, no contextual states to finetune",
 }
 NO = [(f, kind) for f in WHY for kind in ("classification", "pair", "regression", "tagging", "multiple_choice", "span_qa")] \
-    + [(f, "span_qa") for f in ("gpt", "rnn", "transformer_xl", "transformer", "seq2seq")] + [("gpt", "tagging")]
+    + [(f, "span_qa") for f in ("gpt", "rnn", "transformer_xl", "transformer", "seq2seq", "word2vec")] + [("gpt", "tagging")]
 QA_WHY = {**dict.fromkeys(("gpt", "rnn", "transformer_xl", "ngram", "nnlm"), "is a causal LM"),
           **dict.fromkeys(("transformer", "seq2seq"), "is an encoder-decoder: its tokenizer has no [CLS]/[SEP] to frame "
                                                       "span QA's [CLS] question [SEP] passage [SEP] windows"),

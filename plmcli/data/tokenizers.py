@@ -59,6 +59,11 @@ def _ordered_specials(tokens: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(tokens.values()))
 
 
+CJK_IDEOGRAPH = ("[\u4E00-\u9FFF\u3400-\u4DBF\U00020000-\U0002A6DF\U0002A700-\U0002B73F\U0002B740-\U0002B81F"
+                 "\U0002B820-\U0002CEAF\uF900-\uFAFF\U0002F800-\U0002FA1F]")
+"""One CJK ideograph (BERT's _is_chinese_char): the `word` tokenizer's word in Chinese text."""
+
+
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
     """Train a tokenizer of `cfg.kind` from a stream of texts (typically lines); never holds the corpus."""
     if cfg.kind not in KINDS:
@@ -109,7 +114,10 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
         trainer = trainers.WordLevelTrainer(min_frequency=cfg.min_frequency, **common)
     else:  # word
         tok = Tokenizer(models.WordLevel(unk_token=unk))
-        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        # Chinese and Japanese are written without spaces: each CJK ideograph is a word of its own, as BERT's
+        # BasicTokenizer makes it (its _is_chinese_char ranges), so Chinese text gets character vectors / n-grams.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                     pre_tokenizers.Split(Regex(CJK_IDEOGRAPH), behavior="isolated")])
         # No decoder on purpose: `Tokenizer.decode` then joins tokens with single spaces.
         trainer = trainers.WordLevelTrainer(min_frequency=cfg.min_frequency, **common)
 
@@ -200,5 +208,6 @@ def tokenizer_kind(tok: Tokenizer) -> str:
     if model == "BPE":
         return "bytelevel-bpe" if '"ByteLevel"' in pre else "bpe"
     if model == "WordLevel":
-        return "char" if '"Split"' in pre else "word"
+        # char: every character its own pre-token; word: whitespace splits (then CJK ideographs)
+        return "word" if '"WhitespaceSplit"' in pre else "char"
     return str(model).lower()

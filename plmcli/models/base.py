@@ -98,6 +98,11 @@ class LanguageModel(nn.Module):
     """Where plmcli.analysis.hidden reads each layer's output: a ModuleList's dotted path, or ALBERT's
     (attention, ffn) pair of shared modules; None: the family has no per-layer states to probe."""
 
+    def embedding_tables(self) -> list[nn.Parameter]:
+        """The weights whose size follows the vocabulary rather than the network's capacity: every nn.Embedding's
+        table (a family that keeps its tables as bare parameters, word2vec's v and v', names them itself)."""
+        return [m.weight for m in self.modules() if isinstance(m, nn.Embedding)]
+
 
 # ---------------------------------------------------------------- optional abilities
 

@@ -21,6 +21,12 @@ Vectorised: one epoch's examples are made chunk by chunk with numpy, then traine
 examples — one gather, one dot product per target and one `index_add_` per table (Hogwild!-style, several
 updates of one row in a batch add up). v (input_vectors) starts uniform in ±0.5/dim and v' (output_vectors)
 at zero, as in word2vec.c. The exported vectors are v.
+
+Transfer: `plm finetune` reads each token's v (`token_states`) and trains it with the task head — a neural bag
+of words (the classifier of fastText, Joulin et al. 2017; Iyyer et al. 2015's NBoW): sequence heads take the
+mean of a row's vectors, tagging each word's own vector (no context: its tag follows from the word alone).
+Rows are framed as GPT's transfer frames them (`<s> a $ b <e>`), so a run finetunes when its tokenizer has a
+bos or eos token (the word2vec recipes give both); the frame's tokens have no trained vector and learn one.
 """
 
 from __future__ import annotations
@@ -79,8 +85,8 @@ class Word2VecConfig:
 class Word2Vec(LanguageModel):
     """Input vectors v and output vectors v' per token; `fit` trains them, `word_vectors` gives the trained ones."""
 
-    # Neither causal nor an encoder, and no distribution over words: eval-ppl, generate and finetune refuse it.
-    traits = Traits()
+    # Neither causal nor an encoder, and no distribution over words: eval-ppl and generate refuse it.
+    traits = Traits(pair_layout="causal", pooling="mean")
     Config = Word2VecConfig
 
     def __init__(self, cfg: Word2VecConfig):
@@ -96,6 +102,14 @@ class Word2Vec(LanguageModel):
     def forward(self, input_ids):
         """The word vectors v of `input_ids`."""
         return self.input_vectors[input_ids]
+
+    def embedding_tables(self) -> list[nn.Parameter]:
+        return [self.input_vectors, self.output_vectors]
+
+    def token_states(self, input_ids, attention_mask=None):
+        """Each token's vector v (B, T, dim) for a task head: a static vector reads no neighbour, so padding never
+        reaches a real position."""
+        return nn.functional.embedding(input_ids, self.input_vectors)
 
     # ------------------------------------------------------------ vocabulary and noise
 

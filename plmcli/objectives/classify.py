@@ -42,8 +42,8 @@ from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.heads import (TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
                                      state_width, states_problem)  # encoder_problem: its old home
 
-NEEDS = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq "
-         "run")
+NEEDS = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
+         "word2vec run")
 """What sequence classification, regression and multiple choice can be finetuned from."""
 
 CAUSAL = "causal"
@@ -252,7 +252,7 @@ class Classify(Objective):
         problem = self.backbone_problem(kind)
         if problem or kind.traits.pooling == "cls":
             raise PlmError(f"{kind.__name__} {problem or 'reads its pooled [CLS], not GPT-style inputs'}",
-                           "finetune from a gpt, rnn, transformer_xl, transformer or seq2seq run")
+                           "finetune from a gpt, rnn, transformer_xl, transformer, seq2seq or word2vec run")
         if not kind.traits.causal:
             self.aux_lm_weight = 0.0  # an encoder's states predict no next token: no auxiliary LM loss
         if self.aux_lm_weight > 0 and not isinstance(backbone, (HasStateLogits, HasLMHead)):

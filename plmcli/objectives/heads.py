@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from plmcli.errors import PlmError
-from plmcli.models.base import (Encodes, HasHidden, HasLayerStates, HasTaskHead, HasTokenStates, HasWordVectors,
+from plmcli.models.base import (Encodes, HasHidden, HasLayerStates, HasTaskHead, HasTokenStates,
                                 head_dropout, head_init_std, traits_of, uses_token_types)
 from plmcli.models.elmo import ELMoTaskHead
 from plmcli.models.layers import ScalarMix
 
 NEEDS_STATES = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, "
-                "transformer, seq2seq)")
+                "transformer, seq2seq, word2vec)")
 """What a head that reads every token (tagging) or pools a row's states can be finetuned from."""
 
 
@@ -47,8 +47,6 @@ def states_problem(model_cls, needs: str = NEEDS_STATES) -> str | None:
     traits = model_cls.traits
     if (traits.bidirectional and issubclass(model_cls, Encodes)) or issubclass(model_cls, HasTokenStates):
         return None
-    if issubclass(model_cls, HasWordVectors):
-        return "gives one static vector per word, no contextual states to finetune; it needs " + needs
     if traits.counts:
         return "counts n-grams and has no learned states to finetune; it needs " + needs
     if traits.scoring == "fixed_context":

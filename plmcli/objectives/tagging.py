@@ -96,6 +96,8 @@ class TokenClassifier(TaskHead):
         """Freeze (and name) encoder parameters tagging never reaches (MLM/NSP heads, the pooler, an LM's
         softmax, a Transformer's decoder): the optimizer holds no state for them and DDP does not wait for
         their gradients. Saved as before. `cls_id`, `sep_id`: the row's opening and closing special tokens."""
+        for p in self.parameters():
+            p.requires_grad_(True)  # a backbone taken from a finetuned run may carry an earlier run's freezing
         p0 = next(self.parameters())
         x = torch.tensor([[cls_id, sep_id, sep_id]] * 2, device=p0.device)
         mask = torch.tensor([[1, 1, 1], [1, 1, 0]], device=p0.device)

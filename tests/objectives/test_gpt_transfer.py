@@ -168,12 +168,12 @@ def test_which_runs_transfer():
     for family in ("gpt", "bert", "xlnet"):
         assert Classify.backbone_problem(model_class(family)) is None and Choice.backbone_problem(model_class(family)) is None
     # stateful LMs and the encoders of encoder-decoders read one example at a time (tests/test_finetune_matrix.py)
-    assert all(Classify.backbone_problem(model_class(f)) is None for f in ("rnn", "transformer_xl", "transformer", "seq2seq"))
+    assert all(Classify.backbone_problem(model_class(f)) is None for f in ("rnn", "transformer_xl", "transformer", "seq2seq", "word2vec"))
     why = {f: Classify.backbone_problem(model_class(f)) for f in ("ngram", "nnlm")}
     assert why["ngram"].startswith("counts n-grams and has no learned states to finetune")
     assert why["nnlm"].startswith("is a fixed-window LM: each prediction sees only its n-1 previous tokens")
     assert all(w.endswith("; it needs an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) "
-                          "or a transformer / seq2seq run") for w in why.values())
+                          "or a transformer / seq2seq / word2vec run") for w in why.values())
     # objectives that need every token's bidirectional state (tagging, span QA) keep to encoders
     assert encoder_problem(model_class("gpt")) == "is a causal LM; it needs an encoder run"
     assert encoder_problem(model_class("bert")) is None
