@@ -83,3 +83,12 @@ def test_the_reading_states_the_goal_from_the_means_and_every_cells_gain():
     missed = lr.reading([{**cell, "pretrained": [0.73], "random": [0.69]}], probe, 42)  # +4 points: not enough
     assert "**NOT met**" in missed
     assert lr._points(0.7, 0.65) == "+5.0" and lr._points(float("nan"), 0.6) == "–"
+
+
+def test_a_pretraining_row_counts_what_was_read_loop_steps_or_word2vec_epochs():
+    loop = {"summary": {"steps": 100, "tokens": 204_800, "elapsed_s": 10.0, "val_ppl": 223.29}, "corpus_mb": 5.83,
+            "cpu_s": 600.0, "wall": 630.0}
+    assert lr.pretrain_row("en", loop) == ["en", "5.8 MB", "100", "204,800", "20,480", "10.0 min", "10.5 min", "223.3"]
+    w2v = {"summary": {"steps": 0, "epochs": 20, "tokens": 1_000, "elapsed_s": 4.0}, "corpus_mb": 0.01,
+           "cpu_s": 6.0, "wall": 6.0}
+    assert lr.pretrain_row("en", w2v)[2:5] == ["20 epochs", "20,000", "5,000"] and lr.pretrain_row("en", w2v)[-1] == "–"
