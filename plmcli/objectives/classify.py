@@ -113,7 +113,8 @@ def transfer_tokens(tokenizer, special_ids: dict) -> TransferTokens:
     extract = special_ids.get("eos", special_ids.get("bos"))
     if start is None:
         raise PlmError("the run's tokenizer has no bos or eos token to start and end GPT-style inputs",
-                       "finetune from a causal run whose tokenizer defines eos (gpt recipes do)")
+                       "finetune from a run whose tokenizer defines eos (the gpt and word2vec recipes do), or pretrain this "
+                       "one again with tokenizer.special_tokens.eos set")
     if "sep" in special_ids:
         delimiter = (special_ids["sep"],)
     else:
