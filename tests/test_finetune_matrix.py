@@ -251,8 +251,9 @@ def test_seq2seq_encoder_states_by_hand():
 
 
 def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_path, tokenizer):
-    """word2vec × a sequence head is a neural bag of words: Linear(mean of the real tokens' vectors v); tagging reads
-    each word's own v; a finetune trains v (not the output vectors v', which no head reads)."""
+    """word2vec × a sequence head is a deep averaging network: Linear(two ReLU layers(mean of the real tokens' vectors
+    v)); tagging reads each word's own v through the same kind of layers; a finetune trains v (not the output vectors
+    v', which no head reads)."""
     from plmcli.runs import load_encoder
 
     tok, meta = tokenizer
@@ -261,12 +262,14 @@ def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_pat
     obj = task_objective(get_task("sst2"), tok, meta["special_token_ids"], 32, type(backbone))
     model = obj.build_model(backbone).eval()
     assert model.frozen == ["backbone.output_vectors"] and model.head.in_features == 16
+    assert [type(m).__name__ for m in model.deep] == ["Linear", "ReLU", "Dropout"] * 2
     ids = torch.tensor([[3, 20, 21, 4], [3, 22, 4, 0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
     v = backbone.input_vectors
     with torch.no_grad():
         want = torch.stack([v[ids[0]].mean(0), v[ids[1, :3]].mean(0)])
-        torch.testing.assert_close(model(ids, None, mask), model.head(want))
+        first, second = model.deep[0], model.deep[3]  # eval mode: the dropouts pass everything
+        torch.testing.assert_close(model(ids, None, mask), model.head(second(first(want).relu()).relu()))
     before = v.detach().clone()
     res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=3, batch_size=8, lr=1e-2,
                    out=str(tmp_path / "ft"))
@@ -279,6 +282,7 @@ def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_pat
     first = torch.tensor([[False, True, True, False]])
     with torch.no_grad():
         scores, _ = tagger(ids[:1], mask[:1], first)
+        assert len(tagger.deep) == 0  # one vector per word: no averaging to deepen
         torch.testing.assert_close(scores[0, :2], tagger.head(v[ids[0, 1:3]]))
 
 

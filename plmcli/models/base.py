@@ -77,6 +77,10 @@ class Traits:
     pooling: Pooling | None = None
     """What a sequence task head reads (see `Pooling`); None: derived — `cls` for bidirectional encoders,
     `last` for causal LMs. Which primitive gives the states: `Encodes`, `HasHidden` or `HasTokenStates`."""
+    head_layers: int = 0
+    """Hidden layers (Linear → ReLU → dropout, the features' width) between a sequence head's pooled features and
+    its output layer (tagging and span heads have none): 0, the output layer alone (BERT, GPT); word2vec's make a
+    deep averaging network (Iyyer et al. 2015)."""
 
     def __post_init__(self):
         if self.pair_layout is None:

@@ -75,7 +75,7 @@ class SequenceClassifier(TaskHead):
             return self.head(self.encoder, input_ids, attention_mask)
         hidden, pooled = self.encoded(input_ids, token_type_ids, attention_mask)  # (B, T, C), (B, C)|None
         rep = pooled if pooled is not None else hidden[:, 0]
-        return self.head(self.dropout(rep))  # (B, num_labels)
+        return self.output(rep)  # (B, num_labels)
 
 
 # ------------------------------------------------------------------ GPT-style transfer (causal LMs)
@@ -161,7 +161,7 @@ class CausalTransfer(TaskHead):
         feats = pool(h, mask.sum(-1), self.pooling).reshape(*lead, -1)  # (N, C') -> (B, [R,] C')
         if feats.dim() == 3:
             feats = feats.sum(1)  # (B, R, C') -> (B, C'): Radford's similarity, both orders added
-        logits = self.head(self.dropout(feats))  # (B, num_labels)
+        logits = self.output(feats)  # (B, num_labels)
         return (logits, self.lm_logits(h)) if return_lm else logits
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -101,7 +101,8 @@ def state_width(network: nn.Module) -> int:
 
 
 class TaskHead(nn.Module):
-    """network -> features -> dropout -> Linear(width, num_outputs)."""
+    """network -> features -> [Linear -> ReLU -> dropout] × the family's head_layers -> dropout -> Linear(width,
+    num_outputs)."""
 
     network_name: ClassVar[str] = "encoder"
     """The attribute (and state-dict prefix) that holds the pretrained network."""
@@ -109,6 +110,9 @@ class TaskHead(nn.Module):
     """Dropout when the task sets none; None: the network's own (models.base.head_dropout)."""
     feature_based: bool = False
     """The family built the head itself (ELMo's scalar mix + BiLSTM): it reads the network on its own."""
+    per_token: ClassVar[bool] = False
+    """The head scores every token's own state (tagging, span QA): the family's head_layers, which deepen a
+    pooled row's features (word2vec's averaging network), are not built."""
 
     def __init__(self, network: nn.Module, num_outputs: int, dropout: float | None = None, width: int | None = None,
                  head: nn.Module | None = None):
@@ -131,9 +135,18 @@ class TaskHead(nn.Module):
         if dropout is None:
             dropout = head_dropout(network) if self.default_dropout is None else self.default_dropout
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(network.cfg.d_model if width is None else width, num_outputs)
+        width = network.cfg.d_model if width is None else width
+        # the family's hidden layers (word2vec's deep averaging network; none for most): PyTorch's default init,
+        # whose scale carries a signal through ReLU layers where BERT's N(0, 0.02) would shrink it layer by layer
+        self.deep = nn.Sequential(*(m for _ in range(0 if self.per_token else traits_of(network).head_layers)
+                                    for m in (nn.Linear(width, width), nn.ReLU(), nn.Dropout(dropout))))
+        self.head = nn.Linear(width, num_outputs)
         nn.init.normal_(self.head.weight, std=head_init_std(network))  # as BERT's task layers
         nn.init.zeros_(self.head.bias)
+
+    def output(self, features: torch.Tensor) -> torch.Tensor:
+        """features (..., width) -> the family's hidden layers (if any) -> dropout -> the output layer."""
+        return self.head(self.dropout(self.deep(features)))
 
     @property
     def network(self) -> nn.Module:

@@ -60,6 +60,7 @@ class SpanExtractor(TaskHead):
     """encoder -> hidden states (B, T, C) -> Linear -> (B, T, 2) start / end logits; padding gets NEG.
     No dropout unless the task sets one (BERT's run_squad has none)."""
 
+    per_token = True
     default_dropout = 0.0
 
     def __init__(self, encoder: nn.Module, dropout: float | None = None):
@@ -67,7 +68,7 @@ class SpanExtractor(TaskHead):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
         hidden, _ = self.encoded(input_ids, token_type_ids, attention_mask)  # (B, T, C)
-        logits = self.head(self.dropout(hidden)).float()  # (B, T, 2)
+        logits = self.output(hidden).float()  # (B, T, 2)
         if attention_mask is not None:
             logits = logits.masked_fill(attention_mask[..., None] == 0, NEG)
         return logits

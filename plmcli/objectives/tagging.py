@@ -72,6 +72,8 @@ class TokenClassifier(TaskHead):
     the objective calls it.
     """
 
+    per_token = True
+
     def __init__(self, encoder: nn.Module, num_tags: int, dropout: float | None = None, crf: LinearChainCRF | None = None):
         super().__init__(encoder, num_tags, dropout, width=state_width(encoder))
         self.num_tags = num_tags
@@ -90,7 +92,7 @@ class TokenClassifier(TaskHead):
         where = torch.argsort((~first.bool()).to(torch.int32), dim=1, stable=True)[:, :W]  # (B, W)
         h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, W, C)
         word_mask = torch.arange(W, device=first.device)[None, :] < n_words[:, None]
-        return self.head(self.dropout(h)), word_mask
+        return self.output(h), word_mask
 
     def freeze_unused(self, cls_id: int, sep_id: int) -> list[str]:
         """Freeze (and name) encoder parameters tagging never reaches (MLM/NSP heads, the pooler, an LM's
