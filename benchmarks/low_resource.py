@@ -294,12 +294,14 @@ def gather(args, root: Path, tasks: list[str], seeds: list[int]) -> list[dict]:
     by_key: dict[tuple, dict] = {}
     for job in finetune_jobs(args, root, tasks, seeds):
         cell = by_key.setdefault((job["name"], job["rows"]), {
-            "task": job["name"], "rows": job["rows"], "pretrained": [], "random": [], "steps": set(), "wall": []})
+            "task": job["name"], "rows": job["rows"], "pretrained": [], "random": [], "steps": set(), "wall": [],
+            "chosen": set()})
         done = Path(job["done"])
         if done.is_file():
             res = json.loads(done.read_text())
             cell[job["init"]].append(res["dev"][res["main_metric"]])
             cell["steps"].add(res["steps"])
+            cell["chosen"].add((res["settings"]["lr"], res["settings"]["epochs"]))
             cell["wall"].append(res["wall"])
     cells = list(by_key.values())
     for c in cells:
@@ -407,11 +409,11 @@ WHY = {
 """Why each pretraining recipe the benchmark has been run with was chosen (the section's paragraph)."""
 
 
-def how(args) -> str:
-    """How the pretraining ran, in the section's words."""
+def how(args, fitted: bool) -> str:
+    """How the pretraining ran, in the section's words; `fitted`: by the model's own fit (word2vec), no loop steps."""
     threads = max(1, args.threads // max(1, args.jobs))
     side = f"the two side by side, one process and {threads} torch thread each"
-    if args.recipe.startswith("word2vec"):
+    if fitted:
         return (f"One `{args.recipe}` run per language ({side}; \"CPU\" below is the process's CPU time, tokenizer "
                 "training included — the issue's budget is 30 CPU-minutes)")
     return (f"One pretraining per language with the `{args.recipe}` recipe, {args.pretrain_steps:,} steps of 16 × 128 "
@@ -451,15 +453,14 @@ def report(args, root: Path, tasks: list[str], seeds: list[int]) -> int:
                      f"{statistics.mean(c['wall']) / 60:.1f} min" if c["wall"] else "–"])
     jobs = finetune_jobs(args, root, tasks, seeds)
     finished = sum(Path(j["done"]).is_file() for j in jobs)
-    # what the size defaults chose, as the first finished 1,000-row finetune printed it
-    notes = [json.loads(Path(j["done"]).read_text()).get("size_defaults") for j in jobs
-             if j["rows"] == "1000" and Path(j["done"]).is_file()]
-    chosen = next((n.split(": ", 1)[1].split("; BERT-base")[0] for n in notes if n), "see each run's metrics.json")
+    # what the size defaults chose for the 1,000-row cells, as their finetunes recorded it
+    chosen = "; ".join(sorted({f"lr {lr:g}, {epochs} epochs" for c in cells if c["rows"] == "1000"
+                               for lr, epochs in c["chosen"]})) or "see each run's metrics.json"
     if finished < len(jobs):
         print(f"{NAME}: {finished} of {len(jobs)} finetunes done; the rest show – (re-run without --stage to finish)")
     verdict = reading(cells, layer_probe(root, make_slice(root, "sst2", "1000", seeds[0]), seeds[0]), seeds[0])
     text = f"""
-Issue 20 §3: what pretraining buys a user with few labelled rows. {how(args)}, on unlabelled text from
+Issue 20 §3: what pretraining buys a user with few labelled rows. {how(args, all(not r["summary"]["steps"] for r in pre.values()))}, on unlabelled text from
 ../shared/data only. Then `plm finetune` with **no
 tuning flags** (the size defaults choose lr and epochs — {chosen}; dev after every epoch, the best kept){f", except `--epochs {args.all_epochs}` on all SST-2 rows" if "all" in args.rows else ""}, from the pretrained run
 and with `--init random` (same architecture and tokenizer, fresh weights), beside scikit-learn on the same rows:
