@@ -105,6 +105,10 @@ class TokenizerConfig:
     """Pieces (or words, chars) seen fewer times than this are not added."""
     lowercase: bool = False
     """Lower-case (and for wordpiece, strip accents) before tokenizing."""
+    segment: Literal["char", "jieba"] = "char"
+    """word only — Chinese text: char = each CJK ideograph a word; jieba = jieba's words (the vocabulary is jieba's
+    segmentation of the corpus, each unit scored by its frequency; text is cut into the most probable sequence of
+    them, as jieba cuts by its dictionary)."""
     special_tokens: dict = field(default_factory=lambda: {"eos": "<|endoftext|>"})
     """Role -> token string, roles from: bos eos pad unk mask cls sep. The same string may fill several roles."""
     path: Optional[str] = None

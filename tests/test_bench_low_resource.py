@@ -82,6 +82,9 @@ def test_the_reading_states_the_goal_from_the_means_and_every_cells_gain():
     assert "SST-2 1,000 +6.0" in met and "best 0.620 vs 0.560" in met
     missed = lr.reading([{**cell, "pretrained": [0.73], "random": [0.69]}], probe, 42)  # +4 points: not enough
     assert "**NOT met**" in missed
+    conll = {"task": "conll2003", "rows": "1000", "n_rows": 1000, "sklearn": [0.69], "pretrained": [0.72], "random": [0.6]}
+    both = lr.reading([{**cell, "pretrained": [0.73], "random": [0.69]}, conll], probe, 42)
+    assert "SST-2 **NOT met**" in both and "CoNLL-2003 NER **met** — 0.7200 vs 0.6000 (+12.0 points)" in both
     assert lr._points(0.7, 0.65) == "+5.0" and lr._points(float("nan"), 0.6) == "–"
 
 

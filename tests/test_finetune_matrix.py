@@ -280,10 +280,18 @@ def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_pat
     task.restore({"tags": ["O", "B-PER", "I-PER"]})
     tagger = task_objective(task, tok, meta["special_token_ids"], 32, type(backbone)).build_model(backbone).eval()
     first = torch.tensor([[False, True, True, False]])
+    case = torch.tensor([[0, 4, 2, 0]])  # "Word word": first letter uppercase, then all lowercase
     with torch.no_grad():
-        scores, _ = tagger(ids[:1], mask[:1], first)
-        assert len(tagger.deep) == 0  # one vector per word: no averaging to deepen
-        torch.testing.assert_close(scores[0, :2], tagger.head(v[ids[0, 1:3]]))
+        scores, _ = tagger(ids[:1], mask[:1], first, case)
+        # Collobert et al.'s window approach, w = 2: words i-2 .. i+2 (zeros and case 0 beyond the sentence), each
+        # with its case embedding, through the same two hidden layers
+        e, zero = tagger.case.weight, torch.zeros(16)
+        words = [torch.cat([zero, e[0]])] * 2 + [torch.cat([v[ids[0, 1]], e[4]]), torch.cat([v[ids[0, 2]], e[2]])]
+        words += [torch.cat([zero, e[0]])] * 2
+        want = torch.stack([torch.cat(words[i:i + 5]) for i in range(2)])
+        first, second = tagger.deep[0], tagger.deep[3]
+        assert tagger.head.in_features == 5 * (16 + 5)
+        torch.testing.assert_close(scores[0], tagger.head(second(first(want).relu()).relu()))
 
 
 def test_elmo_span_head_reads_the_scalar_mix_of_each_window_alone(tmp_path, tokenizer):
@@ -365,6 +373,16 @@ def test_tags_sit_on_the_last_sub_token_of_a_left_to_right_row(tokenizer):
     last = [len(pieces[0]), len(pieces[0]) + len(pieces[1]), len(pieces[0]) + len(pieces[1]) + len(pieces[2])]
     assert [i for i, f in enumerate(arrays["first"]) if f] == last
     assert [int(x) for x in arrays["labels"] if x != IGNORE] == [1, 0, 1]
+    # each word's letter case (the window tagger's capitalization feature) sits where its tag does
+    assert [int(c) for c, f in zip(arrays["case"], arrays["first"]) if f] == [4, 2, 4]
+    assert not arrays["case"][~arrays["first"]].any()
+
+
+def test_word_case_is_collobert_s_capitalization_feature():
+    from plmcli.objectives.tagging import word_case
+
+    got = [word_case(w) for w in ("1996", ",", "北京", "the", "EU", "I", "German", "iPhone", "McDonald")]
+    assert got == [1, 1, 1, 2, 3, 3, 4, 5, 4]
 
 
 # ------------------------------------------------------------------ the "no" cells

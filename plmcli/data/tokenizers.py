@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from pathlib import Path
 from typing import Iterable, get_args
 
@@ -73,6 +75,11 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
     roles = resolve_special_tokens(cfg)
     specials = _ordered_specials(roles)
     unk = roles.get("unk")
+    if cfg.segment != "char":
+        if cfg.kind != "word":
+            raise PlmError(f"tokenizer.segment={cfg.segment} applies to the word tokenizer, not {cfg.kind}",
+                           "set tokenizer.kind=word, or leave tokenizer.segment at char")
+        return _jieba_words(texts, cfg, specials, unk)
     common = dict(vocab_size=cfg.vocab_size, special_tokens=specials, show_progress=False)
 
     if cfg.kind == "wordpiece":
@@ -134,6 +141,43 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
     if tok.get_vocab_size() <= len(specials):
         raise PlmError(f"the {cfg.kind} tokenizer learned no tokens beyond the special tokens",
                        "use more text or a lower tokenizer.min_frequency")
+    return tok
+
+
+def _jieba_words(texts: Iterable[str], cfg: TokenizerConfig, specials: list[str], unk: str | None) -> Tokenizer:
+    """The word tokenizer with Chinese in jieba's words: a unigram model whose units are the corpus' whitespace words
+    and jieba's words of its CJK runs, each scored by its log frequency, so a run is cut into the most probable
+    sequence of known units (jieba's own rule for its dictionary words; the words its HMM found in this corpus are
+    units too). Every ideograph seen is a unit, so a run always has a cut; an unseen one is [UNK] alone.
+    Serialisable, unlike a jieba pre-tokenizer: tokenizer.json cuts the same way wherever it is loaded."""
+    from collections import Counter
+
+    from plmcli.data.masking import load_jieba
+
+    if unk is None:
+        raise PlmError("tokenizer.segment=jieba needs an unk token", "add one to tokenizer.special_tokens, e.g. unk: [UNK]")
+    jieba = load_jieba()
+    pre = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                   pre_tokenizers.Split(Regex(CJK_IDEOGRAPH + "+"), behavior="isolated")])
+    is_run = re.compile(CJK_IDEOGRAPH).match
+    counts: Counter = Counter()
+    for text in texts:
+        text = text.lower() if cfg.lowercase else text
+        for piece, _ in pre.pre_tokenize_str(text):
+            counts.update(jieba.lcut(piece) if is_run(piece) else (piece,))
+    chars = {w for w in counts if len(w) == 1 and is_run(w)}
+    words = [w for w, n in counts.most_common() if n >= cfg.min_frequency and w not in chars and w not in specials]
+    units = [w for w in sorted(chars, key=lambda w: -counts[w])] + words[:max(0, cfg.vocab_size - len(specials) - len(chars))]
+    if not units:
+        raise PlmError("the word tokenizer learned no tokens beyond the special tokens",
+                       "use more text or a lower tokenizer.min_frequency")
+    total = sum(counts[w] for w in units)
+    tok = Tokenizer(models.Unigram([(t, 0.0) for t in specials] + [(w, math.log(counts[w] / total)) for w in units],
+                                   unk_id=specials.index(unk)))
+    tok.pre_tokenizer = pre
+    if cfg.lowercase:
+        tok.normalizer = normalizers.Lowercase()
+    tok.add_special_tokens(specials)
     return tok
 
 
@@ -203,8 +247,8 @@ def tokenizer_kind(tok: Tokenizer) -> str:
     pre = json.dumps(spec.get("pre_tokenizer"))
     if model == "WordPiece":
         return "wordpiece"
-    if model == "Unigram":
-        return "unigram"
+    if model == "Unigram":  # word: whitespace splits, Chinese in jieba's words (tokenizer.segment=jieba)
+        return "word" if '"WhitespaceSplit"' in pre else "unigram"
     if model == "BPE":
         return "bytelevel-bpe" if '"ByteLevel"' in pre else "bpe"
     if model == "WordLevel":

@@ -79,8 +79,12 @@ class Traits:
     `last` for causal LMs. Which primitive gives the states: `Encodes`, `HasHidden` or `HasTokenStates`."""
     head_layers: int = 0
     """Hidden layers (Linear → ReLU → dropout, the features' width) between a sequence head's pooled features and
-    its output layer (tagging and span heads have none): 0, the output layer alone (BERT, GPT); word2vec's make a
-    deep averaging network (Iyyer et al. 2015)."""
+    its output layer (span heads have none, taggers only with a `tag_window`): 0, the output layer alone (BERT,
+    GPT); word2vec's make a deep averaging network (Iyyer et al. 2015)."""
+    tag_window: int = 0
+    """Collobert et al.'s (2011) window approach: a tagger reads the states of words i−w … i+w concatenated, each
+    with its capitalization feature (an embedding of the word's letter case), under the head_layers. For states
+    that do not see their neighbours (word2vec's vectors); 0: each word's own state alone."""
 
     def __post_init__(self):
         if self.pair_layout is None:

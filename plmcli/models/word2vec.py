@@ -24,8 +24,10 @@ at zero, as in word2vec.c. The exported vectors are v.
 
 Transfer: `plm finetune` reads each token's v (`token_states`) and trains it with the task head — a deep
 averaging network (Iyyer et al. 2015; without the hidden layers, fastText's classifier): sequence heads take the
-mean of a row's vectors through two hidden ReLU layers (`Traits.head_layers`), tagging each word's own vector
-under one linear layer (no context: its tag follows from the word alone).
+mean of a row's vectors through two hidden ReLU layers (`Traits.head_layers`); tagging is Collobert et al.'s
+(2011) window approach (`Traits.tag_window` = 2): the vectors of words i−2 … i+2, each with its capitalization
+feature, through the same two hidden layers (a vector has not seen its neighbours, so the head reads them; the
+letter case tells the tagger what a rare or unknown word's [UNK] vector cannot).
 Rows are framed as GPT's transfer frames them (`<s> a $ b <e>`), so a run finetunes when its tokenizer has a
 bos or eos token (the word2vec recipes give both); the frame's tokens have no trained vector and learn one.
 """
@@ -90,7 +92,7 @@ class Word2Vec(LanguageModel):
     # Finetuned: the mean of its vectors under two hidden layers, Iyyer et al.'s deep averaging network — on 1,000
     # SST-2 rows it is 2 points above the plain mean (a linear bag of words), which random init cannot match
     # (BENCHMARKS: low-resource).
-    traits = Traits(pair_layout="causal", pooling="mean", head_layers=2)
+    traits = Traits(pair_layout="causal", pooling="mean", head_layers=2, tag_window=2)
     Config = Word2VecConfig
 
     def __init__(self, cfg: Word2VecConfig):

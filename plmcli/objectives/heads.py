@@ -112,7 +112,7 @@ class TaskHead(nn.Module):
     """The family built the head itself (ELMo's scalar mix + BiLSTM): it reads the network on its own."""
     per_token: ClassVar[bool] = False
     """The head scores every token's own state (tagging, span QA): the family's head_layers, which deepen a
-    pooled row's features (word2vec's averaging network), are not built."""
+    pooled row's features (word2vec's averaging network), are not built (see `hidden_layers`)."""
 
     def __init__(self, network: nn.Module, num_outputs: int, dropout: float | None = None, width: int | None = None,
                  head: nn.Module | None = None):
@@ -138,11 +138,15 @@ class TaskHead(nn.Module):
         width = network.cfg.d_model if width is None else width
         # the family's hidden layers (word2vec's deep averaging network; none for most): PyTorch's default init,
         # whose scale carries a signal through ReLU layers where BERT's N(0, 0.02) would shrink it layer by layer
-        self.deep = nn.Sequential(*(m for _ in range(0 if self.per_token else traits_of(network).head_layers)
+        self.deep = nn.Sequential(*(m for _ in range(self.hidden_layers(traits_of(network)))
                                     for m in (nn.Linear(width, width), nn.ReLU(), nn.Dropout(dropout))))
         self.head = nn.Linear(width, num_outputs)
         nn.init.normal_(self.head.weight, std=head_init_std(network))  # as BERT's task layers
         nn.init.zeros_(self.head.bias)
+
+    def hidden_layers(self, traits) -> int:
+        """How many of the family's head_layers this head builds: all over a pooled row, none per token."""
+        return 0 if self.per_token else traits.head_layers
 
     def output(self, features: torch.Tensor) -> torch.Tensor:
         """features (..., width) -> the family's hidden layers (if any) -> dropout -> the output layer."""

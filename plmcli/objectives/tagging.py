@@ -23,7 +23,9 @@ window keeps its first sub-tokens (`truncated` counts such sentences). meta.json
 split: rare at 128; with an 8k WordPiece vocabulary, 1 of CoNLL-2003's 14,041 training sentences)
 and `iob1_converted`.
 
-Model: encoder hidden (B, T, C) at the first sub-tokens -> dropout -> Linear(C, num_tags). Loss: the
+Model: encoder hidden (B, T, C) at the first sub-tokens -> dropout -> Linear(C, num_tags); a family whose states
+do not see their neighbours (word2vec: `Traits.tag_window`) is read by Collobert et al.'s window approach instead,
+each word's letter case (`word_case`, stored beside the ids as `case`) a feature of its own. Loss: the
 mean per-word cross-entropy, or with `--crf` the CRF's negative log-likelihood summed over sentences
 and divided by their words (a per-word scale like cross-entropy's, so the same learning rate fits).
 Decoding: argmax per word, or constrained Viterbi (never I-X after O or another type).
@@ -46,6 +48,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
+from plmcli.models.base import traits_of
 from plmcli.models.crf import LinearChainCRF, bio_constraints
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.classify import CAUSAL, transfer_tokens
@@ -65,8 +68,28 @@ class TaggingConfig:
     """Dropout before the tag layer; None = the encoder's own dropout (BERT: 0.1)."""
 
 
+CASES = 6
+"""Capitalization feature values (Collobert et al. 2011): 0 outside the sentence, then `word_case`'s five."""
+CASE_DIM = 5
+"""Width of the capitalization feature's embedding (Collobert et al.: 5)."""
+
+
+def word_case(word: str) -> int:
+    """1 no cased letter (digits, punctuation, CJK), 2 all lowercase, 3 all uppercase, 4 first letter uppercase,
+    5 an uppercase letter later (iPhone)."""
+    if word.islower():
+        return 2
+    if word.isupper():
+        return 3
+    if word[:1].isupper():
+        return 4
+    return 5 if any(c.isupper() for c in word) else 1
+
+
 class TokenClassifier(TaskHead):
-    """encoder -> hidden states at each word's first sub-token (B, W, C) -> dropout -> Linear -> (B, W, num_tags).
+    """encoder -> hidden states at each word's first sub-token (B, W, C) -> dropout -> Linear -> (B, W, num_tags);
+    with the family's `tag_window` w, the states of words i−w … i+w and their capitalization features,
+    concatenated, through the family's head_layers first (Collobert et al.'s window approach).
 
     `crf` (a LinearChainCRF or None) is held here so its transitions train and save with the model;
     the objective calls it.
@@ -75,13 +98,20 @@ class TokenClassifier(TaskHead):
     per_token = True
 
     def __init__(self, encoder: nn.Module, num_tags: int, dropout: float | None = None, crf: LinearChainCRF | None = None):
-        super().__init__(encoder, num_tags, dropout, width=state_width(encoder))
+        window, width = traits_of(encoder).tag_window, state_width(encoder)
+        super().__init__(encoder, num_tags, dropout, width=(2 * window + 1) * (width + CASE_DIM) if window else width)
+        self.window = window
+        self.case = nn.Embedding(CASES, CASE_DIM) if window else None
         self.num_tags = num_tags
         self.crf = crf
 
-    def forward(self, input_ids, attention_mask, first) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) ids, mask and the flags of the sub-token that carries each word's tag (`first`: the first
-        sub-token, or the last in the causal layout) -> (tag scores (B, W, K), word mask (B, W)).
+    def hidden_layers(self, traits) -> int:
+        return traits.head_layers if traits.tag_window else 0
+
+    def forward(self, input_ids, attention_mask, first, case=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) ids, mask, the flags of the sub-token that carries each word's tag (`first`: the first
+        sub-token, or the last in the causal layout) and, for a window tagger, each word's `word_case` at that
+        sub-token (None: unknown, 0) -> (tag scores (B, W, K), word mask (B, W)).
 
         Words are packed to the left in sentence order (W = most words in a row of the batch).
         """
@@ -92,7 +122,17 @@ class TokenClassifier(TaskHead):
         where = torch.argsort((~first.bool()).to(torch.int32), dim=1, stable=True)[:, :W]  # (B, W)
         h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, W, C)
         word_mask = torch.arange(W, device=first.device)[None, :] < n_words[:, None]
+        if self.window:
+            h = self._windows(h, word_mask, None if case is None else case.gather(1, where))
         return self.output(h), word_mask
+
+    def _windows(self, h: torch.Tensor, word_mask: torch.Tensor, case: torch.Tensor | None) -> torch.Tensor:
+        """(B, W, C) word states -> (B, W, (2w+1)(C + CASE_DIM)): words i−w … i+w with their capitalization
+        features; beyond a sentence's ends, zero states and case 0 (a learned "outside")."""
+        w, W = self.window, h.shape[1]
+        case = torch.zeros_like(word_mask, dtype=torch.long) if case is None else case.long() * word_mask
+        padded = torch.cat([F.pad(h * word_mask[..., None], (0, 0, w, w)), self.case(F.pad(case, (w, w)))], -1)
+        return torch.cat([padded[:, k:k + W] for k in range(2 * w + 1)], -1)
 
     def freeze_unused(self, cls_id: int, sep_id: int) -> list[str]:
         """Freeze (and name) encoder parameters tagging never reaches (MLM/NSP heads, the pooler, an LM's
@@ -210,14 +250,14 @@ class Tagging(Objective):
         pad_before, pad_after = [False] * len(frame.before), [False] * len(frame.after)
         ignore_before, ignore_after = [IGNORE] * len(frame.before), [IGNORE] * len(frame.after)
         pieces = word_pieces(self.tokenizer, [s.words for s in sentences], unk)
-        ids, first, labels, lengths, win_sent, win_start = [], [], [], [], [], []
+        ids, first, labels, cases, lengths, win_sent, win_start = [], [], [], [], [], [], []
         truncated = windowed = 0
         for k, (s, words) in enumerate(zip(sentences, pieces)):
             spans = plan_windows([len(p) for p in words], budget)
             windowed += len(spans) > 1
             truncated += any(len(p) > budget for p in words)
             for a, b in spans:
-                toks, flag, lab = [], [], []
+                toks, flag, lab, case = [], [], [], []
                 for w in range(a, b):
                     p = words[w][:budget]
                     toks += p
@@ -227,17 +267,20 @@ class Tagging(Objective):
                     if w == a and a > 0 and tag != IGNORE:
                         tag = self._window_start_tag(tag)
                     lab += [IGNORE] * len(rest) + [tag] if at_last else [tag] + [IGNORE] * len(rest)
+                    c = word_case(s.words[w])
+                    case += [0] * len(rest) + [c] if at_last else [c] + [0] * len(rest)
                 row = frame.single(toks)
                 ids += row
                 first += pad_before + flag + pad_after
                 labels += ignore_before + lab + ignore_after
+                cases += [0] * len(frame.before) + case + [0] * len(frame.after)
                 lengths.append(len(row))
                 win_sent.append(k)
                 win_start.append(a)
         n_words = [len(s.words) for s in sentences]
         tags = [t for s in sentences for t in (s.tags if s.tags is not None else [-1] * len(s.words))]
         arrays = {"ids": np.array(ids, dtype=np.int32), "first": np.array(first, dtype=bool),
-                  "labels": np.array(labels, dtype=np.int64),
+                  "labels": np.array(labels, dtype=np.int64), "case": np.array(cases, dtype=np.int8),
                   "offsets": np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
                   "window_sentence": np.array(win_sent, dtype=np.int64),
                   "window_word_start": np.array(win_start, dtype=np.int64),
@@ -276,6 +319,8 @@ class Tagging(Objective):
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         d = load_split(Path(corpus_dir) / f"{split}.npz")
         ids, off, first, labels = d["ids"], d["offsets"], d["first"], d["labels"]
+        # encoded before the capitalization feature existed: every word's case unknown (0)
+        cases = d["case"] if "case" in d else np.zeros(len(ids), dtype=np.int8)
         n = len(off) - 1
         if n < 1:
             raise PlmError(f"the {split} split of {corpus_dir} has no sentences", "check the task's data files")
@@ -293,13 +338,15 @@ class Tagging(Objective):
             f[mask] = first[flat]
             lab = np.full(mask.shape, IGNORE, dtype=np.int64)
             lab[mask] = labels[flat]
+            case = np.zeros(mask.shape, dtype=np.int64)
+            case[mask] = cases[flat]
             n_words = f.sum(1)
             word_mask = np.arange(n_words.max())[None, :] < n_words[:, None]
             tags = np.full(word_mask.shape, IGNORE, dtype=np.int64)
             tags[word_mask] = lab[f]  # both row-major: row b's words in order
             return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(mask.astype(np.int64)),
-                    "first": torch.from_numpy(f), "tags": torch.from_numpy(tags), "index": torch.from_numpy(idx),
-                    "num_tokens": int(lens.sum())}
+                    "first": torch.from_numpy(f), "case": torch.from_numpy(case), "tags": torch.from_numpy(tags),
+                    "index": torch.from_numpy(idx), "num_tokens": int(lens.sum())}
 
         stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=np.diff(off))
         stream.arrays = d  # sentences and windows, for joining predictions back into sentences
@@ -322,7 +369,7 @@ class Tagging(Objective):
         return F.cross_entropy(scores.float().transpose(1, 2), tags, ignore_index=IGNORE, reduction="none").sum(1)
 
     def step(self, model, batch, state=None):
-        scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"])
+        scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"], batch["case"])
         tags, crf = batch["tags"], self._crf(model)
         count = word_mask.sum().float()
         loss = self._losses(crf, scores, tags, word_mask).sum() / count.clamp(min=1)
@@ -340,7 +387,7 @@ class Tagging(Objective):
         with torch.no_grad():
             for batch in eval_batches(stream, max_batches, device):
                 with autocast():
-                    scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"])
+                    scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"], batch["case"])
                 scores = scores.float()
                 preds = crf.decode(scores, word_mask) if crf is not None else scores.argmax(-1).masked_fill(~word_mask, -1)
                 out["preds"].append(F.pad(preds, (0, self.seq_len - preds.shape[1]), value=-1))
@@ -413,7 +460,7 @@ def _concat(parts: list[dict]) -> dict[str, np.ndarray]:
     """One split's arrays from several groups' (offsets and sentence numbers shifted)."""
     if len(parts) == 1:
         return parts[0]
-    out = {k: np.concatenate([p[k] for p in parts]) for k in ("ids", "first", "labels", "window_word_start",
+    out = {k: np.concatenate([p[k] for p in parts]) for k in ("ids", "first", "labels", "case", "window_word_start",
                                                               "example_id", "word_tags", "group")}
     for key, count in (("offsets", "ids"), ("word_offsets", "word_tags")):
         shift = np.cumsum([0] + [len(p[count]) for p in parts[:-1]])

@@ -84,6 +84,27 @@ def test_word_kind():
     assert tok.decode(tok.encode("the quick  fox\nruns!").ids) == "the quick fox runs!"
 
 
+ZH = ["我爱北京天安门，天安门上太阳升。", "这个酒店的服务很好，房间也很干净。", "服务很差，不推荐 hotel OK", "北京的酒店很干净"] * 3
+
+
+def test_word_kind_cuts_chinese_into_jieba_words_and_saves_that_cut(tmp_path):
+    cfg = TokenizerConfig(kind="word", segment="jieba", vocab_size=1000, min_frequency=2,
+                          special_tokens={"unk": "[UNK]", "bos": "[BOS]", "eos": "[EOS]"})
+    tok = train_tokenizer(iter(ZH), cfg)
+    assert tok.encode("我爱北京的酒店，服务很好").tokens == ["我", "爱", "北京", "的", "酒店", "，", "服务", "很", "好"]
+    # an ideograph never seen is [UNK] alone; the rest of its run is still cut; whitespace words stay whole
+    enc = tok.encode("hotel OK 龘天安门")
+    assert enc.ids[:3] == [tok.token_to_id("hotel"), tok.token_to_id("OK"), tok.token_to_id("[UNK]")]
+    assert enc.tokens[-1] == "天安门" and tok.token_to_id("[BOS]") == 1
+    tok.save(str(tmp_path / "t.json"))
+    back = load_tokenizer(tmp_path / "t.json")
+    assert back.encode("北京的酒店很干净").tokens == ["北京", "的", "酒店", "很", "干净"] and tokenizer_kind(back) == "word"
+    # the default word tokenizer keeps one word per ideograph
+    assert train_tokenizer(iter(ZH), TokenizerConfig(kind="word", min_frequency=1)).encode("北京").tokens == ["北", "京"]
+    with pytest.raises(PlmError, match="segment=jieba applies to the word tokenizer"):
+        train_tokenizer(iter(ZH), TokenizerConfig(kind="wordpiece", segment="jieba"))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_special_tokens_lowest_ids_and_never_split(kind):
     tok = train(kind)
