@@ -248,11 +248,15 @@ plm's `{recipe.name}`: {m.n_layer} layers, {m.n_head} heads, d_model {m.d_model}
   `<eos>` token in plm's stream.
 - **Goal**: plm's median wall ≤ {GOAL_RATIO}× nanoGPT's at a val loss no worse: ratio {verdict['ratio']:.2f}×.
 {smoke}
-**Where the time goes, and why {GOAL_RATIO}× is out of reach** (profiled on an AMD EPYC, 1 thread, on the loaded
-machine, 2026-12-03). The two models are one computation: pre-LN GPT, no biases, exact GELU, SDPA with its causal
+**Where the time goes, and why {GOAL_RATIO}× is out of reach** (profiled on an AMD EPYC, 2 threads, quiet,
+2026-12-06). The two models are one computation: pre-LN GPT, no biases, exact GELU, SDPA with its causal
 kernel, tied output layer, 4 × 128 at block 64. A bare forward + backward of plm's GPT and of nanoGPT's
-`model.py` on the same batch, interleaved, took 107 and 104 ms (median; the noise was larger than the gap);
-matmuls, attention and GELU are 85% of a step (cProfile of plm's loop). What was plm's own, and is gone:
+`model.py` on the same 12 × 64 batch, 7 interleaved rounds of 30: 42.7 and 43.2 ms (median), op time
+44.5 and 42.3 ms; on both sides the matmuls are 60% of it (26.5 / 24.9 ms, about 140 GFLOP/s where one
+large GEMM runs at 180), SDPA's flash kernels 18%, GELU 11%: the same kernels, at the same speed.
+Attending explicitly (two batched matmuls and a softmax, 20% faster than flash on this shape in isolation)
+changed a whole training step by nothing measurable (36.4 vs 36.6 ms, 6 interleaved rounds), so it is not used.
+What was plm's own, and is gone:
 - evaluations: the recipe scored the whole validation split (145 batches) every 250 steps, 9 times, about an
   eighth of the run; now at step 1000 and at the end (2 × 111k tokens, more validation text than nanoGPT's
   9 × 20 batches of 768);
@@ -261,8 +265,9 @@ matmuls, attention and GELU are 85% of a step (cProfile of plm's loop). What was
 - data: a NumPy generator built per row to find the epoch's window offset (about 0.3 ms each, 12 a step),
   now once per epoch;
 - start-up: importing `datasets` (2 s) for a run whose corpus is already tokenized.
-What is left is nanoGPT's own per-step work (the `median step ms` column, ratio ≈ 1), plus a start-up of
-the same kind (torch, torch._dynamo at the optimizer's first use, and accelerate). In the full 2000-step run the
-steps are over 90% of both walls, so 0.8× would need plm's step 20% faster than a step running the same kernels:
+What is left is the forward and backward both sides run alike (plm's whole step, optimizer and data included,
+is 0.90× nanoGPT's per-iteration time), plus a start-up of the same kind (torch, torch._dynamo at the optimizer's
+first use, and accelerate). In the full 2000-step run the steps are about 90% of both walls, so {GOAL_RATIO}× would
+need plm's step 20% faster than nanoGPT's while its forward and backward, 80% of it, run the same kernels:
 that takes other kernels (compiling the model, bf16), which nanoGPT's CPU command turns off, so neither is used here.
 """
