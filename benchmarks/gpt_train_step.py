@@ -195,6 +195,8 @@ ratio of each side's fastest repeat. Goal: plm ≥ 1.5× (ratio of medians; issu
     formula = (f"`GPT.flops_per_token` = 6·N + 12·L·T·C with N = {round(fpt - 12 * m.n_layer * T * m.d_model) // 6:,} "
                f"parameters (all but the position table; the tied LM head counted once) = {fpt / 1e6:.1f} MFLOP")
     text += limit_text(stats, info, args, formula, profiles)
+    if args.precision == "fp32":
+        text += WHY_FP32
     publish_step(NAME, "GPT-2 training step: plm vs transformers", args, text, table, info)
     return 0
 
@@ -205,6 +207,21 @@ def publish_step(name: str, title: str, args, text: str, table: str, info: dict)
         name, title, text = name + "-bf16", title + ", bf16 autocast", text + BF16_NOTE
     common.publish(name, common.section_body(title, args, text, table, info), args)
 
+
+WHY_FP32 = """
+**Why 1.5× is out of reach in fp32** (gpt-mini, AMD EPYC, 2 threads, quiet, 2026-12-06: plm 461 ms a step,
+transformers 622 ms, probe 182 GFLOP/s). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 301 ms at the
+probe's rate; 1.5× means 415 ms, 72% of the probe. plm's matmuls alone take 355 ms of it (`mm`, `addmm`,
+`addmm_`, `bmm` in the profile: 155 GFLOP/s, 85% of the probe — at these shapes one matmul reaches 192 GFLOP/s
+for (2048 × 256) · (256 × 768), 161 for a weight gradient (256 × 2048) · (2048 × 768), 135 for the LM head's
+(256 × 256) · (256 × 4096)). That leaves 60 ms for everything else, which takes 106: 83 ms of other ops
+(tanh-GELU and its backward 17 ms, softmax, LayerNorm, adds, dropout's multiplies, AdamW) and 23 ms outside
+torch's ops (dropout masks drawn by NumPy, Python). Tried and measured, no gain: the fused LM head's chunk of
+256 rows against 512, 1,024 and a transposed weight (91–97 ms for the head either way; unfused
+`F.linear` + `cross_entropy` 113 ms), and an additive causal mask in place of `masked_fill_` (409 vs 417 ms,
+within noise). Closing the rest takes fused elementwise kernels (a compiled model) or bf16 matmuls (the
+`gpt-train-step-bf16` section).
+"""
 
 BF16_NOTE = """
 Both sides run under `torch.autocast("cpu", dtype=torch.bfloat16)`: on a CPU with AMX (Sapphire Rapids and
