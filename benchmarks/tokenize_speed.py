@@ -192,7 +192,22 @@ Each run is a fresh process, timed from the call to its return (imports excluded
 tokenizers' Rust pool (`RAYON_NUM_THREADS`) and OpenMP. MB/s = text bytes / time (the same bytes for every
 row); tokens/s = that pipeline's own token count / time (datasets.map has no "\\n" tokens, so fewer tokens for
 a byte-level tokenizer). {args.repeats} interleaved repeats. Goal: plm (one process) ≥ {GOAL}× encode_batch.
-"""
+""" + WHY
     common.publish(NAME, common.section_body("Tokenizing: plm tokenize vs encode_batch vs datasets.map", args, text,
                                              table, info), args)
     return 0
+
+
+WHY = """
+**Where plm's extra time goes** (this command, AMD EPYC, 2 cores, quiet, 2026-12-06; one Rayon thread; the
+first run on a quiet machine: 0.81×, where a loaded one had read 0.97×). plm runs the tokenizer in a second
+thread and reads, splits and writes Arrow in the first, so the bare `encode_batch` work (1.31–1.41 s for these
+4 MB in one thread of a warm process, 1.27 s in the benchmark's fresh one) is the floor of its ~1.57 s. Timed
+inside the pipeline, the tokenizer thread is busy 1.41–1.52 s: 5–10% slower beside the main thread's
+per-token work (reading `ids` and `word_ids` out of the encodings, 0.14 s a run, which shares the GIL and the
+caches); the head and tail of the pipeline that cannot overlap take ~0.07 s, and filing the shards as a dataset
+(validation cut, metadata) ~0.06 s. Tried, no gain: batches of 256 kB and 64 kB instead of 1 MB (1.60 and
+1.75 s against 1.62), one file instead of two (−0.04 s), a 0.5 ms or 0.1 ms GIL switch interval (none). Left:
+word starts without `word_ids` (the per-token Python objects), which would tie whole-word masking to each
+tokenizer's word-boundary marker.
+"""
