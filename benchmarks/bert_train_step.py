@@ -36,7 +36,6 @@ def build(args):
 
     import numpy as np
     import torch
-    import torch.nn.functional as F
     from transformers import BertConfig, BertForMaskedLM
 
     from plmcli.config import load_recipe
@@ -72,7 +71,7 @@ def build(args):
 
     def plm_loss():  # as plmcli.objectives.mlm.MaskedLM.step: no padding, so no attention mask
         with autocast(args.precision):
-            return F.cross_entropy(plm(x, mlm_positions=pos).mlm_logits.float(), y)
+            return plm(x, mlm_positions=pos, mlm_labels=y).mlm_loss.float()
 
     def hf_loss():
         with autocast(args.precision):
@@ -104,7 +103,8 @@ dropout {m.dropout}) on {B} × {T} token ids with {n_masked} positions ({args.ma
 forward, MLM loss, backward, `clip_grad_norm_(1.0)`, AdamW (foreach), `zero_grad`. No NSP head on either side.
 
 - **plm**: `plmcli.models.bert.Bert`, the MLM head (transform + LayerNorm + tied decoder) run only on the
-  masked positions, SDPA attention, no attention mask when there is no padding.
+  masked positions, its decoder fused with the loss a chunk of rows at a time (`plmcli.models.lm_loss`,
+  as the `mlm` objective calls it), SDPA attention, no attention mask when there is no padding.
 - **transformers**: `BertForMaskedLM` (`attn_implementation="sdpa"`), `labels` with -100 off the masked
   positions — the head runs on all {tokens} positions.
 

@@ -209,18 +209,19 @@ def publish_step(name: str, title: str, args, text: str, table: str, info: dict)
 
 
 WHY_FP32 = """
-**Why 1.5× is out of reach in fp32** (gpt-mini, AMD EPYC, 2 threads, quiet, 2026-12-06: plm 461 ms a step,
-transformers 622 ms, probe 182 GFLOP/s). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 301 ms at the
-probe's rate; 1.5× means 415 ms, 72% of the probe. plm's matmuls alone take 355 ms of it (`mm`, `addmm`,
-`addmm_`, `bmm` in the profile: 155 GFLOP/s, 85% of the probe — at these shapes one matmul reaches 192 GFLOP/s
-for (2048 × 256) · (256 × 768), 161 for a weight gradient (256 × 2048) · (2048 × 768), 135 for the LM head's
-(256 × 256) · (256 × 4096)). That leaves 60 ms for everything else, which takes 106: 83 ms of other ops
-(tanh-GELU and its backward 17 ms, softmax, LayerNorm, adds, dropout's multiplies, AdamW) and 23 ms outside
-torch's ops (dropout masks drawn by NumPy, Python). Tried and measured, no gain: the fused LM head's chunk of
-256 rows against 512, 1,024 and a transposed weight (91–97 ms for the head either way; unfused
-`F.linear` + `cross_entropy` 113 ms), and an additive causal mask in place of `masked_fill_` (409 vs 417 ms,
-within noise). Closing the rest takes fused elementwise kernels (a compiled model) or bf16 matmuls (the
-`gpt-train-step-bf16` section).
+**Why 1.5× is out of reach in fp32** (gpt-mini, AMD EPYC, 2 threads, quiet, 2026-12-06; the run below: plm
+443 ms a step, transformers 562 ms, probe 188 GFLOP/s; three quiet runs that day read 1.35×, 1.42× and 1.27×,
+transformers' step moving most). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 291 ms at the probe's
+rate; 1.5× means 375 ms, 78% of the probe. plm's matmuls alone take 335 ms of it (`mm`, `addmm`, `addmm_`,
+`bmm` in the profile: 164 GFLOP/s, 87% of the probe — at these shapes one matmul reaches 192 GFLOP/s for
+(2048 × 256) · (256 × 768) and 161 for a weight gradient (256 × 2048) · (2048 × 768)). That leaves 40 ms for
+everything else, which takes 108: 84 ms of other ops (tanh-GELU and its backward 19 ms, softmax, LayerNorm,
+adds, dropout's multiplies, AdamW) and 24 ms outside torch's ops (dropout masks drawn by NumPy, Python).
+Tried and measured: the fused LM head's chunk of 256 rows against 128, 512, 1,024 and 2,048 (91–117 ms for the
+head, 256 best; unfused `F.linear` + `cross_entropy` 114–119 ms); its logits as (V, n) = weight · hᵀ instead of
+(n, V) (kept: 1.5–2× faster matmuls for BERT's and GPT-2's 30–50k vocabularies, no change for this 4,096 one);
+an additive causal mask in place of `masked_fill_` (409 vs 417 ms, within noise). Closing the rest takes fused
+elementwise kernels (a compiled model) or bf16 matmuls (the `gpt-train-step-bf16` section).
 """
 
 BF16_NOTE = """

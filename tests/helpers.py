@@ -126,3 +126,24 @@ train: {{seq_len: 16, global_batch_size: 32, max_steps: {max_steps}, eval_every:
 optim: {{name: adam, lr: 1.0e-2, warmup_steps: 10, schedule: cosine, min_lr_ratio: 0.0, betas: [0.9, 0.98]}}
 """, encoding="utf-8")
     return path
+
+
+def _addmm_inplace_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+def counted_flops(fn) -> int:
+    """FLOPs of every matmul fn() runs, forward and backward, as torch's FlopCounterMode counts them. On a
+    CPU the counter does not see SDPA's fused kernel: record_attention (layers' attention) and the math
+    backend (XLNet's) make its matmuls explicit. It has no formula for the in-place `addmm_` the fused LM
+    loss accumulates its weight gradient with, so one is given."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from plmcli.models.layers import record_attention
+
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addmm_: _addmm_inplace_flops}) as counter, \
+            record_attention(), sdpa_kernel(SDPBackend.MATH):
+        fn()
+    return counter.get_total_flops()

@@ -7,27 +7,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import common, pretrain_step
+from helpers import counted_flops
 from benchmarks.gpt_train_step import train_step
 from plmcli.config import load_recipe
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.models.electra import Electra, ElectraConfig
 from plmcli.models.gpt import GPT, GPTConfig
-from plmcli.models.layers import record_attention
 from plmcli.models.xlnet import XLNet, XLNetConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def counted_flops(fn) -> int:
-    """FLOPs of every matmul fn() runs, forward and backward. On a CPU the counter does not see SDPA's fused
-    kernel: record_attention (layers' attention) and the math backend (XLNet's) make its matmuls explicit."""
-    with FlopCounterMode(display=False) as counter, record_attention(), sdpa_kernel(SDPBackend.MATH):
-        fn()
-    return counter.get_total_flops()
 
 
 def non_matmul_params(*modules) -> int:

@@ -11,17 +11,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
 
 from benchmarks import common, gpu_mfu  # noqa: E402
+from helpers import counted_flops  # noqa: E402
 from benchmarks.__main__ import main  # noqa: E402
 from plmcli import api  # noqa: E402
 from plmcli.config import load_recipe  # noqa: E402
 from plmcli.models.bert import Bert, BertConfig  # noqa: E402
 from plmcli.models.gpt import GPT, GPTConfig  # noqa: E402
-from plmcli.models.layers import record_attention  # noqa: E402
 from plmcli.models.registry import build_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,20 +66,12 @@ def test_gpu_mfu_rejects_a_bad_batch_before_touching_the_gpu(monkeypatch):
     assert gpu_mfu.batches(SimpleNamespace(batch=["gpt2-small=16"])) == {"bert-base": 256, "gpt2-small": 16}
 
 
-def _counted_flops(fn) -> int:
-    """FLOPs torch counts for fn(): every matmul, attention's explicit ones included (record_attention
-    swaps SDPA, which the counter does not see on a CPU, for QKᵀ and PV matmuls)."""
-    with FlopCounterMode(display=False) as counter, record_attention():
-        fn()
-    return counter.get_total_flops()
-
-
 def test_matmul_flops_equal_torch_flop_counter_on_a_gpt_training_step():
     torch.manual_seed(0)
     L, d, d_ff, T, V, B = 2, 16, 40, 12, 97, 3
     m = GPT(GPTConfig(vocab_size=V, max_positions=T, n_layer=L, n_head=2, d_model=d, d_ff=d_ff, dropout=0.0, attn_dropout=0.0))
     x = torch.randint(0, V, (B, T))
-    counted = _counted_flops(lambda: m(x, labels=x).backward())  # GPT's fused head: logits and both gradients
+    counted = counted_flops(lambda: m(x, labels=x).backward())  # GPT's fused head: logits and both gradients
     assert counted == gpu_mfu.matmul_flops_per_token(L, d, d_ff, T, V) * B * T
 
 
@@ -98,7 +89,7 @@ def test_matmul_flops_equal_torch_flop_counter_on_a_bert_training_step():
 
     expect = gpu_mfu.matmul_flops_per_token(L, d, d_ff, T, V, head_share=5 / (B * T), head_transform=True,
                                             pooled_classes=2) * B * T
-    assert _counted_flops(step) == pytest.approx(expect, rel=1e-12)
+    assert counted_flops(step) == pytest.approx(expect, rel=1e-12)
 
 
 @pytest.mark.parametrize("name, fpt", [("bert-base", 545_419_080.0), ("gpt2-small", 854_438_400.0)])

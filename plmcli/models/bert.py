@@ -24,6 +24,7 @@ from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, NormPosition, bidirectional,
                                    init_weights, require_vocab)
+from plmcli.models.lm_loss import linear_cross_entropy
 
 
 LEAVES_POSITIONS = Rule(lambda offset, c: offset < c["max_positions"],
@@ -90,6 +91,8 @@ class BertOutput:
     """(B, reorder_classes) ERNIE 2.0 sentence reordering logits, or None without the head."""
     distance_logits: torch.Tensor | None = None
     """(B, distance_classes) ERNIE 2.0 sentence distance logits, or None without the head."""
+    mlm_loss: torch.Tensor | None = None
+    """Mean cross-entropy of the masked tokens when `mlm_labels` were given (mlm_logits is None then)."""
 
 
 class MLMHead(nn.Module):
@@ -109,6 +112,12 @@ class MLMHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.ln(self.act(self.dense(h))))
+
+    def loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of forward(h) (N, V) against labels (N,), without the (N, V) logits kept
+        for backward (plmcli.models.lm_loss)."""
+        return linear_cross_entropy(self.ln(self.act(self.dense(h))), self.decoder.weight, labels,
+                                    bias=self.decoder.bias)
 
 
 def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> torch.Tensor:
@@ -155,19 +164,26 @@ class MaskedLMEncoder(LanguageModel):
         return self.cfg.max_positions - getattr(self.cfg, "position_offset", 0)
 
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> BertOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None,
+                mlm_labels=None) -> BertOutput:
         """Encode, then the heads.
 
         mlm_positions: 1-D LongTensor of flat indices into B·T (b·T + t) of the masked tokens ->
         mlm_logits (N, V) at those positions only; None -> mlm_logits (B, T, V) at every position.
+        mlm_labels (N,) with mlm_positions: mlm_loss instead of mlm_logits, the head and the loss fused.
+        Taken here rather than by the objective because sharded training (FSDP, ZeRO-3) only gathers the
+        tied decoder weight inside the model's forward.
         """
         h, pooled = self.encode(input_ids, token_type_ids, attention_mask)
+        mlm_logits = mlm_loss = None
         if mlm_positions is None:
             mlm_logits = self.mlm(h)  # (B, T, V)
-        else:
+        elif mlm_labels is None:
             mlm_logits = self.mlm(h.flatten(0, 1).index_select(0, mlm_positions))  # (N, V)
+        else:
+            mlm_loss = self.mlm.loss(h.flatten(0, 1).index_select(0, mlm_positions), mlm_labels)
         nsp_logits = self.nsp(pooled) if self.nsp is not None else None  # (B, 2)
-        return BertOutput(h, pooled, mlm_logits, nsp_logits)
+        return BertOutput(h, pooled, mlm_logits, nsp_logits, mlm_loss=mlm_loss)
 
 
 class Bert(MaskedLMEncoder):
@@ -208,9 +224,10 @@ class Bert(MaskedLMEncoder):
         if cfg.tie_embeddings:
             self.mlm.decoder.weight = self.wte.weight
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> BertOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None,
+                mlm_labels=None) -> BertOutput:
         """MaskedLMEncoder's outputs, plus ERNIE 2.0's sentence-level logits where the heads are built."""
-        out = super().forward(input_ids, token_type_ids, attention_mask, mlm_positions)
+        out = super().forward(input_ids, token_type_ids, attention_mask, mlm_positions, mlm_labels)
         if self.reorder is not None:
             out.reorder_logits = self.reorder(out.pooled)  # (B, reorder_classes)
         if self.distance is not None:

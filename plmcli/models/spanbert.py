@@ -106,9 +106,10 @@ class SpanBert(Bert):
         self.sbo = SBOHead(cfg)
         init_weights(self.sbo, cfg.init_std)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None) -> SpanBertOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None,
+                mlm_labels=None) -> SpanBertOutput:
         """BERT's outputs; with mlm_positions, also the SBO logits of the masked tokens (see span_boundaries)."""
-        out = super().forward(input_ids, token_type_ids, attention_mask, mlm_positions)
+        out = super().forward(input_ids, token_type_ids, attention_mask, mlm_positions, mlm_labels)
         sbo_logits = sbo_index = None
         if mlm_positions is not None:
             sbo_index, left, right, offset = span_boundaries(mlm_positions, input_ids.shape[1], self.cfg.sbo_max_span)

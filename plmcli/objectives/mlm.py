@@ -398,10 +398,12 @@ class MaskedLM(Objective):
 
     def step(self, model, batch, state=None):
         labels = batch["mlm_labels"]  # (N,)
-        out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch["mlm_positions"])
-        logits = out.mlm_logits.float()  # (N, V)
         n = labels.numel()
-        mlm = F.cross_entropy(logits, labels) if n else logits.sum() * 0.0
+        # With masked tokens the model fuses its decoder with the loss (the (N, V) logits are never kept);
+        # a batch without any keeps the head in the graph at zero loss, so DDP finds every parameter used.
+        out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch["mlm_positions"],
+                    mlm_labels=labels if n else None)
+        mlm = out.mlm_loss.float() if n else out.mlm_logits.float().sum() * 0.0
         count = torch.tensor(n, device=labels.device)
         loss, metrics = mlm, {"mlm_loss": mlm.detach() * count}
         nsp_labels = batch.get("nsp_labels")

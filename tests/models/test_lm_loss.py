@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.models.gpt import GPT, GPTConfig
-from plmcli.models.lm_loss import linear_cross_entropy
+from plmcli.models.lm_loss import chunk_rows, linear_cross_entropy
 
 
 def _inputs(N=37, C=16, V=53, seed=0, ignore=True):
@@ -16,19 +16,33 @@ def _inputs(N=37, C=16, V=53, seed=0, ignore=True):
     return h, w, y
 
 
+@pytest.mark.parametrize("vocab_major", [True, False])
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("ignore", [True, False])
 @pytest.mark.parametrize("chunk", [1, 7, 16, 1000])
-def test_loss_and_gradients_equal_the_plain_cross_entropy(chunk, ignore):
+def test_loss_and_gradients_equal_the_plain_cross_entropy(chunk, ignore, bias, vocab_major):
     h, w, y = _inputs(ignore=ignore)
+    b = torch.linspace(-1, 1, w.shape[0], dtype=w.dtype) if bias else None
     h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
-    ref = F.cross_entropy(h1 @ w1.t(), y, ignore_index=-100)
-    (ref * 3.0).backward()  # a non-unit incoming gradient must scale both results
+    b1 = b.clone().requires_grad_() if bias else None
+    ref = F.cross_entropy(F.linear(h1, w1, b1), y, ignore_index=-100)
+    (ref * 3.0).backward()  # a non-unit incoming gradient must scale every result
     h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
-    got = linear_cross_entropy(h2, w2, y, chunk=chunk)
+    b2 = b.clone().requires_grad_() if bias else None
+    got = linear_cross_entropy(h2, w2, y, chunk=chunk, bias=b2, vocab_major=vocab_major)
     (got * 3.0).backward()
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-10, atol=1e-12)
+    if bias:
+        torch.testing.assert_close(b2.grad, b1.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("vocab", [68, 4096, 30522, 50257])
+def test_cpu_chunks_are_powers_of_two_of_at_least_128_rows(vocab):
+    rows = chunk_rows(vocab, torch.device("cpu"))
+    assert rows >= 128 and rows & (rows - 1) == 0
+    assert rows * vocab <= 2**20 or rows == 128  # ~4 MB of fp32 logits unless the floor applies
 
 
 def test_without_gradients_only_the_loss_is_computed():
@@ -96,3 +110,30 @@ def test_scoring_computes_the_last_block_at_scored_positions_only(norm):
         none = model(x, labels=torch.full_like(y, -100))
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert none.item() == 0.0
+
+
+def test_bert_with_mlm_labels_returns_the_loss_of_its_mlm_logits():
+    """objective mlm's path: the decoder (with its bias and the tied embedding) fused with the loss."""
+    from plmcli.models.bert import Bert, BertConfig
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=301, max_positions=16, n_layer=2, n_head=2, d_model=16, dropout=0.0,
+                     attn_dropout=0.0)
+    model = Bert(cfg)
+    with torch.no_grad():
+        model.mlm.decoder.bias.normal_()  # zero at init: make its gradient's share visible
+    x = torch.randint(0, 301, (3, 12))
+    pos = torch.tensor([1, 4, 13, 20, 30, 35])
+    y = torch.randint(0, 301, (6,))
+    ref = F.cross_entropy(model(x, mlm_positions=pos).mlm_logits, y)
+    ref.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    out = model(x, mlm_positions=pos, mlm_labels=y)
+    assert out.mlm_logits is None
+    out.mlm_loss.backward()
+    torch.testing.assert_close(out.mlm_loss, ref, rtol=1e-5, atol=1e-6)
+    assert set(grads) == {n for n, p in model.named_parameters() if p.grad is not None}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
