@@ -110,14 +110,17 @@ class MLMHead(nn.Module):
         self.ln = nn.LayerNorm(d_embed, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.decoder = nn.Linear(d_embed, cfg.vocab_size, bias=True)
 
+    def transform(self, h: torch.Tensor) -> torch.Tensor:
+        """The decoder's input: dense -> activation -> LayerNorm."""
+        return self.ln(self.act(self.dense(h)))
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.ln(self.act(self.dense(h))))
+        return self.decoder(self.transform(h))
 
     def loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of forward(h) (N, V) against labels (N,), without the (N, V) logits kept
         for backward (plmcli.models.lm_loss)."""
-        return linear_cross_entropy(self.ln(self.act(self.dense(h))), self.decoder.weight, labels,
-                                    bias=self.decoder.bias)
+        return linear_cross_entropy(self.transform(h), self.decoder.weight, labels, bias=self.decoder.bias)
 
 
 def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> torch.Tensor:
@@ -178,10 +181,12 @@ class MaskedLMEncoder(LanguageModel):
         mlm_logits = mlm_loss = None
         if mlm_positions is None:
             mlm_logits = self.mlm(h)  # (B, T, V)
-        elif mlm_labels is None:
-            mlm_logits = self.mlm(h.flatten(0, 1).index_select(0, mlm_positions))  # (N, V)
         else:
-            mlm_loss = self.mlm.loss(h.flatten(0, 1).index_select(0, mlm_positions), mlm_labels)
+            masked = h.flatten(0, 1).index_select(0, mlm_positions)  # (N, C)
+            if mlm_labels is None:
+                mlm_logits = self.mlm(masked)  # (N, V)
+            else:
+                mlm_loss = self.mlm.loss(masked, mlm_labels)
         nsp_logits = self.nsp(pooled) if self.nsp is not None else None  # (B, 2)
         return BertOutput(h, pooled, mlm_logits, nsp_logits, mlm_loss=mlm_loss)
 
