@@ -32,6 +32,7 @@ BENCHMARKS = {
     "low-resource": "benchmarks.low_resource",
     "pretrain-step": "benchmarks.pretrain_step",
     "lstm-step": "benchmarks.lstm_step",
+    "lm-head": "benchmarks.lm_head",
 }
 
 

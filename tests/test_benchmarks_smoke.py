@@ -210,3 +210,13 @@ def test_window_flops_counts_each_matrix_multiply():
     guide += L * 2 * d * V
     plm += S * 2 * d * V
     assert window_flops(n_layer, d, V, L, S) == {"guide": guide, "plm": plm}
+
+
+def test_lm_head_benchmark_times_three_equal_heads_and_writes_nothing_with_no_write(monkeypatch, capsys):
+    from benchmarks import lm_head
+    from benchmarks.__main__ import main
+
+    monkeypatch.setattr(lm_head, "SHAPES", [("tiny", 40, 8, 300, True)])
+    assert main(["lm-head", "--repeats", "1", "--calls", "1", "--threads", "1", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | 40 × 8 · 300 + bias | 2048 |" in out and "(--no-write: BENCHMARKS.md left alone)" in out
