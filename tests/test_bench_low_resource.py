@@ -95,3 +95,13 @@ def test_a_pretraining_row_counts_what_was_read_loop_steps_or_word2vec_epochs():
     w2v = {"summary": {"steps": 0, "epochs": 20, "tokens": 1_000, "elapsed_s": 4.0}, "corpus_mb": 0.01,
            "cpu_s": 6.0, "wall": 6.0}
     assert lr.pretrain_row("en", w2v)[2:5] == ["20 epochs", "20,000", "5,000"] and lr.pretrain_row("en", w2v)[-1] == "–"
+
+
+def test_set_overrides_reach_every_language_or_the_one_they_name():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(overrides=["model.dim=50", "zh:model.window=20", "en:model.epochs=3"])
+    assert lr._user_overrides(args, "zh") == ["model.dim=50", "model.window=20"]
+    assert lr._user_overrides(args, "en") == ["model.dim=50", "model.epochs=3"]
+    # a key=value whose value holds a colon is not a language prefix
+    assert lr._user_overrides(SimpleNamespace(overrides=["data.path=a:b"]), "en") == ["data.path=a:b"]
