@@ -20,6 +20,7 @@ NAME = "small-data-finetune"
 HELP = ("plm finetune's defaults on 2,000 SST-2 rows from a 30-step bert-mini and from random init; "
         "plm's classifier vs transformers' BertForSequenceClassification on the same batches")
 OLD = {"lr": 2e-5, "epochs": 3}
+BERT_MINI_WEIGHTS = 3_300_000
 """BERT-base's defaults (Devlin et al.), plm finetune's for every model before issue 20."""
 
 
@@ -268,7 +269,9 @@ def run(args) -> int:
                      f"**{min(accs):.4f}**"])
     table = common.markdown_table(["init", "flags", "lr", "epochs", "steps", "seeds", "dev accuracy (best epoch)",
                                    "worst seed"], rows)
-    lr = SIZE_DEFAULTS[-1][1]  # bert-mini's (3.3M weights outside the embeddings)
+    # the row the size defaults choose for bert-mini (3.3M weights outside the embeddings); not the table's last
+    # row, which is word2vec's (embedding tables alone)
+    lr = next(lr for floor, lr, _ in SIZE_DEFAULTS if BERT_MINI_WEIGHTS >= floor)
     hf_rows = []
     if not args.no_hf:
         hf_rows = compare_with_transformers(run_dir, data, root, lr, args.hf_epochs, args.hf_seed)
