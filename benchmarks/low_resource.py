@@ -234,7 +234,7 @@ def _user_overrides(args, lang: str) -> list[str]:
     out = []
     for item in args.overrides:
         head, sep, rest = item.partition(":")
-        if sep and head in CORPORA and "=" not in head:
+        if sep and head in CORPORA:
             if head == lang:
                 out.append(rest)
         else:

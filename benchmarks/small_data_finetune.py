@@ -21,6 +21,7 @@ HELP = ("plm finetune's defaults on 2,000 SST-2 rows from a 30-step bert-mini an
         "plm's classifier vs transformers' BertForSequenceClassification on the same batches")
 OLD = {"lr": 2e-5, "epochs": 3}
 BERT_MINI_WEIGHTS = 3_300_000
+"""bert-mini's weights outside its embedding tables (the finetunes' size-defaults line prints 3.30M)."""
 """BERT-base's defaults (Devlin et al.), plm finetune's for every model before issue 20."""
 
 
@@ -239,7 +240,7 @@ def run(args) -> int:
         print(f"{NAME}: skipped — {common.SHARED_DATA} has no GLUE SST-2")
         return 0
     from plmcli import api
-    from plmcli.pipelines.finetune import SIZE_DEFAULTS
+    from plmcli.pipelines.finetune import size_row
 
     common.set_threads(args.threads)
     root = args.keep or Path(tempfile.mkdtemp(prefix="plm-small-data-"))
@@ -269,9 +270,7 @@ def run(args) -> int:
                      f"**{min(accs):.4f}**"])
     table = common.markdown_table(["init", "flags", "lr", "epochs", "steps", "seeds", "dev accuracy (best epoch)",
                                    "worst seed"], rows)
-    # the row the size defaults choose for bert-mini (3.3M weights outside the embeddings); not the table's last
-    # row, which is word2vec's (embedding tables alone)
-    lr = next(lr for floor, lr, _ in SIZE_DEFAULTS if BERT_MINI_WEIGHTS >= floor)
+    lr = size_row(BERT_MINI_WEIGHTS)[1]  # what the size defaults give bert-mini
     hf_rows = []
     if not args.no_hf:
         hf_rows = compare_with_transformers(run_dir, data, root, lr, args.hf_epochs, args.hf_seed)

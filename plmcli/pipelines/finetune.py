@@ -264,6 +264,11 @@ def backbone_size(model) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in tables)
 
 
+def size_row(n: int) -> tuple[int, float, int]:
+    """The SIZE_DEFAULTS row of a backbone with `n` weights outside its embedding tables (backbone_size)."""
+    return next(row for row in SIZE_DEFAULTS if n >= row[0])
+
+
 def size_defaults(cfg: FinetuneConfig, backbone, steps_per_epoch: int) -> tuple[FinetuneConfig, str | None]:
     """`cfg` with the lr and epochs it leaves unset (None) chosen from the backbone's size and the steps an epoch
     takes (SIZE_DEFAULTS), and a line saying what was chosen and why (None when the config set both). A value
@@ -272,7 +277,7 @@ def size_defaults(cfg: FinetuneConfig, backbone, steps_per_epoch: int) -> tuple[
     if t.epochs is not None and o.lr is not None:
         return cfg, None
     n = backbone_size(backbone)
-    _, lr, min_steps = next(row for row in SIZE_DEFAULTS if n >= row[0])
+    _, lr, min_steps = size_row(n)
     # --max-steps sets the step count itself (epochs then only label the history)
     epochs = DEFAULT_EPOCHS if t.max_steps else max(DEFAULT_EPOCHS, math.ceil(min_steps / steps_per_epoch))
     chosen = [f"lr {lr:g}"] * (o.lr is None)
