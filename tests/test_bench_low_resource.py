@@ -105,3 +105,15 @@ def test_set_overrides_reach_every_language_or_the_one_they_name():
     assert lr._user_overrides(args, "en") == ["model.dim=50", "model.epochs=3"]
     # a key=value whose value holds a colon is not a language prefix
     assert lr._user_overrides(SimpleNamespace(overrides=["data.path=a:b"]), "en") == ["data.path=a:b"]
+
+
+def test_the_section_names_the_command_that_made_the_figures_not_the_report_stage():
+    import argparse
+
+    args = argparse.Namespace(argv=["low-resource", "--keep", "D", "--stage", "report", "--preliminary"], recipe="r")
+    shown = lr.making_command(args)
+    assert shown.argv == ["low-resource", "--keep", "D", "--preliminary"] and shown.recipe == "r"
+    assert lr.making_command(argparse.Namespace(argv=["--stage=report", "--keep", "D"])).argv == ["--keep", "D"]
+    # another stage stays: it is part of what was run
+    assert lr.making_command(argparse.Namespace(argv=["--stage", "finetune"])).argv == ["--stage", "finetune"]
+    assert args.argv[3:5] == ["--stage", "report"]  # the caller's args untouched
