@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
     p.add_argument("--recipe", default=RECIPE, help="the pretraining recipe")
     p.add_argument("--rows", default="1000,500,2000,5000,all", help="SST-2 labelled rows (comma-separated; 'all')")
     p.add_argument("--seeds", default="42,1,2", help="seeds: each draws the labelled rows and seeds the finetune")
+    p.add_argument("--chinese-rows", default="1000",
+                   help="ChnSentiCorp labelled rows (comma-separated): the issue's 1,000, and fewer to see where "
+                        "Chinese transfer pays")
     p.add_argument("--tasks", default="sst2,chnsenticorp,conll2003", help="which tasks to run")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time (each gets --threads / --jobs threads)")
     p.add_argument("--all-epochs", type=int, default=1,
@@ -260,7 +263,8 @@ def finetune_jobs(args, root: Path, tasks: list[str], seeds: list[int]) -> list[
     seed the issue's 1,000-row cells first and the all-rows cell last."""
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     cells = [("sst2", r) for r in rows if "sst2" in tasks]
-    cells += [(t, "1000") for t in ("conll2003", "chnsenticorp") if t in tasks]
+    cells += [("conll2003", "1000")] if "conll2003" in tasks else []
+    cells += [("chnsenticorp", r.strip()) for r in args.chinese_rows.split(",") if r.strip() and "chnsenticorp" in tasks]
     cells.sort(key=lambda c: (c[1] == "all", c[1] != "1000"))
     threads = max(1, args.threads // max(1, args.jobs))
     jobs = []
@@ -364,7 +368,8 @@ def _row_count(root: Path, task: str, rows, seed: int) -> int:
 
 
 def plot(cells: list[dict], path: Path, recipe: str = RECIPE) -> Path:
-    """Score against labelled rows (SST-2, log scale) and the two 1,000-row tasks, mean ± std over the seeds."""
+    """Score against labelled rows (SST-2, and ChnSentiCorp dashed when it has several row counts; log scale) and
+    the two other tasks at 1,000 rows, mean ± std over the seeds."""
     from plmcli.analysis.figures import pyplot, save_png
 
     plt = pyplot()
@@ -372,19 +377,22 @@ def plot(cells: list[dict], path: Path, recipe: str = RECIPE) -> Path:
     styles = {"pretrained": ("C0", "o"), "random": ("C3", "s"), "sklearn": ("C2", "^")}
     labels = {"pretrained": f"{recipe} pretrained", "random": "same model, random init",
               "sklearn": "scikit-learn baseline"}
-    sst = sorted((c for c in cells if c["task"] == "sst2"), key=lambda c: c["n_rows"])
-    for kind, (color, marker) in styles.items():
-        pts = [(c["n_rows"], *_stats(c[kind])) for c in sst if c[kind]]
-        if pts:
-            x, m, s = zip(*pts)
-            a.errorbar(x, m, yerr=s, color=color, marker=marker, capsize=3, label=labels[kind])
+    curves = [t for t in ("sst2", "chnsenticorp") if len({c["rows"] for c in cells if c["task"] == t}) > 1 or t == "sst2"]
+    for task, line in zip(curves, ("-", "--")):
+        ordered = sorted((c for c in cells if c["task"] == task), key=lambda c: c["n_rows"])
+        for kind, (color, marker) in styles.items():
+            pts = [(c["n_rows"], *_stats(c[kind])) for c in ordered if c[kind]]
+            if pts:
+                x, m, s = zip(*pts)
+                name = labels[kind] if task == "sst2" else f"{labels[kind]}, ChnSentiCorp"
+                a.errorbar(x, m, yerr=s, color=color, marker=marker, linestyle=line, capsize=3, label=name)
     a.set_xscale("log")
-    a.set_xlabel("labelled SST-2 training rows")
+    a.set_xlabel("labelled training rows")
     a.set_ylabel("dev accuracy")
-    a.set_title("SST-2")
+    a.set_title(" and ".join(TITLES[t].split(" (")[0] + ("" if t == "sst2" else " (dashed)") for t in curves))
     a.grid(alpha=0.3)
     a.legend(loc="lower right")
-    others = [c for c in cells if c["task"] != "sst2"]
+    others = [c for c in cells if c["task"] != "sst2" and c["rows"] == "1000"]
     for k, (kind, (color, _)) in enumerate(styles.items()):
         ms = [(_stats(c[kind]) if c[kind] else (0.0, 0.0)) for c in others]
         b.bar([i + (k - 1) * 0.27 for i in range(len(others))], [m for m, _ in ms], 0.27,

@@ -117,3 +117,25 @@ def test_the_section_names_the_command_that_made_the_figures_not_the_report_stag
     # another stage stays: it is part of what was run
     assert lr.making_command(argparse.Namespace(argv=["--stage", "finetune"])).argv == ["--stage", "finetune"]
     assert args.argv[3:5] == ["--stage", "report"]  # the caller's args untouched
+
+
+def test_chinese_rows_add_chnsenticorp_cells_after_every_1000_row_cell(tmp_path, monkeypatch):
+    import argparse
+
+    monkeypatch.setattr(lr, "make_slice", lambda root, task, rows, seed: tmp_path / f"{task}-{rows}-{seed}")
+    args = argparse.Namespace(rows="1000,500,all", chinese_rows="250,1000", threads=2, jobs=2, all_epochs=1,
+                              max_steps=None)
+    jobs = lr.finetune_jobs(args, tmp_path, ["sst2", "chnsenticorp", "conll2003"], [42])
+    cells = [(j["name"], j["rows"]) for j in jobs if j["init"] == "pretrained"]
+    assert cells == [("sst2", "1000"), ("conll2003", "1000"), ("chnsenticorp", "1000"), ("sst2", "500"),
+                     ("chnsenticorp", "250"), ("sst2", "all")]
+    assert all(j["task"] == "classification" for j in jobs if j["name"] == "chnsenticorp")
+
+
+def test_plot_draws_chnsenticorp_as_a_curve_when_it_has_several_row_counts(tmp_path):
+    cells = [{"task": t, "rows": r, "n_rows": int(r), "pretrained": [0.7, 0.72], "random": [0.6, 0.61],
+              "sklearn": [0.65, 0.66]} for t in ("sst2", "chnsenticorp") for r in ("500", "1000")]
+    cells.append({"task": "conll2003", "rows": "1000", "n_rows": 1000, "pretrained": [0.7], "random": [0.5],
+                  "sklearn": [0.69]})
+    png = lr.plot(cells, tmp_path / "fig.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
