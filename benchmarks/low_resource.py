@@ -384,14 +384,14 @@ def plot(cells: list[dict], path: Path, recipe: str = RECIPE) -> Path:
             pts = [(c["n_rows"], *_stats(c[kind])) for c in ordered if c[kind]]
             if pts:
                 x, m, s = zip(*pts)
-                name = labels[kind] if task == "sst2" else f"{labels[kind]}, ChnSentiCorp"
-                a.errorbar(x, m, yerr=s, color=color, marker=marker, linestyle=line, capsize=3, label=name)
+                a.errorbar(x, m, yerr=s, color=color, marker=marker, linestyle=line, capsize=3,
+                           label=labels[kind] if task == "sst2" else None)  # the title names the dashed task
     a.set_xscale("log")
     a.set_xlabel("labelled training rows")
     a.set_ylabel("dev accuracy")
     a.set_title(" and ".join(TITLES[t].split(" (")[0] + ("" if t == "sst2" else " (dashed)") for t in curves))
     a.grid(alpha=0.3)
-    a.legend(loc="lower right")
+    a.legend(loc="lower right", fontsize="small")
     others = [c for c in cells if c["task"] != "sst2" and c["rows"] == "1000"]
     for k, (kind, (color, _)) in enumerate(styles.items()):
         ms = [(_stats(c[kind]) if c[kind] else (0.0, 0.0)) for c in others]
@@ -488,7 +488,9 @@ WHY = {
         "([last; max; mean] of the vectors) 0.8456 vs 0.8186 (+2.7), one hidden layer 0.8506 vs 0.8239 (+2.7). Why ChnSentiCorp stays near +3 "
         "where SST-2 gains 5: its 1,000-row cell is already close "
         "to what labels alone reach. 1,000 reviews hold about 69,000 labelled words, as many as 7,300 SST-2 "
-        "sentences (9.4 words each), and SST-2 gains +0.8 at 5,000 rows. With all 9,600 training reviews labelled the same network reaches 0.9017 from "
+        "sentences (9.4 words each), and SST-2 gains +0.8 at 5,000 rows. With fewer labelled reviews the same "
+        "vectors pay as SST-2's do: 250 reviews (≈17,000 labelled words, under twice what SST-2's 1,000 rows hold) gain "
+        "+7.5 points, 500 gain +3.4 (`--chinese-rows`, the table). With all 9,600 training reviews labelled the same network reaches 0.9017 from "
         "the window-20 vectors (of the vocabulary before the last change) and 0.9033 from random ones (scikit-learn 0.8967; seed 42), so +5 points at 1,000 rows "
         "(0.867) asks 1.4M characters of unlabelled reviews and titles to stand in for 58% of what 8,600 more "
         "labelled reviews give (0.817 → 0.903); every variant above ends between 0.83 and 0.852."),
