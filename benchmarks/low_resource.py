@@ -46,8 +46,8 @@ def add_arguments(p) -> None:
     p.add_argument("--rows", default="1000,500,2000,5000,all", help="SST-2 labelled rows (comma-separated; 'all')")
     p.add_argument("--seeds", default="42,1,2", help="seeds: each draws the labelled rows and seeds the finetune")
     p.add_argument("--chinese-rows", default="1000",
-                   help="ChnSentiCorp labelled rows (comma-separated): the issue's 1,000, and fewer to see where "
-                        "Chinese transfer pays")
+                   help="ChnSentiCorp labelled rows (comma-separated; 'all'): the issue's 1,000, and others to see "
+                        "where Chinese transfer pays")
     p.add_argument("--tasks", default="sst2,chnsenticorp,conll2003", help="which tasks to run")
     p.add_argument("--jobs", type=int, default=2, help="processes at a time (each gets --threads / --jobs threads)")
     p.add_argument("--all-epochs", type=int, default=1,
@@ -276,7 +276,7 @@ def finetune_jobs(args, root: Path, tasks: list[str], seeds: list[int]) -> list[
                 jobs.append({"kind": "finetune", "task": "classification" if task == "chnsenticorp" else task,
                              "name": task, "rows": r, "seed": seed, "init": init, "data": str(data),
                              "run": str(root / f"pretrain-{LANGUAGE[task]}" / "pretrain"), "out": str(out),
-                             "epochs": args.all_epochs if r == "all" else None, "max_steps": args.max_steps,
+                             "epochs": args.all_epochs if (task, r) == ("sst2", "all") else None, "max_steps": args.max_steps,
                              "threads": threads, "runs": str(root / "runs"), "cache": str(root / "cache"),
                              "done": str(out.parent / f"{out.name}.json")})
     return jobs
@@ -363,8 +363,9 @@ def gather(args, root: Path, tasks: list[str], seeds: list[int]) -> list[dict]:
 def _row_count(root: Path, task: str, rows, seed: int) -> int:
     if rows != "all":
         return int(rows)
-    lines = (make_slice(root, task, rows, seed) / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
-    return len(lines) - 1
+    folder = make_slice(root, task, rows, seed)
+    train = folder / "SST-2" / "train.tsv" if task == "sst2" else folder / "train.tsv"
+    return len(train.read_text(encoding="utf-8").splitlines()) - 1
 
 
 def plot(cells: list[dict], path: Path, recipe: str = RECIPE) -> Path:

@@ -123,13 +123,15 @@ def test_chinese_rows_add_chnsenticorp_cells_after_every_1000_row_cell(tmp_path,
     import argparse
 
     monkeypatch.setattr(lr, "make_slice", lambda root, task, rows, seed: tmp_path / f"{task}-{rows}-{seed}")
-    args = argparse.Namespace(rows="1000,500,all", chinese_rows="250,1000", threads=2, jobs=2, all_epochs=1,
+    args = argparse.Namespace(rows="1000,500,all", chinese_rows="250,1000,all", threads=2, jobs=2, all_epochs=1,
                               max_steps=None)
     jobs = lr.finetune_jobs(args, tmp_path, ["sst2", "chnsenticorp", "conll2003"], [42])
     cells = [(j["name"], j["rows"]) for j in jobs if j["init"] == "pretrained"]
     assert cells == [("sst2", "1000"), ("conll2003", "1000"), ("chnsenticorp", "1000"), ("sst2", "500"),
-                     ("chnsenticorp", "250"), ("sst2", "all")]
+                     ("chnsenticorp", "250"), ("sst2", "all"), ("chnsenticorp", "all")]
     assert all(j["task"] == "classification" for j in jobs if j["name"] == "chnsenticorp")
+    # --all-epochs is SST-2's 67k rows' setting; all 9,600 reviews keep the size defaults
+    assert {(j["name"], j["epochs"]) for j in jobs if j["rows"] == "all"} == {("sst2", 1), ("chnsenticorp", None)}
 
 
 def test_plot_draws_chnsenticorp_as_a_curve_when_it_has_several_row_counts(tmp_path):
@@ -139,3 +141,13 @@ def test_plot_draws_chnsenticorp_as_a_curve_when_it_has_several_row_counts(tmp_p
                   "sklearn": [0.69]})
     png = lr.plot(cells, tmp_path / "fig.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_all_rows_cell_counts_the_rows_of_its_tasks_own_training_file(tmp_path, monkeypatch):
+    (tmp_path / "SST-2").mkdir()
+    (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\na\t1\nb\t0\nc\t1\n", encoding="utf-8")
+    (tmp_path / "train.tsv").write_text("label\ttext_a\n1\t好\n0\t差\n", encoding="utf-8")
+    monkeypatch.setattr(lr, "make_slice", lambda root, task, rows, seed: tmp_path)
+    assert lr._row_count(tmp_path, "sst2", "all", 42) == 3
+    assert lr._row_count(tmp_path, "chnsenticorp", "all", 42) == 2
+    assert lr._row_count(tmp_path, "chnsenticorp", "500", 42) == 500
