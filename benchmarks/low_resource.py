@@ -3,7 +3,7 @@
 One CPU pretraining per language on the unlabelled text of ../shared/data (`--recipe`: `word2vec-transfer`, a few
 CPU-minutes, the best at this budget; `nezha-mini-cpu`, a half-hour masked LM), then
 `plm finetune` with no tuning flags on SST-2 slices of 500 / 1,000 / 2,000 / 5,000 / all training rows, on 1,000
-ChnSentiCorp reviews and on 1,000 CoNLL-2003 sentences: from the pretrained run and from `--init random` (the
+ChnSentiCorp reviews (`--chinese-rows` for other counts) and on 1,000 CoNLL-2003 sentences: from the pretrained run and from `--init random` (the
 same architecture and tokenizer), beside a scikit-learn baseline on the same rows (bag-of-words logistic
 regression; a per-token logistic regression over word features for NER, no CRF). Every slice is drawn with the
 seed, so the three seeds vary the labelled rows as well as the initialisation and order.
