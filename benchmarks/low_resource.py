@@ -378,15 +378,16 @@ def plot(cells: list[dict], path: Path, recipe: str = RECIPE) -> Path:
     styles = {"pretrained": ("C0", "o"), "random": ("C3", "s"), "sklearn": ("C2", "^")}
     labels = {"pretrained": f"{recipe} pretrained", "random": "same model, random init",
               "sklearn": "scikit-learn baseline"}
-    curves = [t for t in ("sst2", "chnsenticorp") if len({c["rows"] for c in cells if c["task"] == t}) > 1 or t == "sst2"]
-    for task, line in zip(curves, ("-", "--")):
+    counts = {t: {c["rows"] for c in cells if c["task"] == t} for t in ("sst2", "chnsenticorp")}
+    curves = [t for t, rows in counts.items() if rows and (t == "sst2" or len(rows) > 1)]
+    for task in curves:
         ordered = sorted((c for c in cells if c["task"] == task), key=lambda c: c["n_rows"])
         for kind, (color, marker) in styles.items():
             pts = [(c["n_rows"], *_stats(c[kind])) for c in ordered if c[kind]]
             if pts:
                 x, m, s = zip(*pts)
-                a.errorbar(x, m, yerr=s, color=color, marker=marker, linestyle=line, capsize=3,
-                           label=labels[kind] if task == "sst2" else None)  # the title names the dashed task
+                a.errorbar(x, m, yerr=s, color=color, marker=marker, linestyle="-" if task == "sst2" else "--",
+                           capsize=3, label=labels[kind] if task == curves[0] else None)  # the title names the dashed task
     a.set_xscale("log")
     a.set_xlabel("labelled training rows")
     a.set_ylabel("dev accuracy")
