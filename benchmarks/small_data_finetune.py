@@ -20,9 +20,9 @@ NAME = "small-data-finetune"
 HELP = ("plm finetune's defaults on 2,000 SST-2 rows from a 30-step bert-mini and from random init; "
         "plm's classifier vs transformers' BertForSequenceClassification on the same batches")
 OLD = {"lr": 2e-5, "epochs": 3}
+"""BERT-base's defaults (Devlin et al.), plm finetune's for every model before issue 20."""
 BERT_MINI_WEIGHTS = 3_300_000
 """bert-mini's weights outside its embedding tables (the finetunes' size-defaults line prints 3.30M)."""
-"""BERT-base's defaults (Devlin et al.), plm finetune's for every model before issue 20."""
 
 
 PILOTS = """
