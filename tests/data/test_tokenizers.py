@@ -1,5 +1,8 @@
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -103,6 +106,24 @@ def test_word_kind_cuts_chinese_into_jieba_words_and_saves_that_cut(tmp_path):
     assert train_tokenizer(iter(ZH), TokenizerConfig(kind="word", min_frequency=1)).encode("北京").tokens == ["北", "京"]
     with pytest.raises(PlmError, match="segment=jieba applies to the word tokenizer"):
         train_tokenizer(iter(ZH), TokenizerConfig(kind="wordpiece", segment="jieba"))
+
+
+def test_jieba_word_vocabulary_is_the_same_in_every_process(tmp_path):
+    # Ideographs of equal count once took their order from a set, which follows the process' string hash seed:
+    # the same corpus gave other ids (so other word vectors) in every run.
+    script = (
+        "import sys\n"
+        "from plmcli.config_sections import TokenizerConfig\n"
+        "from plmcli.data.tokenizers import train_tokenizer\n"
+        "text = ['酒店很好，服务很好', '龙 虎 鸟 鱼 猫 狗 马 牛 羊 鸡']\n"
+        "cfg = TokenizerConfig(kind='word', segment='jieba', min_frequency=1, special_tokens={'unk': '[UNK]'})\n"
+        "sys.stdout.write(train_tokenizer(iter(text), cfg).to_str())\n"
+    )
+    out = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")]
+    assert out[0] == out[1] == out[2]
+    vocab = [t for t, _ in json.loads(out[0])["model"]["vocab"]]
+    assert "".join(vocab[1:13]) == "很好龙虎鸟鱼猫狗马牛羊鸡"  # ideographs by count, ties in order of first appearance
 
 
 @pytest.mark.parametrize("kind", KINDS)
