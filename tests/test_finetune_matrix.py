@@ -250,10 +250,11 @@ def test_seq2seq_encoder_states_by_hand():
         torch.testing.assert_close(model.token_states(ids[1:, :3]), got[1:, :3])
 
 
-def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_path, tokenizer):
-    """word2vec × a sequence head is a deep averaging network: Linear(two ReLU layers(mean of the real tokens' vectors
-    v)); tagging reads each word's own v through the same kind of layers; a finetune trains v (not the output vectors
-    v', which no head reads)."""
+def test_word2vec_heads_read_kims_cnn_over_the_word_vectors_and_train_them(tmp_path, tokenizer):
+    """word2vec × a sequence head is Kim's (2014) CNN: filters over 3, 4 and 5 of the vectors v in order, ReLU, the
+    largest value over each row's windows, dropout 0.5, the output layer; each row's logits are its own tokens', however
+    far the batch pads it. Tagging reads each word's own v (Collobert et al.'s window); a finetune trains v (not the
+    output vectors v', which no head reads)."""
     from plmcli.runs import load_encoder
 
     tok, meta = tokenizer
@@ -261,15 +262,26 @@ def test_word2vec_heads_read_the_mean_of_the_word_vectors_and_train_them(tmp_pat
     backbone = load_encoder(run, json.loads((run / "config.json").read_text()))
     obj = task_objective(get_task("sst2"), tok, meta["special_token_ids"], 32, type(backbone))
     model = obj.build_model(backbone).eval()
-    assert model.frozen == ["backbone.output_vectors"] and model.head.in_features == 16
-    assert [type(m).__name__ for m in model.deep] == ["Linear", "ReLU", "Dropout"] * 2
-    ids = torch.tensor([[3, 20, 21, 4], [3, 22, 4, 0]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    assert model.frozen == ["backbone.output_vectors"] and model.head.in_features == 300 and len(model.deep) == 0
+    assert model.dropout.p == 0.5 and [c.kernel_size[0] for c in model.conv.convs] == [3, 4, 5]
+    ids = torch.tensor([[3, 20, 21, 4, 22, 23], [3, 22, 4, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
     v = backbone.input_vectors
     with torch.no_grad():
-        want = torch.stack([v[ids[0]].mean(0), v[ids[1, :3]].mean(0)])
-        first, second = model.deep[0], model.deep[3]  # eval mode: the dropouts pass everything
-        torch.testing.assert_close(model(ids, None, mask), model.head(second(first(want).relu()).relu()))
+        def kim(row):  # (n, C) vectors of one row's real tokens -> (300,)
+            maps = []
+            for conv in model.conv.convs:
+                k = conv.kernel_size[0]
+                x = torch.cat([row, torch.zeros(k - 1, row.shape[1])])  # a window past the row's end reads zeros
+                w = conv.weight.permute(0, 2, 1).reshape(conv.out_channels, -1)  # (maps, k·C), window order
+                windows = torch.stack([x[s:s + k].reshape(-1) for s in range(len(row))])  # one per real start
+                maps.append((windows @ w.T + conv.bias).relu().amax(0))
+            return torch.cat(maps)
+
+        want = torch.stack([kim(v[ids[0]]), kim(v[ids[1, :3]])])
+        got = model(ids, None, mask)
+        torch.testing.assert_close(got, model.head(want))
+        torch.testing.assert_close(model(ids[1:, :3], None, mask[1:, :3]), got[1:])  # alone, unpadded
     before = v.detach().clone()
     res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=3, batch_size=8, lr=1e-2,
                    out=str(tmp_path / "ft"))

@@ -24,12 +24,14 @@ PairLayout = Literal["cls_first", "cls_last", "causal"]
 """How a text pair becomes one input: `[CLS] a [SEP] b [SEP]` (BERT), `a <sep> b <sep> <cls>` (XLNet),
 `<s> a $ b <e>` (GPT's transfer)."""
 
-Pooling = Literal["cls", "last", "concat", "mean"]
+Pooling = Literal["cls", "last", "concat", "mean", "cnn"]
 """How a sequence task head (classification, pair, regression, multiple choice) reads one row's states:
 cls     the encoder's pooled [CLS] state (BERT)
 last    the final state of the last real token, <e> (GPT-style transfer, Radford et al. 2018 §3.3)
 concat  [last; max-pool; mean-pool] over the real tokens (ULMFiT's concat pooling, Howard & Ruder 2018 §3.3)
-mean    the mean of the real tokens' states (an encoder without a [CLS] of its own: a translation encoder)"""
+mean    the mean of the real tokens' states (an encoder without a [CLS] of its own: a translation encoder)
+cnn     Kim's (2014) convolutions over the states, max over the row (objectives.heads.ConvPooling): states that do
+        not see their neighbours (word2vec's vectors), whose order a mean would lose"""
 
 Scoring = Literal["window", "fixed_context", "state", "memory", "counts", "conditional", "pseudo",
                   "left_to_right", "bidirectional_lm"]
@@ -79,8 +81,8 @@ class Traits:
     `last` for causal LMs. Which primitive gives the states: `Encodes`, `HasHidden` or `HasTokenStates`."""
     head_layers: int = 0
     """Hidden layers (Linear → ReLU → dropout, the features' width) between a sequence head's pooled features and
-    its output layer (span heads have none, taggers only with a `tag_window`): 0, the output layer alone (BERT,
-    GPT); word2vec's make a deep averaging network (Iyyer et al. 2015)."""
+    its output layer (span heads have none, taggers only with a `tag_window`, `cnn` pooling none: its convolutions
+    are the hidden layer): 0, the output layer alone (BERT, GPT); 2 under word2vec's window tagger."""
     tag_window: int = 0
     """Collobert et al.'s (2011) window approach: a tagger reads the states of words i−w … i+w concatenated, each
     with its capitalization feature (an embedding of the word's letter case), under the head_layers. For states

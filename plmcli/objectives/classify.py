@@ -10,7 +10,7 @@ Causal LMs (finetune passes layout "causal"): GPT's traversal-style input transf
 are added before the head. The features are what the backbone's `Traits.pooling` names: GPT and
 Transformer-XL the final state of the extract token <e> (each row's last real token); RNN/LSTM/GRU LMs
 ULMFiT's concat pooling [last; max; mean] over the real tokens; a Transformer's encoder (framed the same
-way: its tokenizer has no [CLS]) the mean of its states. Stateful LMs read every example from a fresh
+way: its tokenizer has no [CLS]) the mean of its states; word2vec's vectors Kim's (2014) CNN over them. Stateful LMs read every example from a fresh
 state (`HasTokenStates`). For a causal LM the loss adds GPT's auxiliary language-modelling objective on
 the same inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight (`--aux-lm-weight`, 0.5 as in the paper).
 
@@ -39,7 +39,7 @@ from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.models.base import HasHidden, HasLMHead, HasStateLogits, HasTaskHead, traits_of
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
-from plmcli.objectives.heads import (TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
+from plmcli.objectives.heads import (ConvPooling, TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
                                      state_width, states_problem)  # encoder_problem: its old home
 
 NEEDS = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
@@ -135,30 +135,38 @@ def encode_transformed(tokenizer, tokens: TransferTokens, texts_a: list[str], te
 
 
 class CausalTransfer(TaskHead):
-    """backbone -> per-token states -> each row's features (`Traits.pooling`: last / concat / mean) (B, C')
+    """backbone -> per-token states -> each row's features (`Traits.pooling`: last / concat / mean / cnn) (B, C')
     -> dropout -> Linear -> (B, num_labels).
 
     A (B, R, T) input holds R orderings of one example (similarity: both orders); their features are added
     element-wise before the head. Rows are right-padded: attention_mask gives each row's length (causal
     attention, or a fresh RNN state, so the padding never reaches a real position; an encoder masks it).
     With `return_lm` the backbone's next-token logits (N, T, V) over the same rows come too, for the
-    auxiliary LM loss. The dropout defaults to the backbone's (GPT: clf_pdrop 0.1).
+    auxiliary LM loss. The dropout defaults to the backbone's (GPT: clf_pdrop 0.1); under `cnn` pooling to Kim's 0.5.
     """
 
     network_name = "backbone"
 
     def __init__(self, backbone: nn.Module, num_labels: int, dropout: float | None = None):
-        pooling = traits_of(backbone).pooling
-        super().__init__(backbone, num_labels, dropout, width=state_width(backbone) * (3 if pooling == "concat" else 1))
+        pooling, states = traits_of(backbone).pooling, state_width(backbone)
+        cnn = pooling == "cnn"
+        width = ConvPooling.out_width() if cnn else states * (3 if pooling == "concat" else 1)
+        super().__init__(backbone, num_labels, ConvPooling.dropout if cnn and dropout is None else dropout, width=width)
         self.pooling = pooling
+        self.conv = ConvPooling(states) if cnn else None
         self.num_labels = num_labels
+
+    def hidden_layers(self, traits) -> int:
+        """None under `cnn` pooling: Kim's convolutions are the hidden layer, the output layer reads the pooled maps."""
+        return 0 if traits.pooling == "cnn" else traits.head_layers
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, return_lm: bool = False):
         lead, T = input_ids.shape[:-1], input_ids.shape[-1]
         ids = input_ids.reshape(-1, T)  # (N, T), N = B·R
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(-1, T)
         h, _ = self.states(ids, None, mask)  # (N, T, C)
-        feats = pool(h, mask.sum(-1), self.pooling).reshape(*lead, -1)  # (N, C') -> (B, [R,] C')
+        lengths = mask.sum(-1)
+        feats = (self.conv(h, lengths) if self.conv is not None else pool(h, lengths, self.pooling)).reshape(*lead, -1)  # (B, [R,] C')
         if feats.dim() == 3:
             feats = feats.sum(1)  # (B, R, C') -> (B, C'): Radford's similarity, both orders added
         logits = self.output(feats)  # (B, num_labels)

@@ -87,6 +87,39 @@ def pool(hidden: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
     return torch.cat([last, top, mean], -1)
 
 
+class ConvPooling(nn.Module):
+    """Kim's (2014) CNN over a row's states: for each filter width k, `maps` feature maps over every window of k
+    tokens, ReLU, then the largest value over the row (max-over-time pooling): (N, T, C) -> (N, maps · len(widths)).
+
+    For states that see no neighbour (word2vec's vectors): a filter reads the words of a window in order ("不 好",
+    "not good"), which their mean loses. A row's features are its own tokens' alone, however far the batch pads it:
+    every window starts at a real token, and one that reaches past the row's end reads zeros there (Kim's sentences
+    are zero-padded so).
+    """
+
+    widths: ClassVar[tuple[int, ...]] = (3, 4, 5)
+    maps: ClassVar[int] = 100
+    dropout: ClassVar[float] = 0.5
+    """Kim's dropout on the pooled maps, before the output layer: the head's when the task sets none."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv1d(width, self.maps, k) for k in self.widths)
+
+    @classmethod
+    def out_width(cls) -> int:
+        return cls.maps * len(cls.widths)
+
+    def forward(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        real = torch.arange(hidden.shape[1], device=hidden.device)[None, :] < lengths[:, None]  # (N, T)
+        x = (hidden * real[..., None]).transpose(1, 2)  # (N, C, T), zeros past each row's end
+        # right-padded by k - 1 zeros, one window starts at every position; after the ReLU, a window starting past
+        # the row's end counts as 0, which no real window's maximum (≥ 0) is below
+        maps = (torch.relu(conv(nn.functional.pad(x, (0, conv.kernel_size[0] - 1)))).masked_fill(~real[:, None], 0.0)
+                for conv in self.convs)
+        return torch.cat([m.amax(-1) for m in maps], -1)
+
+
 def state_width(network: nn.Module) -> int:
     """The width of a backbone's per-token states (d_model for most, d_hidden for RNNs, 2·d_proj for ELMo):
     asked of the network on a two-token row, not guessed from its config."""
@@ -112,7 +145,7 @@ class TaskHead(nn.Module):
     """The family built the head itself (ELMo's scalar mix + BiLSTM): it reads the network on its own."""
     per_token: ClassVar[bool] = False
     """The head scores every token's own state (tagging, span QA): the family's head_layers, which deepen a
-    pooled row's features (word2vec's averaging network), are not built (see `hidden_layers`)."""
+    pooled row's features, are not built (see `hidden_layers`)."""
 
     def __init__(self, network: nn.Module, num_outputs: int, dropout: float | None = None, width: int | None = None,
                  head: nn.Module | None = None):
@@ -136,7 +169,7 @@ class TaskHead(nn.Module):
             dropout = head_dropout(network) if self.default_dropout is None else self.default_dropout
         self.dropout = nn.Dropout(dropout)
         width = network.cfg.d_model if width is None else width
-        # the family's hidden layers (word2vec's deep averaging network; none for most): PyTorch's default init,
+        # the family's hidden layers (under word2vec's window tagger; none for most): PyTorch's default init,
         # whose scale carries a signal through ReLU layers where BERT's N(0, 0.02) would shrink it layer by layer
         self.deep = nn.Sequential(*(m for _ in range(self.hidden_layers(traits_of(network)))
                                     for m in (nn.Linear(width, width), nn.ReLU(), nn.Dropout(dropout))))

@@ -239,7 +239,7 @@ SIZE_DEFAULTS = (
     (50_000_000, 2e-5, 0),  # BERT-base (85M weights outside the embeddings) and up: Devlin et al. §4.1, 3 epochs
     (10_000_000, 1e-4, 600),  # BERT-small / medium (13M / 25M): the top of Turc et al. 2019's grid
     (1, 3e-4, 600),  # BERT-mini (3.3M) and smaller: BENCHMARKS.md, "Finetuning on small data (issue 20 §1)"
-    (0, 3e-3, 600),  # nothing but embedding tables (word2vec's averaging network): BENCHMARKS.md "low-resource"
+    (0, 3e-3, 600),  # nothing but embedding tables (word2vec's vectors under a CNN): BENCHMARKS.md "low-resource"
 )
 """(fewest weights outside the embeddings, lr, fewest optimizer steps), largest first: what a finetune runs with
 when it sets no lr or epochs. Epochs: 3, or as many as make the fewest steps on a small training set.
@@ -249,7 +249,7 @@ state for every input — attention near uniform, the [CLS] token's own embeddin
 takes a few hundred updates before the classifier's input depends on the sentence; at BERT-base's 2e-5 and 3
 epochs of 2,000 rows (189 steps) it ends on the majority class. Failed few-sample runs are optimisation
 failures that more iterations cure (Mosbach et al. 2021); the small models take the higher lr Turc et al.
-found best for them. A backbone of embedding tables alone (word2vec: its vectors averaged, each one updated only
+found best for them. A backbone of embedding tables alone (word2vec: each vector updated only
 in the rows its word occurs in) learns like a model over word counts, at a rate ten times higher: at 3e-4 the
 plain average under a linear layer is still near ln 2 after 600 steps on 1,000 SST-2 rows."""
 
