@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -175,6 +176,8 @@ def run_jobs(jobs: list[dict], n: int, env: dict) -> list[dict]:
         done = Path(job["done"])
         if done.is_file():
             return json.loads(done.read_text())
+        if job["kind"] == "finetune" and Path(job["out"]).exists():
+            shutil.rmtree(job["out"])  # an interrupted finetune (no result written): it starts over
         label = done.stem if job["kind"] == "finetune" else done.parent.name
         print(f"  start {label}", flush=True)
         got = common.run_worker("benchmarks.low_resource", job, env)

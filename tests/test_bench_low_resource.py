@@ -2,6 +2,7 @@
 scored by plm's own task code, mean ± std, the plot. (The benchmark itself pretrains for half an hour.)"""
 
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,21 @@ def test_an_all_rows_cell_counts_the_rows_of_its_tasks_own_training_file(tmp_pat
     assert lr._row_count(tmp_path, "sst2", "all", 42) == 3
     assert lr._row_count(tmp_path, "chnsenticorp", "all", 42) == 2
     assert lr._row_count(tmp_path, "chnsenticorp", "500", 42) == 500
+
+
+def test_an_interrupted_finetune_starts_over_and_a_finished_one_is_read_back(tmp_path, monkeypatch):
+    ran = []
+
+    def worker(module, job, env):
+        ran.append(job["out"])
+        assert not Path(job["out"]).exists()  # the leftovers of the interrupted run are gone first
+        return {"dev": {"accuracy": 0.7}}
+
+    monkeypatch.setattr(lr.common, "run_worker", worker)
+    half, done = tmp_path / "ft" / "half", tmp_path / "ft" / "done"
+    (half / "checkpoints").mkdir(parents=True)
+    done.mkdir()
+    (tmp_path / "ft" / "done.json").write_text('{"dev": {"accuracy": 0.9}}')
+    jobs = [{"kind": "finetune", "out": str(d), "done": str(d.parent / f"{d.name}.json")} for d in (half, done)]
+    got = lr.run_jobs(jobs, 1, {})
+    assert ran == [str(half)] and [g["dev"]["accuracy"] for g in got] == [0.7, 0.9]
