@@ -10,9 +10,10 @@ Causal LMs (finetune passes layout "causal"): GPT's traversal-style input transf
 are added before the head. The features are what the backbone's `Traits.pooling` names: GPT and
 Transformer-XL the final state of the extract token <e> (each row's last real token); RNN/LSTM/GRU LMs
 ULMFiT's concat pooling [last; max; mean] over the real tokens; a Transformer's encoder (framed the same
-way: its tokenizer has no [CLS]) the mean of its states; word2vec's vectors Kim's (2014) CNN over them. Stateful LMs read every example from a fresh
-state (`HasTokenStates`). For a causal LM the loss adds GPT's auxiliary language-modelling objective on
-the same inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight (`--aux-lm-weight`, 0.5 as in the paper).
+way: its tokenizer has no [CLS]) the mean of its states; word2vec Kim's (2014) CNN over its vectors. Stateful
+LMs read every example from a fresh state (`HasTokenStates`). For a causal LM the loss adds GPT's auxiliary
+language-modelling objective on the same inputs: L = L_task + λ·L_LM, λ = TaskOptions.aux_lm_weight
+(`--aux-lm-weight`, 0.5 as in the paper).
 
 Cross-entropy for classes, MSE for a single regression output (STS-B). Batches are padded (right) only to
 their own longest sequence, and training batches hold examples of similar length (LengthGroupedOrder in
@@ -166,7 +167,8 @@ class CausalTransfer(TaskHead):
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask.reshape(-1, T)
         h, _ = self.states(ids, None, mask)  # (N, T, C)
         lengths = mask.sum(-1)
-        feats = (self.conv(h, lengths) if self.conv is not None else pool(h, lengths, self.pooling)).reshape(*lead, -1)  # (B, [R,] C')
+        feats = self.conv(h, lengths) if self.conv is not None else pool(h, lengths, self.pooling)  # (N, C')
+        feats = feats.reshape(*lead, -1)  # (B, [R,] C')
         if feats.dim() == 3:
             feats = feats.sum(1)  # (B, R, C') -> (B, C'): Radford's similarity, both orders added
         logits = self.output(feats)  # (B, num_labels)
