@@ -132,7 +132,10 @@ def test_help_lists_the_exit_codes():
 
 # A real Ctrl-C at the worst moment: the output is complete in its temp dir, one rename from done.
 BLOCK_BEFORE_RENAME = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # a user's Ctrl-C at a terminal: pytest started as a background job (`cmd &` in a script) hands its children
+    # SIGINT ignored, as POSIX shells do for background jobs, and the interrupt would never arrive
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import plmcli.data.store as store
     def stalled(tmp, dest):
         print("READY", flush=True)
