@@ -165,12 +165,13 @@ def _jieba_words(texts: Iterable[str], cfg: TokenizerConfig, specials: list[str]
         text = text.lower() if cfg.lowercase else text
         for piece, _ in pre.pre_tokenize_str(text):
             counts.update(jieba.lcut(piece) if is_run(piece) else (piece,))
-    # A list in the counter's order (first seen first), not a set: a set's order follows the process' string hash
-    # seed, so ideographs of equal count would get other ids, and so other vectors, in every process.
-    chars = [w for w in counts if len(w) == 1 and is_run(w)]
+    # By count, ties in the order first seen (most_common's sort is stable), not a set's order: that follows the
+    # process' string hash seed, so ideographs of equal count would get other ids, and other vectors, in every process.
+    ranked = counts.most_common()
+    chars = [w for w, _ in ranked if len(w) == 1 and is_run(w)]
     single = set(chars)
-    words = [w for w, n in counts.most_common() if n >= cfg.min_frequency and w not in single and w not in specials]
-    units = sorted(chars, key=lambda w: -counts[w]) + words[:max(0, cfg.vocab_size - len(specials) - len(chars))]
+    words = [w for w, n in ranked if n >= cfg.min_frequency and w not in single and w not in specials]
+    units = chars + words[:max(0, cfg.vocab_size - len(specials) - len(chars))]
     if not units:
         raise PlmError("the word tokenizer learned no tokens beyond the special tokens",
                        "use more text or a lower tokenizer.min_frequency")

@@ -71,13 +71,18 @@ def token_states(network: nn.Module, input_ids, token_type_ids=None, attention_m
     return network.encode(input_ids, token_type_ids, attention_mask)
 
 
+def real_positions(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(N, T) True at the real tokens of right-padded rows (N, T, C) with `lengths` real tokens."""
+    return torch.arange(hidden.shape[1], device=hidden.device)[None, :] < lengths[:, None]
+
+
 def pool(hidden: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
     """(N, T, C) states of right-padded rows with `lengths` real tokens -> (N, C) features (`how`: models.base's
     Pooling but cls): last = each row's last real state; mean; concat = ULMFiT's [last; max-pool; mean-pool] (N, 3C)."""
     last = hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1]
     if how == "last":
         return last
-    real = (torch.arange(hidden.shape[1], device=hidden.device)[None, :] < lengths[:, None])[..., None]  # (N, T, 1)
+    real = real_positions(hidden, lengths)[..., None]  # (N, T, 1)
     mean = (hidden * real).sum(1) / lengths[:, None].to(hidden.dtype)
     if how == "mean":
         return mean
@@ -111,7 +116,7 @@ class ConvPooling(nn.Module):
         return cls.maps * len(cls.widths)
 
     def forward(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        real = torch.arange(hidden.shape[1], device=hidden.device)[None, :] < lengths[:, None]  # (N, T)
+        real = real_positions(hidden, lengths)  # (N, T)
         x = (hidden * real[..., None]).transpose(1, 2)  # (N, C, T), zeros past each row's end
         # right-padded by k - 1 zeros, one window starts at every position; after the ReLU, a window starting past
         # the row's end counts as 0, which no real window's maximum (≥ 0) is below
