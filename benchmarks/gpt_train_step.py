@@ -210,20 +210,24 @@ def publish_step(name: str, title: str, args, text: str, table: str, info: dict)
 
 WHY_FP32 = """
 **Why 1.5× is out of reach in fp32** (gpt-mini, AMD EPYC, 2 threads, quiet, 2026-12-06; the run below: plm
-443 ms a step, transformers 562 ms, probe 188 GFLOP/s; three quiet runs that day read 1.35×, 1.42× and 1.27×,
-transformers' step moving most). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 291 ms at the probe's
-rate; 1.5× means 375 ms, 78% of the probe. plm's matmuls alone take 335 ms of it (`mm`, `addmm`, `addmm_`,
-`bmm` in the profile: 164 GFLOP/s, 87% of the probe — at these shapes one matmul reaches 192 GFLOP/s for
-(2048 × 256) · (256 × 768) and 161 for a weight gradient (256 × 2048) · (2048 × 768)). That leaves 40 ms for
-everything else, which takes 108: 84 ms of other ops (tanh-GELU and its backward 19 ms, softmax, LayerNorm,
-adds, dropout's multiplies, AdamW) and 24 ms outside torch's ops (dropout masks drawn by NumPy, Python).
-Tried and measured: the fused LM head's chunk of 256 rows against 128, 512, 1,024 and 2,048 (91–117 ms for the
-head, 256 best; unfused `F.linear` + `cross_entropy` 114–119 ms); its logits as (V, n) = weight · hᵀ instead of
-(n, V) (kept: 1.5–2× faster matmuls for BERT's and GPT-2's 30–50k vocabularies, no change for this 4,096 one);
-an additive causal mask in place of `masked_fill_` (409 vs 417 ms, within noise). Closing the rest takes fused
-elementwise kernels (a compiled model) or bf16 matmuls (the `gpt-train-step-bf16` section). Not done, too small:
-dropout masks from 16 random bits an element instead of 32 (p off by < 1e-4): 2.1 → 1.4 ms per million elements
-(one thread, alone, same day), about 6 ms of this step's ~8.9M dropped-or-kept elements, 1.4% of it.
+405 ms a step, transformers 520 ms, probe 187 GFLOP/s; earlier quiet runs that day read 1.27–1.42×, transformers'
+step moving most). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 294 ms at the probe's rate; 1.5× of this
+run's transformers means 347 ms, 85% of the probe. plm's matmuls alone take 326 ms of it (`mm`, `addmm`, `addmm_`,
+`bmm` in the profile: 168 GFLOP/s, 90% of the probe — at these shapes one matmul reaches 192 GFLOP/s for
+(2048 × 256) · (256 × 768) and 161 for a weight gradient (256 × 2048) · (2048 × 768)). That leaves 21 ms for
+everything else, which takes about 85: tanh-GELU and its backward 23 ms, the LM head's softmax 12 ms, the copies
+around the attention heads, LayerNorm, adds, dropout's multiplies, AdamW, and dropout's masks drawn by NumPy.
+Done this stop (62197e7), 443 → 405 ms: dropout masks from 16 random bits of SFC64 an element instead of 32 of
+PCG64 (P(drop) within 8e-6 of p; 1.5 → 0.45 ns an element for the bits); the fused LM loss takes −log p[y] from
+one softmax pass instead of log_softmax then exp, and writes every chunk's logits and probabilities into the same
+two buffers (a fresh 4 MB tensor per chunk paid its page faults on first touch: the head 98 → 84 ms).
+Tried and measured: the fused LM head's chunk of 256 rows against 64 to 2,048 (256 best); its logits as
+(V, n) = weight · hᵀ instead of (n, V) (kept: 1.5–2× faster matmuls for BERT's and GPT-2's 30–50k vocabularies,
+no change for this 4,096 one); an additive causal mask in place of `masked_fill_` (409 vs 417 ms, within noise);
+weight gradients as (xᵀ·g)ᵀ instead of gᵀ·x (149–183 against 163–192 GFLOP/s: slower); glibc's malloc told to keep
+freed memory (`mallopt`, page faults 10,000 → 700 a step): ~3%, within this machine's noise, not kept. Closing
+the rest takes fused elementwise kernels (a compiled model: slower on this CPU, see "What the profiles showed") or
+bf16 matmuls (the `gpt-train-step-bf16` section).
 """
 
 BF16_NOTE = """
