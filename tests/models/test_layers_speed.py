@@ -22,6 +22,13 @@ def test_dropout_rate_scale_gradient_and_seeding():
     assert Dropout(0.5).eval()(x) is x and dropout(x, 1.0).abs().max().item() == 0.0
     half = dropout(torch.ones(7, 3, dtype=torch.bfloat16), 0.5)  # odd sizes, dtypes other than fp32
     assert half.dtype == torch.bfloat16 and set(half.unique().tolist()) <= {0.0, 2.0}
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):  # kept values scaled as torch scales them
+        z = torch.randn(300, 300, dtype=dtype, requires_grad=True)
+        out = dropout(z, 0.1)
+        k = out != 0
+        assert out.dtype == dtype and torch.equal(out[k], (z * (1 / 0.9))[k])
+        out.backward(torch.ones_like(out))
+        assert torch.equal(z.grad, k.to(dtype) * (1 / 0.9)), dtype
 
 
 @pytest.mark.parametrize("causal", [True, False])

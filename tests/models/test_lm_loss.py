@@ -55,6 +55,22 @@ def test_confidently_wrong_rows_keep_their_exact_loss_in_fp32(vocab_major):
     torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("vocab_major", [True, False])
+def test_under_bf16_autocast_the_matmuls_run_in_bf16_and_the_softmax_in_fp32(vocab_major):
+    """As nn.Linear + cross-entropy under CPU autocast: bf16 logits, fp32 loss; gradients in the inputs' dtype."""
+    h, w, y = (t.float() if t.is_floating_point() else t for t in _inputs(N=300, C=32, V=97))
+    h1, w1, h2, w2 = (t.clone().requires_grad_() for t in (h, w, h, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.cross_entropy(F.linear(h1, w1).float(), y, ignore_index=-100)
+        got = linear_cross_entropy(h2, w2, y, chunk=128, vocab_major=vocab_major)  # 3 chunks, the last short
+    ref.backward()
+    got.backward()
+    assert got.dtype == torch.float32 and h2.grad.dtype == w2.grad.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=0.05, atol=2e-3)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=0.05, atol=2e-3)
+
+
 @pytest.mark.parametrize("vocab", [68, 4096, 30522, 50257])
 def test_cpu_chunks_are_powers_of_two_of_at_least_128_rows(vocab):
     rows = chunk_rows(vocab, torch.device("cpu"))
