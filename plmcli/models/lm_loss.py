@@ -46,7 +46,14 @@ UNDERFLOW = 2.0**-100
 
 
 def _nll(p: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, cols: bool) -> torch.Tensor:
-    """−log p[i, y_i] for a chunk's softmax p (n, V) — logsumexp − logit[y] where p[y] is too small to log."""
+    """−log p[i, y_i] for a chunk's softmax p (n, V) and its logits ((V, n) when `cols`, else (n, V)).
+
+    On a CPU −log p[y], with logsumexp − logit[y] for the rows where p[y] is too small to log. On a GPU always
+    logsumexp − logit[y], cross-entropy's own formula: finding those rows would stop the host every chunk.
+    """
+    if p.device.type != "cpu":
+        d = 0 if cols else 1
+        return torch.logsumexp(logits, dim=d) - logits.gather(d, y.unsqueeze(d)).squeeze(d)
     picked = p.gather(1, y[:, None]).squeeze(1)
     nll = -picked.log()
     low = picked < UNDERFLOW

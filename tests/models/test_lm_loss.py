@@ -71,6 +71,21 @@ def test_under_bf16_autocast_the_matmuls_run_in_bf16_and_the_softmax_in_fp32(voc
     torch.testing.assert_close(w2.grad, w1.grad, rtol=0.05, atol=2e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU branch (no host check per chunk) needs CUDA")
+@pytest.mark.parametrize("vocab_major", [True, False])
+def test_on_a_gpu_the_loss_is_cross_entropys_own_formula(vocab_major):
+    h, w, y = (t.cuda() for t in _inputs(ignore=True))
+    h[::3] *= 80.0  # rows hundreds of nats wrong stay exact without the CPU's fallback
+    h1, w1, h2, w2 = (t.clone().requires_grad_() for t in (h, w, h, w))
+    ref = F.cross_entropy(F.linear(h1, w1), y, ignore_index=-100)
+    ref.backward()
+    got = linear_cross_entropy(h2, w2, y, chunk=8, vocab_major=vocab_major)
+    got.backward()
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("vocab", [68, 4096, 30522, 50257])
 def test_cpu_chunks_are_powers_of_two_of_at_least_128_rows(vocab):
     rows = chunk_rows(vocab, torch.device("cpu"))
