@@ -23,7 +23,8 @@ from torch import nn
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, absolute_embeddings
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import Activation, FeedForward, MultiHeadAttention, bidirectional, init_weights, require_vocab
+from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, bidirectional, init_weights,
+                                  require_vocab)
 
 SHARES = ("all", "attention", "ffn", "none")
 
@@ -73,7 +74,7 @@ class Albert(MaskedLMEncoder):
         self.wpe = nn.Embedding(cfg.max_positions, E)
         self.wtt = nn.Embedding(cfg.type_vocab_size, E) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(E, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.emb_proj = nn.Linear(E, C, bias=cfg.bias)  # E -> H, HF's embedding_hidden_mapping_in
         # One module per distinct set of weights; layer i uses module i % len (the only one when shared).
         n_attn = 1 if cfg.share in ("all", "attention") else cfg.n_layer

@@ -30,7 +30,7 @@ from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import ACTIVATIONS, Activation, Block, bidirectional, init_weights, require_vocab
+from plmcli.models.layers import ACTIVATIONS, Activation, Block, Dropout, bidirectional, init_weights, require_vocab
 
 PARTS = ("generator", "discriminator")
 
@@ -167,7 +167,7 @@ class Electra(LanguageModel):
         self.wpe = nn.Embedding(cfg.max_positions, E)
         self.wtt = nn.Embedding(cfg.type_vocab_size, E) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(E, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.generator = Transformer(cfg, E, g_d, g_h, g_ff)
         self.discriminator = Transformer(cfg, E, cfg.d_model, cfg.n_head, cfg.d_ff or 4 * cfg.d_model)
         self.mlm = GeneratorHead(cfg, g_d, E)

@@ -32,7 +32,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import ScalarMix, require_vocab
+from plmcli.models.layers import Dropout, ScalarMix, require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
 N_CHARS = BYTE0 + 256
@@ -148,7 +148,7 @@ class ELMoTaskHead(nn.Module):
         d_proj, n_layers = elmo.cfg.d_proj, elmo.cfg.n_layer + 1
         d_lstm = d_lstm or d_proj
         self.mix = ScalarMix(n_layers)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.lstm = nn.LSTM(3 * d_proj, d_lstm, batch_first=True, bidirectional=True)
         self.out = nn.Linear(4 * d_lstm, num_labels)
         self.mix_out: ScalarMix | None = None
@@ -198,7 +198,7 @@ class ELMo(LanguageModel):
             return nn.ModuleList(nn.LSTM(cfg.d_proj, cfg.d_hidden, batch_first=True, proj_size=cfg.d_proj)
                                  for _ in range(cfg.n_layer))
         self.fwd_lstm, self.bwd_lstm = stack(), stack()
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.softmax = nn.Linear(cfg.d_proj, cfg.vocab_size)
         self.bwd_softmax = None if cfg.share_softmax else nn.Linear(cfg.d_proj, cfg.vocab_size)
         self.mix = ScalarMix(cfg.n_layer + 1)  # the default (equal) mix `encode` uses; learned when finetuned

@@ -161,6 +161,32 @@ def _future(T: int, device: torch.device) -> torch.Tensor:
     return _future_masks[key]
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+           dropout_p: float = 0.0, *, causal: bool = False, scale: float | None = None,
+           record: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal=causal, scale=scale) for
+    (B, H, T, D) heads; `record`: the probabilities go to `record_attention` when it is active.
+
+    With dropout on a CPU SDPA falls back to a general composite that draws torch's Bernoulli masks (~20 ns
+    an element), scales k, builds the causal mask and guards against all-masked rows on every call; this one
+    does less and draws its masks with `dropout`. Recorded attention needs the probabilities explicit too.
+    """
+    if not (record and _recorded is not None) and (dropout_p == 0.0 or q.device.type != "cpu"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
+                                              scale=scale)
+    # scaled on the (B, H, T, D) side, the smaller one
+    scores = (q * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)) @ k.transpose(-1, -2)
+    # In place: the matmul's backward needs its inputs, not its output.
+    if causal:
+        scores.masked_fill_(_future(q.shape[-2], q.device), torch.finfo(scores.dtype).min)
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's boolean mask: True = attend
+        scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
+    elif attn_mask is not None:  # a float mask is added
+        scores.add_(attn_mask)
+    p = F.softmax(scores, dim=-1)
+    return dropout(recorded(p) if record else p, dropout_p) @ v
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with a fused QKV projection; `causal` uses SDPA's built-in causal mask."""
 
@@ -180,15 +206,8 @@ class MultiHeadAttention(nn.Module):
         # unbind(2), not a permute to (3, B, H, T, D): backward then stacks the q/k/v gradients straight into
         # the projection's (B, T, 3, H, D) layout instead of stacking them and copying once more.
         q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).unbind(2))
-        if _recorded is not None or (self.training and self.attn_dropout > 0 and x.device.type == "cpu"):
-            # With dropout SDPA's CPU kernels fall back to a general composite that also scales k, builds
-            # the causal mask and guards against all-masked rows on every call; this one does less.
-            y = self._explicit(q, k, v, causal and attn_mask is None, attn_mask)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=causal and attn_mask is None,
-                dropout_p=self.attn_dropout if self.training else 0.0,
-            )
+        y = attend(q, k, v, attn_mask, self.attn_dropout if self.training else 0.0,
+                   causal=causal and attn_mask is None, record=True)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y))
 
@@ -205,19 +224,6 @@ class MultiHeadAttention(nn.Module):
         mask = torch.ones(T - start, T, dtype=torch.bool, device=x.device).tril(start)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T - start, C)))
-
-    def _explicit(self, q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """What SDPA computes, softmax(QKᵀ/√d + mask)·V, with the probabilities `recorded` on the way."""
-        scores = (q * (1 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)  # (B, H, T, T); scaled on the smaller side
-        # In place: the matmul's backward needs its inputs, not its output.
-        if causal:
-            scores.masked_fill_(_future(q.shape[-2], q.device), torch.finfo(scores.dtype).min)
-        elif attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's boolean mask: True = attend
-            scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
-        elif attn_mask is not None:  # a float mask is added
-            scores.add_(attn_mask)
-        p = recorded(F.softmax(scores, dim=-1))
-        return dropout(p, self.attn_dropout, self.training) @ v
 
     def _jagged(self, x, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """x (B, j, C) from `unpad`: each row attends within its own tokens, none spent on padding."""
@@ -328,7 +334,7 @@ class CrossAttention(nn.Module):
         k, v = memory_kv
         q = self.q(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, D)
         mask = memory_mask[:, None, None, :] if memory_mask is not None else None
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)
+        y = attend(q, k, v, mask, self.attn_dropout if self.training else 0.0)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 

@@ -34,8 +34,8 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.models.bert import MaskedLMEncoder, MLMHead
-from plmcli.models.layers import (Activation, FeedForward, MultiHeadAttention, init_weights, padding_mask,
-                                   recorded, require_vocab)
+from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, dropout, init_weights,
+                                   padding_mask, recorded, require_vocab)
 
 
 EVEN_HEADS = Rule(lambda n, c: (c["d_model"] // n) % 2 == 0,
@@ -107,7 +107,7 @@ class RelativeAttention(MultiHeadAttention):
         if attn_mask is not None:
             # finfo.min, not −inf: a row with every key masked gets uniform weights, not NaN.
             scores = scores.masked_fill(~attn_mask, torch.finfo(scores.dtype).min)
-        p = F.dropout(recorded(F.softmax(scores, dim=-1)), self.attn_dropout, self.training)  # α (B, H, T, T)
+        p = dropout(recorded(F.softmax(scores, dim=-1)), self.attn_dropout, self.training)  # α (B, H, T, T)
         per_distance = p.new_zeros(B, H, T, table.shape[0]).scatter_add_(-1, index, p)  # Σ_j α_ij per row of the table
         y = p @ v + per_distance @ table.to(p.dtype)  # Σ_j α_ij (v_j + a_ij): (B, H, T, D)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
@@ -145,7 +145,7 @@ class Nezha(MaskedLMEncoder):
         self.wte = nn.Embedding(cfg.vocab_size, C)
         self.wtt = nn.Embedding(cfg.type_vocab_size, C) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(C, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(NezhaBlock(cfg) for _ in range(cfg.n_layer))
         self.pooler = nn.Linear(C, C, bias=cfg.bias) if cfg.nsp_head else None
         self.nsp = nn.Linear(C, 2, bias=cfg.bias) if cfg.nsp_head else None

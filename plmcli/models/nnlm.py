@@ -21,7 +21,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Range, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import require_vocab
+from plmcli.models.layers import Dropout, require_vocab
 
 
 @dataclass
@@ -58,7 +58,7 @@ class NNLM(LanguageModel):
         self.hidden = nn.Linear(d_in, cfg.d_hidden)  # d + H·x
         self.lm_head = nn.Linear(cfg.d_hidden, cfg.vocab_size)  # b + U·a
         self.direct = nn.Linear(d_in, cfg.vocab_size, bias=False) if cfg.direct else None  # W·x
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         nn.init.uniform_(self.wte.weight, -cfg.init_range, cfg.init_range)
         if self.direct is not None:
             nn.init.zeros_(self.direct.weight)  # start as the plain MLP; the shortcut is learned

@@ -29,7 +29,7 @@ from torch.func import functional_call
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import require_vocab
+from plmcli.models.layers import Dropout, require_vocab
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -72,11 +72,11 @@ class RNNLM(LanguageModel):
             raise ValueError("n_layer must be ≥ 1")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_embed)
-        self.drop_embed = nn.Dropout(cfg.dropout_embed)
+        self.drop_embed = Dropout(cfg.dropout_embed)
         # One multi-layer module: torch's fused kernels; its `dropout` is exactly the between-layer one.
         self.rnn = CELLS[cfg.cell](cfg.d_embed, cfg.d_hidden, num_layers=cfg.n_layer, batch_first=True,
                                    dropout=cfg.dropout_hidden if cfg.n_layer > 1 else 0.0)
-        self.drop_output = nn.Dropout(cfg.dropout_output)
+        self.drop_output = Dropout(cfg.dropout_output)
         d_out = cfg.d_hidden
         self.proj = None
         if cfg.tie_embeddings and cfg.d_embed != cfg.d_hidden:

@@ -39,7 +39,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import require_vocab
+from plmcli.models.layers import Dropout, require_vocab
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -137,7 +137,7 @@ class Seq2Seq(LanguageModel):
         rnn = CELLS[cfg.cell]
         between = cfg.dropout if L > 1 else 0.0
         self.embed = nn.Embedding(cfg.vocab_size, E)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = rnn(E, H // 2 if cfg.bidirectional else H, L, batch_first=True, dropout=between,
                            bidirectional=cfg.bidirectional)
         self.bahdanau = cfg.decoder == "bahdanau"

@@ -25,7 +25,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import (Activation, Block, CrossAttention, FeedForward, MultiHeadAttention,
+from plmcli.models.layers import (Activation, Block, CrossAttention, Dropout, FeedForward, MultiHeadAttention,
                                    NormPosition, require_vocab)
 
 
@@ -132,7 +132,7 @@ class Transformer(LanguageModel):
         self.src_embed = self.embed if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, d)
         self.register_buffer("pe", sinusoids(cfg.max_positions, d), persistent=False)
         self.scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(
             Block(d, cfg.n_head, cfg.d_ff, cfg.activation, True, cfg.dropout, cfg.attn_dropout, cfg.norm_position,
                   cfg.layer_norm_eps) for _ in range(cfg.n_encoder_layers))

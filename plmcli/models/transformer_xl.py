@@ -37,7 +37,7 @@ from torch import nn
 from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Rule, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.layers import FeedForward, NormPosition, require_vocab, sinusoid_table
+from plmcli.models.layers import Dropout, FeedForward, NormPosition, attend, require_vocab, sinusoid_table
 
 
 CLUSTERS = Rule(lambda cut, c: all(0 < a < b for a, b in zip(cut, [*cut[1:], c["vocab_size"] or float("inf")])),
@@ -119,7 +119,7 @@ class RelPartialLearnableAttention(nn.Module):
         self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
         self.o = nn.Linear(n_head * d_head, d_model, bias=False)
         self.ln = nn.LayerNorm(d_model, eps=eps)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.attn_dropout = attn_dropout
         self.u = nn.Parameter(torch.zeros(n_head, d_head)) if untie_r else None
         self.v = nn.Parameter(torch.zeros(n_head, d_head)) if untie_r else None
@@ -140,8 +140,7 @@ class RelPartialLearnableAttention(nn.Module):
         r_k = self.r_net(r).view(K, H, D).transpose(0, 1)  # (H, K, D)
         bd = rel_shift(torch.matmul(q + v[:, None], r_k.transpose(1, 2)))  # (B, H, T, K): terms (b) + (d)
         bias = (bd * (1.0 / math.sqrt(D))).masked_fill(blocked, float("-inf"))
-        y = F.scaled_dot_product_attention(q + u[:, None], k, val, attn_mask=bias,  # terms (a) + (c)
-                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        y = attend(q + u[:, None], k, val, bias, self.attn_dropout if self.training else 0.0)  # terms (a) + (c)
         out = self.drop(self.o(y.transpose(1, 2).reshape(B, T, H * D)))
         return x + out if self.pre_norm else self.ln(x + out)
 
@@ -178,7 +177,7 @@ class TransformerXL(LanguageModel):
         self.d_head = cfg.d_head or cfg.d_model // cfg.n_head
         d_embed = cfg.d_embed or cfg.d_model
         self.emb = AdaptiveEmbedding(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(TXLLayer(cfg, self.d_head) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_position == "pre" else nn.Identity()
         self.u = nn.Parameter(torch.zeros(cfg.n_head, self.d_head))

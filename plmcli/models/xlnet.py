@@ -31,7 +31,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import Activation, FeedForward, init_weights, require_vocab, sinusoid_table
+from plmcli.models.layers import Activation, Dropout, FeedForward, attend, init_weights, require_vocab, sinusoid_table
 
 
 @dataclass
@@ -101,7 +101,7 @@ class RelativeAttention(nn.Module):
         self.r_s_bias = nn.Parameter(torch.empty(H, self.d_head))  # b: global segment bias
         self.seg_embed = nn.Parameter(torch.empty(2, H, self.d_head))  # s+ (same segment), s- (different)
         self.ln = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.attn_dropout = cfg.attn_dropout
 
     def keys(self, cat: torch.Tensor, pos: torch.Tensor):
@@ -139,8 +139,7 @@ class RelativeAttention(nn.Module):
         if blocked is not None:  # a large finite negative: a row with nothing visible stays finite
             bias = bias.masked_fill(blocked[:, None], torch.finfo(bias.dtype).min / 2)
         qc = (q + self.r_w_bias).transpose(1, 2)  # (B, H, Q, D): content term (q_i + u)·k_j
-        y = F.scaled_dot_product_attention(qc, k, v, attn_mask=bias.to(qc.dtype), scale=scale,
-                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        y = attend(qc, k, v, bias.to(qc.dtype), self.attn_dropout if self.training else 0.0, scale=scale)
         return self.ln(x + self.drop(self.o(y.transpose(1, 2).reshape(B, Q, C))))
 
 
@@ -177,7 +176,7 @@ class XLNet(LanguageModel):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # w: the query stream's input
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(XLNetBlock(cfg) for _ in range(cfg.n_layer))
         self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))  # the decoder is wte itself
         # The sequence summary finetuning pools with (transformers' summary_use_proj + tanh); no

@@ -20,7 +20,7 @@ from plmcli.errors import PlmError
 from plmcli.models.base import (Encodes, HasHidden, HasLayerStates, HasTaskHead, HasTokenStates,
                                 head_dropout, head_init_std, traits_of, uses_token_types)
 from plmcli.models.elmo import ELMoTaskHead
-from plmcli.models.layers import ScalarMix
+from plmcli.models.layers import Dropout, ScalarMix
 
 NEEDS_STATES = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, "
                 "transformer, seq2seq, word2vec)")
@@ -172,12 +172,12 @@ class TaskHead(nn.Module):
             return
         if dropout is None:
             dropout = head_dropout(network) if self.default_dropout is None else self.default_dropout
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         width = network.cfg.d_model if width is None else width
         # the family's hidden layers (under word2vec's window tagger; none for most): PyTorch's default init,
         # whose scale carries a signal through ReLU layers where BERT's N(0, 0.02) would shrink it layer by layer
         self.deep = nn.Sequential(*(m for _ in range(self.hidden_layers(traits_of(network)))
-                                    for m in (nn.Linear(width, width), nn.ReLU(), nn.Dropout(dropout))))
+                                    for m in (nn.Linear(width, width), nn.ReLU(), Dropout(dropout))))
         self.head = nn.Linear(width, num_outputs)
         nn.init.normal_(self.head.weight, std=head_init_std(network))  # as BERT's task layers
         nn.init.zeros_(self.head.bias)

@@ -119,11 +119,13 @@ def test_recording_leaves_the_outputs_unchanged(name, monkeypatch):
             recorded = _run(model, ids, types, mask)
     torch.testing.assert_close(recorded, plain, atol=1e-6, rtol=1e-6)
     assert len(maps) == model.cfg.n_layer  # ELECTRA's encode: the discriminator alone
-    # Outside the context nothing is kept and SDPA runs, not the explicit path.
-    monkeypatch.setattr(MultiHeadAttention, "_explicit", lambda *a: pytest.fail("explicit attention outside recording"))
+    # Outside the context nothing is kept and SDPA runs, not the explicit path (NEZHA's attention is its own).
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
     with torch.no_grad():
         assert torch.equal(_run(model, ids, types, mask), plain)
-    assert len(maps) == model.cfg.n_layer
+    assert len(maps) == model.cfg.n_layer and len(calls) == (0 if isinstance(model, Nezha) else model.cfg.n_layer)
 
 
 # ---------------------------------------------------------------- the patterns

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from plmcli.models.layers import Dropout, MultiHeadAttention, dropout
+from plmcli.models.layers import Dropout, MultiHeadAttention, attend, dropout
 
 
 def test_dropout_rate_scale_gradient_and_seeding():
@@ -56,3 +56,22 @@ def test_causal_tail_is_the_tail_of_the_full_output():
     x = torch.randn(2, 12, 32)
     with torch.no_grad():
         torch.testing.assert_close(m.causal_tail(x, 5), m(x, causal=True)[:, 5:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask", ["causal", "bool", "float"])
+def test_attend_with_dropout_on_a_cpu_is_sdpa_with_plm_masks(mask):
+    """XLNet's and Transformer-XL's relative-position biases (float masks, their own scale), BERT's padding
+    (boolean) and GPT's causal mask: the CPU training composite computes what SDPA does."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    attn_mask = {"causal": None, "bool": torch.rand(2, 1, 1, 5, generator=g) > 0.3,
+                 "float": torch.randn(2, 3, 5, 5, generator=g, dtype=torch.float64)}[mask]
+    if mask == "bool":
+        attn_mask[..., 0] = True
+    scale = 0.3 if mask == "float" else None
+    got = attend(q, k, v, attn_mask, 1e-30, causal=mask == "causal", scale=scale)  # > 0: the composite, drops nothing
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask == "causal",
+                                                           scale=scale)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
