@@ -77,7 +77,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss = torch.zeros((), dtype=acc, device=h.device)
             grad_h = torch.empty_like(h)
             same = dt == acc
-            grad_w = (torch.empty if same else torch.zeros)(weight.shape, dtype=acc, device=weight.device)
+            # the first chunk's matmul writes it whole (unless there is no chunk)
+            grad_w = (torch.empty if same and len(h) else torch.zeros)(weight.shape, dtype=acc, device=weight.device)
             grad_b = None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device)
             every = bool(valid.all())  # pretraining: no ignored rows, so no per-row masking passes
             # Every chunk's logits and probabilities go to the same two buffers: a fresh chunk-sized tensor is

@@ -100,6 +100,14 @@ def test_without_gradients_only_the_loss_is_computed():
     torch.testing.assert_close(got, F.cross_entropy(h @ w.t(), y))
 
 
+def test_no_rows_give_zero_loss_and_zero_gradients():
+    h, w, y = _inputs(N=0)
+    h, w = h.requires_grad_(), w.requires_grad_()
+    loss = linear_cross_entropy(h, w, y, chunk=8, vocab_major=True)
+    loss.backward()
+    assert loss.item() == 0.0 and w.grad.abs().max().item() == 0.0
+
+
 def test_all_targets_ignored_gives_zero_not_nan():
     h, w, y = _inputs()
     y[:] = -100
