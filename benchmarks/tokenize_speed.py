@@ -200,7 +200,7 @@ a byte-level tokenizer). {args.repeats} interleaved repeats. Goal: plm (one proc
 
 WHY = """
 **Where plm's extra time goes** (this command, AMD EPYC, 2 cores, quiet, 2026-12-06; one Rayon thread; the
-first run on a quiet machine: 0.81×, where a loaded one had read 0.97×). plm runs the tokenizer in a second
+first run on a quiet machine: 0.81×, the re-run below 0.78×, where a loaded one had read 0.97×). plm runs the tokenizer in a second
 thread and reads, splits and writes Arrow in the first, so the bare `encode_batch` work (1.31–1.41 s for these
 4 MB in one thread of a warm process, 1.27 s in the benchmark's fresh one) is the floor of its ~1.57 s. Timed
 inside the pipeline, the tokenizer thread is busy 1.41–1.52 s: 5–10% slower beside the main thread's
