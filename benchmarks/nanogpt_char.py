@@ -43,6 +43,7 @@ def add_arguments(p) -> None:
                    help="both sides stop early (nanoGPT's max_iters and lr_decay_iters): a smoke test, not the comparison")
     p.add_argument("--repeats", type=int, default=1, help="A B rounds (nanoGPT, plm); the table gives medians and ranges")
     p.add_argument("--keep", type=Path, help="work under this dir and keep it (default: a temporary dir, deleted)")
+    common.add_limit_arguments(p)
 
 
 def nanogpt_argv(max_iters: int = 2000) -> list[str]:
@@ -110,7 +111,17 @@ def plm_result(out: Path, wall: float) -> dict:
     # The median over the 50-step logging windows leaves out the few that held an evaluation.
     step_ms = 1000 * tokens_per_step / statistics.median(rates) if rates else float("nan")
     return {"wall": wall, "val_loss": summary.get("val_loss"), "loop": summary["elapsed_s"], "steps": summary["steps"],
-            "step_ms": step_ms, "evals": sum("val_loss" in r for r in rows)}
+            "step_ms": step_ms, "evals": sum("val_loss" in r for r in rows), "tokens_per_step": tokens_per_step,
+            "flops_per_token": run_flops_per_token(out)}
+
+
+def run_flops_per_token(out: Path) -> float:
+    """Training FLOPs per token of the run's model: `GPT.flops_per_token`, 6N + 12·L·T·C with N all weights but
+    the position table, the formula of nanoGPT's own `estimate_mfu` too."""
+    from plmcli.runs import build_run_model
+
+    cfg = json.loads((out / "config.json").read_text())
+    return build_run_model(out, cfg).flops_per_token(cfg["seq_len"])
 
 
 def nanogpt_result(stdout: str, wall: float) -> dict:
@@ -137,8 +148,9 @@ def warm_cache(args) -> None:
             obj.stream(corpus_dir, split, recipe.train.global_batch_size, recipe.train.seed, 0, 1, shuffle)
 
 
-def measure(args, root: Path) -> dict[str, list[dict]]:
-    """The A B rounds: nanoGPT then plm, `args.repeats` times, each a fresh process on the same threads."""
+def measure(args, root: Path, flags: list[str]) -> tuple[dict[str, list[dict]], dict[str, list[float]]]:
+    """The A B rounds: nanoGPT then plm, `args.repeats` times, each a fresh process on the same threads; after
+    each round one sample of each GEMM probe in this process, on the same thread count: (sides, probe samples)."""
     print("copying nanoGPT and preparing its shakespeare_char data (offline, untimed) ...")
     env = common.child_env(args.threads, MKL_NUM_THREADS=str(args.threads))
     peer = prepare_nanogpt(args.nanogpt, args.data, root, env)
@@ -146,6 +158,8 @@ def measure(args, root: Path) -> dict[str, list[dict]]:
     warm_cache(args)
     env = common.child_env(args.threads, MKL_NUM_THREADS=str(args.threads))  # now with PLM_RUNS / PLM_CACHE set
     sides: dict[str, list[dict]] = {"nanoGPT": [], "plm": []}
+    probes = common.probe_runners(args, flags)
+    probe_samples: dict[str, list[float]] = {name: [] for name in probes}
     for r in range(args.repeats):
         out_dir = root / f"nanogpt-out-{r + 1}"
         wall, stdout = timed_process([sys.executable, *nanogpt_argv(args.max_steps or 2000), f"--out_dir={out_dir}"],
@@ -155,15 +169,19 @@ def measure(args, root: Path) -> dict[str, list[dict]]:
         out = root / f"plm-{r + 1}"
         wall, _ = timed_process(plm_argv(args, out), common.REPO_ROOT, env)
         sides["plm"].append(plm_result(out, wall))
+        for name, probe in probes.items():
+            probe_samples[name].append(probe())
         print(f"round {r + 1}/{args.repeats}: " + "  ".join(
-            f"{k} {v[-1]['wall']:.1f} s (val {v[-1]['val_loss']:.4f}, step {v[-1]['step_ms']:.1f} ms)" for k, v in sides.items()))
-    return sides
+            f"{k} {v[-1]['wall']:.1f} s (val {v[-1]['val_loss']:.4f}, step {v[-1]['step_ms']:.1f} ms)" for k, v in sides.items())
+            + "".join(f"  {k} {v[-1]:.1f} GFLOP/s" for k, v in probe_samples.items()))
+    return sides, probe_samples
 
 
-def table(sides: dict[str, list[dict]], repeats: int) -> tuple[str, dict]:
+def table(sides: dict[str, list[dict]], repeats: int, step_gflop: float, fp32_peak: float) -> tuple[str, dict]:
     """The Markdown table and the verdict {ratio, met_time, met_loss}. Each side's wall is split into
     start-up + exit (wall − loop), the steps (steps × median step) and the rest of the loop (evaluations,
-    checkpoints, slow steps): where one side spends what the other does not."""
+    checkpoints, slow steps): where one side spends what the other does not. `step_gflop`: one step's
+    training GFLOP (the same model on both sides), so the median step's GFLOP/s is set against the fp32 probe."""
     fields = ("wall", "val_loss", "loop", "step_ms", "steps")
     med = {k: {f: statistics.median(r[f] for r in v) for f in fields} for k, v in sides.items()}
     for m in med.values():
@@ -175,18 +193,20 @@ def table(sides: dict[str, list[dict]], repeats: int) -> tuple[str, dict]:
         return f"{med[k][f]:.1f} s" + (f" ({min(vals):.1f}–{max(vals):.1f})" if repeats > 1 else "")
 
     rows = [[k, f"{m['val_loss']:.4f}", span(k, "wall"), f"{m['outside']:.1f} s", span(k, "loop"), f"{m['stepping']:.1f} s",
-             f"{m['rest']:.1f} s", f"{m['step_ms']:.1f}", int(m["steps"]), sides[k][0]["evals"]] for k, m in med.items()]
+             f"{m['rest']:.1f} s", f"{m['step_ms']:.1f}", int(m["steps"]), sides[k][0]["evals"],
+             f"{1000 * step_gflop / m['step_ms']:.1f}", f"{100 * step_gflop / m['step_ms'] * 1000 / fp32_peak:.0f}%"]
+            for k, m in med.items()]
     p, n = med["plm"], med["nanoGPT"]
     ratio = p["wall"] / n["wall"]
     verdict = {"ratio": ratio, "met_time": ratio <= GOAL_RATIO, "met_loss": p["val_loss"] <= n["val_loss"]}
     yes = {True: "**yes**", False: "**no**"}
     rows += [["plm ÷ nanoGPT", f"{p['val_loss'] - n['val_loss']:+.4f}", f"**{ratio:.2f}×**", f"{p['outside'] - n['outside']:+.1f} s",
               f"{p['loop'] / n['loop']:.2f}×", f"{p['stepping'] / n['stepping']:.2f}×", f"{p['rest'] - n['rest']:+.1f} s",
-              f"{p['step_ms'] / n['step_ms']:.2f}×", "", ""],
-             ["goal", "≤ +0", f"≤ {GOAL_RATIO}×", "", "", "", "", "", "", ""],
-             ["**met?**", yes[verdict["met_loss"]], yes[verdict["met_time"]], "", "", "", "", "", "", ""]]
+              f"{p['step_ms'] / n['step_ms']:.2f}×", "", "", "", ""],
+             ["goal", "≤ +0", f"≤ {GOAL_RATIO}×", *[""] * 9],
+             ["**met?**", yes[verdict["met_loss"]], yes[verdict["met_time"]], *[""] * 9]]
     headers = ["side", "val loss (last eval)", "process wall", "start-up + exit", "train loop", "loop: steps",
-               "loop: evals, saves", "median step ms", "steps", "evals"]
+               "loop: evals, saves", "median step ms", "steps", "evals", "GFLOP/s (median step)", "% of fp32 GEMM"]
     return common.markdown_table(headers, rows), verdict
 
 
@@ -199,12 +219,23 @@ def run(args) -> int:
     info = common.machine_info()
     print(common.machine_line(info))
     with common.isolated_workdir("plm-bench-nanogpt-", args.keep) as root:
-        sides = measure(args, root)
-    tab, verdict = table(sides, args.repeats)
-    text = describe(args, sides, verdict)
+        sides, probe_samples = measure(args, root, info["flags"])
+    probe_stats = {name: common.summary(v) for name, v in probe_samples.items()}
+    fpt, tokens_per_step = sides["plm"][0]["flops_per_token"], int(sides["plm"][0]["tokens_per_step"])
+    tab, verdict = table(sides, args.repeats, fpt * tokens_per_step / 1e9, probe_stats["gemm fp32"]["median"])
+    text = describe(args, sides, verdict) + limit_text(args, info, probe_stats, fpt, tokens_per_step)
     common.publish(NAME, common.section_body("nanoGPT shakespeare_char on CPU: plm vs nanoGPT, same run", args, text, tab, info),
                    args)
     return 0
+
+
+def limit_text(args, info: dict, probe_stats: dict, fpt: float, tokens_per_step: int) -> str:
+    return (f"\n{common.probe_line(probe_stats, info['flags'], args.gemm_size)} The probe runs in this benchmark's "
+            f"process after each round, on the {args.threads} threads the children get. Training FLOPs per token: "
+            f"`GPT.flops_per_token` = 6·N + 12·L·T·C, N all weights but the position table = {fpt / 1e6:.2f} MFLOP "
+            f"({tokens_per_step} tokens a step; nanoGPT's `estimate_mfu` counts the same), the same for both sides: GFLOP/s = a step's FLOPs / the median "
+            "step, and its share of the fp32 probe's median. At this size every matmul is 768 rows by 128 to 512 "
+            "columns (or a weight gradient summing 768 rows), far below a 2048² GEMM's rate on both sides.\n")
 
 
 def describe(args, sides, verdict) -> str:

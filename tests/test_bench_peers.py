@@ -95,3 +95,32 @@ def test_plain_lstm_loop_matches_plm_step_at_the_same_weights():
 
 def test_paired_ratios_divide_each_round_by_its_own_partner():
     assert paired_ratios([10.0, 30.0, 8.0], [5.0, 20.0, 8.0]) == [2.0, 1.5, 1.0]
+
+
+def test_nanogpt_table_sets_each_sides_median_step_against_the_fp32_probe():
+    from benchmarks.nanogpt_char import table
+
+    def side(wall, step_ms):
+        return {"wall": wall, "val_loss": 1.9, "loop": wall - 2, "step_ms": step_ms, "steps": 2000, "evals": 2}
+
+    sides = {"nanoGPT": [side(100.0, 50.0), side(102.0, 40.0)], "plm": [side(90.0, 40.0), side(94.0, 50.0)]}
+    # a step of 4 GFLOP at a median of 45 ms: 88.9 GFLOP/s, 44% of a 200 GFLOP/s probe
+    tab, verdict = table(sides, 2, step_gflop=4.0, fp32_peak=200.0)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in tab.splitlines()[2:]}
+    assert rows["plm"][-2:] == ["88.9", "44%"] and rows["nanoGPT"][-2:] == ["88.9", "44%"]
+    assert verdict["ratio"] == pytest.approx(92.0 / 101.0) and not verdict["met_time"]
+    assert all(len(r) == len(rows["plm"]) for r in rows.values())  # every row fills every column
+
+
+def test_plm_run_flops_match_gpt_flops_per_token(tmp_path):
+    import json
+
+    from benchmarks.nanogpt_char import run_flops_per_token
+    from plmcli.models.gpt import GPT, GPTConfig
+
+    model = {"vocab_size": 65, "max_positions": 64, "n_layer": 2, "n_head": 2, "d_model": 32}
+    (tmp_path / "config.json").write_text(json.dumps({"family": "gpt", "model": model, "seq_len": 64}))
+    n = 2 * 12 * 32 * 32 + 65 * 32  # blocks' weights (4·C² + 8·C²) and the tied token table, biases, LayerNorms aside
+    fpt = run_flops_per_token(tmp_path)
+    assert fpt == GPT(GPTConfig(**model)).flops_per_token(64)
+    assert 6 * n + 12 * 2 * 64 * 32 < fpt < 6 * n * 1.05 + 12 * 2 * 64 * 32

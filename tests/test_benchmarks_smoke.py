@@ -220,3 +220,16 @@ def test_lm_head_benchmark_times_three_equal_heads_and_writes_nothing_with_no_wr
     assert main(["lm-head", "--repeats", "1", "--calls", "1", "--threads", "1", "--no-write"]) == 0
     out = capsys.readouterr().out
     assert "| tiny | 40 × 8 · 300 + bias | 2048 |" in out and "(--no-write: BENCHMARKS.md left alone)" in out
+
+
+def test_lstm_step_benchmark_reports_both_sides_share_of_the_fp32_probe(capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["lstm-step", "--vocab", "50", "--steps", "1", "--repeats", "1", "--threads", "1",
+                 "--gemm-size", "64", "--gemm-calls", "1", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "| side | tokens/s (median) | min–max | × plain | GFLOP/s (median) | % of fp32 GEMM |" in out
+    weights = 2 * (2 * 800 * 200 + 2 * 800) + 50 * 200 + 50  # two 200-wide LSTM layers (4 gates) and the 50-word head
+    assert "Large-GEMM probe (64×64 @ 64×64" in out and f"6 × {weights:,} = 3.9 MFLOP" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| plm |", "| plain nn.LSTM loop |"))]
+    assert len(rows) == 2 and all(line.rstrip().endswith("% |") for line in rows)
