@@ -135,14 +135,15 @@ def refuse_task_model(path: Path, cfg: dict, run: str | None, usage: str, doing:
                    "not a language model)", instead)
 
 
-def build_run_model(path: Path, cfg: dict):
-    """The run's model, freshly initialised from its (checked) config.json."""
+def build_run_model(path: Path, cfg: dict, init: bool = True):
+    """The run's model from its (checked) config.json: freshly initialised, or with `init=False` left for
+    the caller to load every weight into (`build_model`)."""
     from plmcli.config import build_section
     from plmcli.models.registry import build_model, model_config_class
 
     model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
     try:
-        return build_model(cfg["family"], model_cfg)
+        return build_model(cfg["family"], model_cfg, init)
     except PlmError as e:
         raise PlmError(f"{Path(path) / RUN_CONFIG} is damaged ({e.message})", _rewrite_hint(path)) from e
     except (TypeError, ValueError, AssertionError, RuntimeError) as e:
@@ -183,7 +184,7 @@ def load_run_model(path: Path, cfg: dict):
     """The run's model with its weights, in eval mode."""
     from plmcli.models.base import LoadsRunWeights
 
-    model = build_run_model(path, cfg)
+    model = build_run_model(path, cfg, init=False)  # every weight comes from the run
     if isinstance(model, LoadsRunWeights):  # state whose shapes depend on the data (n-gram count tables)
         try:
             model.load_run_weights(path)

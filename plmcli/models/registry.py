@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from plmcli.registry_util import resolve
 
 FAMILIES: dict[str, str] = {
@@ -31,5 +33,26 @@ def model_config_class(family: str):
     return model_class(family).Config
 
 
-def build_model(family: str, cfg):
-    return model_class(family)(cfg)
+def build_model(family: str, cfg, init: bool = True):
+    """The family's model from its config; `init=False` leaves the parameters that torch.nn.init would
+    fill as they were allocated, for a caller that loads every one of them next (a run's weights):
+    drawing 110M random numbers takes a bert-base about a second."""
+    with contextlib.nullcontext() if init else _no_init():
+        return model_class(family)(cfg)
+
+
+@contextlib.contextmanager
+def _no_init():
+    """Every torch.nn.init filler a no-op: torch's own modules and plm's models initialise through them.
+    Buffers computed otherwise (sinusoid tables, masks) are built as always."""
+    from torch.nn import init
+
+    names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
+    saved = {n: getattr(init, n) for n in names}
+    try:
+        for n in names:
+            setattr(init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(init, n, f)
