@@ -170,3 +170,37 @@ def test_api_load_run_refuses_the_same_way(runs, tmp_path):
     model, tok, cfg = api.load_run(str(runs / "gpt"))
     assert not model.training and cfg["family"] == "gpt" and tok.get_vocab_size() > 0
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_loading_a_run_draws_no_init_and_holds_exactly_its_weights(runs):
+    from torch.nn import init
+
+    from plmcli.runs import load_run_model
+
+    cfg = json.loads((runs / "gpt" / "config.json").read_text())
+    fillers = {n: getattr(init, n) for n in ("normal_", "uniform_", "zeros_", "ones_", "kaiming_uniform_")}
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    model = load_run_model(runs / "gpt", cfg)
+    assert torch.equal(torch.get_rng_state(), before)  # building drew nothing: the file holds every weight
+    saved = load_file(runs / "gpt" / "model.safetensors")
+    state = model.state_dict()
+    assert saved and all(torch.equal(state[k], v) for k, v in saved.items())
+    assert {n: getattr(init, n) for n in fillers} == fillers  # torch.nn.init is itself again afterwards
+
+
+def test_a_failed_build_without_init_restores_torch_init():
+    from torch.nn import init
+
+    from plmcli.models.gpt import GPTConfig
+    from plmcli.models.registry import build_model
+
+    normal = init.normal_
+    with pytest.raises(ValueError, match="vocab_size must be set"):
+        build_model("gpt", GPTConfig(), init=False)
+    assert init.normal_ is normal
+    torch.manual_seed(0)
+    built = build_model("gpt", GPTConfig(vocab_size=11, max_positions=8, n_layer=1, n_head=2, d_model=8))
+    torch.manual_seed(0)
+    again = build_model("gpt", GPTConfig(vocab_size=11, max_positions=8, n_layer=1, n_head=2, d_model=8))
+    assert torch.equal(built.wte.weight, again.wte.weight) and float(built.wte.weight.detach().std()) > 0.01  # initialised
