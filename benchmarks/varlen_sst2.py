@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
     p.add_argument("--lr", type=float, default=2e-5, help="AdamW lr (finetune's default)")
     p.add_argument("--seed", type=int, default=0, help="seeds the sentence order and the inits")
+    common.add_limit_arguments(p)
 
 
 def length_grouped(indices, lengths, batch_size: int, window: int, seed: int = 0) -> list:
@@ -123,7 +124,8 @@ def run(args) -> int:
 
     cfg = replace(recipe.model, vocab_size=tok.get_vocab_size())
     torch.manual_seed(args.seed)
-    plm = obj.build_model(build_model(recipe.family, cfg)).train()
+    backbone = build_model(recipe.family, cfg)
+    plm = obj.build_model(backbone).train()
     hf_cfg = BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layer,
                         num_attention_heads=cfg.n_head, intermediate_size=cfg.d_ff or 4 * cfg.d_model,
                         hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
@@ -183,8 +185,16 @@ def run(args) -> int:
     shapes["transformers + DataCollatorWithPadding"] = shapes["plm, shuffled batches (dynamic padding)"]
     print(f"{common.machine_line(info)}\n{source}: {n_batches} batches of {B}, {real_tokens:,} real tokens")
 
-    samples = common.interleave(sides, args.repeats, 1)
-    stats = {k: common.summary(v) for k, v in samples.items()}
+    samples = common.interleave(sides | common.probe_runners(args, info["flags"]), args.repeats, 1)
+    probe_stats = {k: common.summary(v) for k, v in samples.items()}  # the probes' too: probe_line reads them
+    stats, peaks = common.split_probes(probe_stats)
+    peaks = {k: v for k, v in peaks.items() if k == "fp32"}  # fp32 steps
+    # Useful work per real token: the encoder blocks' matmuls (6 per weight) and attention over the
+    # sentence's own tokens; padding, the pooler and the 2-way head are not counted.
+    m = recipe.model
+    body = sum(p.numel() for p in backbone.blocks.parameters())
+    timed_len = float(lengths[np.concatenate(plm_idx)].mean())
+    fpt = 6 * body + 12 * m.n_layer * timed_len * m.d_model
     extra = {}
     for name in sides:
         if name in shapes:
@@ -192,11 +202,11 @@ def run(args) -> int:
         else:
             real, total, unpadded = real_tokens, n_batches * B * FIXED, 0
         n = len(shapes.get(name, plm_idx))
-        extra[name] = [f"{1 - real / total:.0%}", f"{total / n / B:.1f}", f"{unpadded}/{n}"]
+        extra[name] = [f"{1 - real / total:.0%}", f"{total / n / B:.1f}", f"{unpadded}/{n}",
+                       *common.limit_columns(stats[name]["median"], fpt, peaks)]
     rows = common.rate_rows(stats, "plm, shuffled batches (dynamic padding)", extra=extra)
     table = common.markdown_table(["batches", "real tokens/s (median)", "min–max", "vs plm dynamic", "padding share",
-                                   "mean padded length", "batches with no padding"], rows)
-    m = recipe.model
+                                   "mean padded length", "batches with no padding", *common.limit_headers(peaks)], rows)
     mean_len = lengths.mean()
     text = f"""
 SST-2 training sentences from {source}, encoded as `plm finetune` encodes them (`[CLS] sentence [SEP]`,
@@ -212,6 +222,13 @@ same size (`attn_implementation="sdpa"`). Length-grouped: the same sentences sor
 
 Real tokens/s counts non-padding tokens only, so every row divides the same work by its time.
 Padding share = padded positions that hold [PAD]. {args.repeats} interleaved repeats after one warm-up each.
+
+{common.probe_line(probe_stats, info["flags"], args.gemm_size)} Useful FLOPs per real token: 6 × {body:,} encoder-block
+weights + 12·L·T·C attention at the timed sentences' mean length T = {timed_len:.1f} = {fpt / 1e6:.1f} MFLOP, the same
+for every row (padding, the pooler and the 2-way head not counted), so the share of the fp32 probe says how much
+of the machine each way of batching turns into real work. At a dozen tokens a sentence a batch of {B} is a few
+hundred rows, and every matmul {m.d_model} to {(m.d_ff or 4 * m.d_model):,} columns wide: far from a large GEMM's rate even with no
+padding at all.
 """
     common.publish(NAME, common.section_body("SST-2 at real lengths: dynamic vs fixed padding vs transformers",
                                              args, text, table, info), args)

@@ -233,3 +233,15 @@ def test_lstm_step_benchmark_reports_both_sides_share_of_the_fp32_probe(capsys):
     assert "Large-GEMM probe (64×64 @ 64×64" in out and f"6 × {weights:,} = 3.9 MFLOP" in out
     rows = [line for line in out.splitlines() if line.startswith(("| plm |", "| plain nn.LSTM loop |"))]
     assert len(rows) == 2 and all(line.rstrip().endswith("% |") for line in rows)
+
+
+def test_varlen_sst2_sets_every_row_against_the_fp32_probe(capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["varlen-sst2", "--batch", "4", "--batches", "2", "--repeats", "1", "--threads", "1",
+                 "--gemm-size", "64", "--gemm-calls", "1", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "| batches with no padding | GFLOP/s (median) | % of fp32 GEMM |" in out
+    assert "Large-GEMM probe (64×64 @ 64×64" in out and "Useful FLOPs per real token: 6 × " in out
+    rows = [line for line in out.splitlines() if line.startswith(("| plm", "| transformers"))]
+    assert len(rows) == 4 and all(line.rstrip().endswith("% |") for line in rows)
