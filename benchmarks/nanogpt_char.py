@@ -297,7 +297,9 @@ What was plm's own, and is gone:
   now once per epoch;
 - start-up: importing `datasets` (2 s) for a run whose corpus is already tokenized.
 What is left is the forward and backward both sides run alike (plm's whole step, optimizer and data included,
-is 0.90× nanoGPT's per-iteration time), plus a start-up of the same kind (torch, torch._dynamo at the optimizer's
+is 0.90× nanoGPT's per-iteration time in a bare in-process A/B; in the full runs the two sides' stepping comes
+out within ±5% of each other, and plm's median step, read from 50-step logging windows, reads a few % high:
+steps × median can exceed its whole loop), plus a start-up of the same kind (torch, torch._dynamo at the optimizer's
 first use, and accelerate). In the full 2000-step run the steps are about 90% of both walls, so {GOAL_RATIO}× would
 need plm's step 20% faster than nanoGPT's while its forward and backward, 80% of it, run the same kernels:
 that takes other kernels (compiling the model, bf16), which nanoGPT's CPU command turns off, so neither is used here.
