@@ -44,7 +44,9 @@ def build_model(family: str, cfg, init: bool = True):
 @contextlib.contextmanager
 def _no_init():
     """Every torch.nn.init filler a no-op: torch's own modules and plm's models initialise through them.
-    Buffers computed otherwise (sinusoid tables, masks) are built as always."""
+    Buffers computed otherwise (sinusoid tables, masks) are built as always. The patch is process-wide while
+    it lasts, which is safe because plm builds its models on one thread; a parameter the weights file lacks
+    cannot slip through uninitialised: the loads are strict."""
     from torch.nn import init
 
     names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
