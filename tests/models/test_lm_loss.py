@@ -93,11 +93,25 @@ def test_cpu_chunks_are_powers_of_two_of_at_least_128_rows(vocab):
     assert rows * vocab <= 2**20 or rows == 128  # ~4 MB of fp32 logits unless the floor applies
 
 
-def test_without_gradients_only_the_loss_is_computed():
+@pytest.mark.parametrize("vocab_major", [True, False])
+@pytest.mark.parametrize("bias", [False, True])
+def test_without_gradients_only_the_loss_is_computed(vocab_major, bias):
     h, w, y = _inputs(ignore=False)
+    b = torch.linspace(-1, 1, w.shape[0], dtype=w.dtype) if bias else None
     with torch.no_grad():
-        got = linear_cross_entropy(h, w, y, chunk=8)
-    torch.testing.assert_close(got, F.cross_entropy(h @ w.t(), y))
+        got = linear_cross_entropy(h, w, y, chunk=8, bias=b, vocab_major=vocab_major)
+    torch.testing.assert_close(got, F.cross_entropy(F.linear(h, w, b), y), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("vocab_major", [True, False])
+def test_without_gradients_under_bf16_autocast_the_loss_is_nn_linears(vocab_major):
+    h, w, y = (t.float() if t.is_floating_point() else t for t in _inputs(N=300, C=32, V=97))
+    b = torch.linspace(-1, 1, 97)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.cross_entropy(F.linear(h, w, b).float(), y, ignore_index=-100)
+        got = linear_cross_entropy(h, w, y, chunk=128, bias=b, vocab_major=vocab_major)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=2e-3, atol=2e-3)
 
 
 def test_no_rows_give_zero_loss_and_zero_gradients():
@@ -135,14 +149,19 @@ def test_gpt_with_labels_returns_the_loss_of_its_logits():
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
-def test_without_gradients_logits_are_computed_for_scored_rows_only(monkeypatch):
+@pytest.mark.parametrize("vocab_major", [False, True])
+def test_without_gradients_logits_are_computed_for_scored_rows_only(monkeypatch, vocab_major):
     h, w, y = _inputs(N=40)
     y[: 30] = -100  # eval-ppl's later windows: the context positions are not scored
     rows = []
-    linear = F.linear
-    monkeypatch.setattr(F, "linear", lambda a, b, *r: rows.append(a.shape[0]) or linear(a, b, *r))
+    if vocab_major:  # (V, n) = w · hᵀ: n columns a chunk
+        matmul = torch.Tensor.__matmul__
+        monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: rows.append(b.shape[1]) or matmul(a, b))
+    else:
+        linear = F.linear
+        monkeypatch.setattr(F, "linear", lambda a, b, *r: rows.append(a.shape[0]) or linear(a, b, *r))
     with torch.no_grad():
-        got = linear_cross_entropy(h, w, y, chunk=4)
+        got = linear_cross_entropy(h, w, y, chunk=4, vocab_major=vocab_major)
     monkeypatch.undo()
     assert sum(rows) == int((y != -100).sum()) == 8
     torch.testing.assert_close(got, F.cross_entropy(h @ w.t(), y, ignore_index=-100), rtol=1e-12, atol=1e-12)
