@@ -1,4 +1,4 @@
-"""The output layer and its cross-entropy, forward and backward, three ways on the same inputs, interleaved.
+"""The output layer and its cross-entropy, forward and backward and without gradients, three ways on the same inputs.
 
 plm's models take their LM / MLM loss through `plmcli.models.lm_loss.linear_cross_entropy`: the decoder
 fused with the loss a chunk of rows at a time, the (N, V) logits never kept for backward. This times it
@@ -14,7 +14,7 @@ import time
 from benchmarks import common
 
 NAME = "lm-head"
-HELP = "fused LM head + cross-entropy (vocab-major / row-major chunks) vs F.linear + F.cross_entropy: ms per fwd+bwd"
+HELP = "fused LM head + cross-entropy (vocab-major / row-major chunks) vs F.linear + F.cross_entropy: ms per fwd+bwd and per scoring call"
 
 # (label, rows N, width C, vocabulary V, decoder bias): the head of each recipe's training step
 SHAPES = [
@@ -54,25 +54,32 @@ def run(args) -> int:
         if max(losses.values()) - min(losses.values()) > 1e-5 * abs(losses["plain"]):
             raise SystemExit(f"lm-head: the three heads disagree before timing: {losses}")
 
-        def sampler(fn):
+        def sampler(fn, backward: bool):
             def once() -> float:
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
-                    fn().backward()
+                    if backward:
+                        fn().backward()
+                    else:
+                        with torch.no_grad():
+                            fn()
                 return (time.perf_counter() - t0) / args.calls * 1e3
             return once
 
-        print(f"{label}: N {N}, C {C}, V {V}, chunk {chunk_rows(V, h.device)} rows")
-        samples = common.interleave({k: sampler(f) for k, f in sides.items()}, args.repeats, fmt="{:,.1f} ms")
-        med = {k: statistics.median(v) for k, v in samples.items()}
-        rows.append([label, f"{N:,} × {C} · {V:,}" + (" + bias" if with_bias else ""), chunk_rows(V, h.device),
-                     *(f"{med[k]:,.1f}" for k in sides), f"{med['plain'] / med['fused, (V, n) vocab-major']:.2f}×"])
-    table = common.markdown_table(["shape", "h · wᵀ", "chunk rows", "plain ms", "fused rows ms", "fused vocab-major ms",
-                                   "plain ÷ vocab-major"], rows)
+        for mode, backward in (("fwd + bwd", True), ("no grad (scoring)", False)):
+            print(f"{label}, {mode}: N {N}, C {C}, V {V}, chunk {chunk_rows(V, h.device)} rows")
+            samples = common.interleave({k: sampler(f, backward) for k, f in sides.items()}, args.repeats,
+                                        fmt="{:,.1f} ms")
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            rows.append([label, f"{N:,} × {C} · {V:,}" + (" + bias" if with_bias else ""), mode, chunk_rows(V, h.device),
+                         *(f"{med[k]:,.1f}" for k in sides), f"{med['plain'] / med['fused, (V, n) vocab-major']:.2f}×"])
+    table = common.markdown_table(["shape", "h · wᵀ", "pass", "chunk rows", "plain ms", "fused rows ms",
+                                   "fused vocab-major ms", "plain ÷ vocab-major"], rows)
     text = f"""
-The output layer and its mean cross-entropy, forward and backward (gradients of h, the weight and the bias), on
-random inputs (the three losses checked equal to 1e-5 first), {args.repeats} interleaved samples of {args.calls}
-calls per side, median ms per call:
+The output layer and its mean cross-entropy, forward and backward (gradients of h, the weight and the bias), and
+forward alone under `torch.no_grad()` (how eval-ppl and every validation pass score), on random inputs (the three
+losses checked equal to 1e-5 first), {args.repeats} interleaved samples of {args.calls} calls per side and pass,
+median ms per call:
 
 - **plain**: `F.cross_entropy(F.linear(h, w, b), y)`, the (N, V) logits kept for backward.
 - **fused, rows**: `plmcli.models.lm_loss.linear_cross_entropy(..., vocab_major=False)`: chunks of `chunk_rows`
@@ -80,6 +87,8 @@ calls per side, median ms per call:
   is hot (the layout plm uses on a GPU).
 - **fused, vocab-major**: the same with each chunk's logits as (V, n) = w · hᵀ, softmax over its contiguous V
   axis (what plm uses on a CPU; `vocab_major=None` picks it there).
+- Without gradients the fused sides compute the loss alone, chunk by chunk: rows as `F.cross_entropy` of each
+  (n, V) chunk, vocab-major as logsumexp − logit[y] over each (V, n) chunk.
 """
     common.publish(NAME, common.section_body("Fused LM head: layouts and chunks", args, text, table, info), args)
     return 0

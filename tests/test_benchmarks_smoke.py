@@ -219,7 +219,8 @@ def test_lm_head_benchmark_times_three_equal_heads_and_writes_nothing_with_no_wr
     monkeypatch.setattr(lm_head, "SHAPES", [("tiny", 40, 8, 300, True)])
     assert main(["lm-head", "--repeats", "1", "--calls", "1", "--threads", "1", "--no-write"]) == 0
     out = capsys.readouterr().out
-    assert "| tiny | 40 × 8 · 300 + bias | 2048 |" in out and "(--no-write: BENCHMARKS.md left alone)" in out
+    assert "| tiny | 40 × 8 · 300 + bias | fwd + bwd | 2048 |" in out and "(--no-write: BENCHMARKS.md left alone)" in out
+    assert "| tiny | 40 × 8 · 300 + bias | no grad (scoring) | 2048 |" in out
 
 
 def test_lstm_step_benchmark_reports_both_sides_share_of_the_fp32_probe(capsys):
