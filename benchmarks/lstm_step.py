@@ -167,7 +167,7 @@ def run(args) -> int:
                  f"{statistics.median(paired):.2f}× (median)", *blank])
     rows.append(["goal", "", "", f"≥ {GOAL:.1f}×: **{'met' if ratio >= GOAL else 'not met'}**", *blank])
     tab = common.markdown_table(["side", "tokens/s (median)", "min–max", "× plain", *common.limit_headers(peaks)], rows)
-    n_weights = sum(p.numel() for p in plm.model.parameters()) - plm.model.wte.weight.numel()
+    n_weights = round(fpt / 6)  # flops_per_token counts 6 per weight
     text = f"""
 `{recipe.name}`'s shapes: {m.n_layer} × {m.d_hidden} {m.cell.upper()}, embeddings {m.d_embed}, vocabulary
 {args.vocab:,}, BPTT {t.seq_len}, {t.global_batch_size} streams ({tokens_per_step} tokens a step), {recipe.optim.name.upper()}

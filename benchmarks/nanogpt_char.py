@@ -121,7 +121,7 @@ def run_flops_per_token(out: Path) -> float:
     from plmcli.runs import build_run_model
 
     cfg = json.loads((out / "config.json").read_text())
-    return build_run_model(out, cfg).flops_per_token(cfg["seq_len"])
+    return build_run_model(out, cfg, init=False).flops_per_token(cfg["seq_len"])  # a count: no weights needed
 
 
 def nanogpt_result(stdout: str, wall: float) -> dict:
