@@ -132,18 +132,28 @@ def _addmm_inplace_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
+def _onednn_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    rows = 1
+    for d in x_shape[:-1]:
+        rows *= d
+    return 2 * rows * x_shape[-1] * w_shape[0]
+
+
 def counted_flops(fn) -> int:
     """FLOPs of every matmul fn() runs, forward and backward, as torch's FlopCounterMode counts them. On a
     CPU the counter does not see SDPA's fused kernel: record_attention (layers' attention) and the math
     backend (XLNet's) make its matmuls explicit. It has no formula for the in-place `addmm_` the fused LM
-    loss accumulates its weight gradient with, so one is given."""
+    loss accumulates its weight gradient with, nor for oneDNN's linear (plmcli.models.dense), so those are given."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     from plmcli.models.layers import record_attention
 
-    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addmm_: _addmm_inplace_flops}) as counter, \
+    mapping = {torch.ops.aten.addmm_: _addmm_inplace_flops}
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        mapping[torch.ops.mkldnn._linear_pointwise] = _onednn_linear_flops
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter, \
             record_attention(), sdpa_kernel(SDPBackend.MATH):
         fn()
     return counter.get_total_flops()

@@ -13,6 +13,7 @@ from helpers import counted_flops
 from benchmarks.gpt_train_step import train_step
 from plmcli.config import load_recipe
 from plmcli.models.bert import Bert, BertConfig
+from plmcli.models.dense import linear, takes_onednn
 from plmcli.models.electra import Electra, ElectraConfig
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.models.xlnet import XLNet, XLNetConfig
@@ -108,11 +109,21 @@ def test_matmul_flops_is_two_per_multiply_add():
 
 
 def test_gemm_runner_reports_gflops_of_its_calls(monkeypatch):
-    calls = []
-    monkeypatch.setattr(common, "timed", lambda fn, n: (calls.append(n), fn(), 0.5)[-1])
+    calls, times = [], iter([0.5, 0.25, 0.5])
+    monkeypatch.setattr(common, "timed", lambda fn, n: (calls.append(n), fn(), next(times))[-1])
     run = common.gemm_runner("fp32", 64, 3)
-    assert run() == pytest.approx(3 * 2 * 64**3 / 0.5 / 1e9) and calls == [3]
-    assert common.gemm_runner("bf16", 8, 1)() == pytest.approx(2 * 8**3 / 0.5 / 1e9)
+    if takes_onednn(torch.ones(2, 2), torch.ones(2, 2)):  # fp32: the faster of torch.mm and oneDNN's matmul
+        assert run() == pytest.approx(3 * 2 * 64**3 / 0.25 / 1e9) and calls == [3, 3]
+    else:
+        assert run() == pytest.approx(3 * 2 * 64**3 / 0.5 / 1e9) and calls == [3]
+    calls.clear()
+    times = iter([0.5])
+    assert common.gemm_runner("bf16", 8, 1)() == pytest.approx(2 * 8**3 / 0.5 / 1e9) and calls == [1]
+
+
+def test_gemm_runners_onednn_sample_is_the_same_product():
+    a, b = torch.randn(32, 32), torch.randn(32, 32)
+    torch.testing.assert_close(linear(a, b.t().contiguous()), a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_probe_runners_follow_the_bf16_flags():

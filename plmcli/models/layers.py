@@ -11,13 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    # GPT-2's "gelu_new": the tanh approximation, as one fused kernel instead of HF's seven ops.
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-}
+from plmcli.models.dense import ACTIVATIONS, Linear, linear
+
 Activation = Literal[tuple(ACTIVATIONS)]
 """A recipe's model.activation: one of ACTIVATIONS, checked when the recipe loads."""
 NormPosition = Literal["pre", "post"]
@@ -194,8 +189,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         assert d_model % n_head == 0, "d_model must be divisible by n_head"
         self.n_head = n_head
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.qkv = Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = Linear(d_model, d_model, bias=bias)
         self.attn_dropout = attn_dropout
         self.resid_dropout = Dropout(resid_dropout)
 
@@ -216,8 +211,8 @@ class MultiHeadAttention(nn.Module):
         rows, keys and values from all. Scoring needs no more of a model's last layer than this."""
         B, T, C = x.shape
         w, b = self.qkv.weight, self.qkv.bias
-        q = F.linear(x[:, start:], w[:C], None if b is None else b[:C])
-        kv = F.linear(x, w[C:], None if b is None else b[C:])
+        q = linear(x[:, start:], w[:C], None if b is None else b[:C])
+        kv = linear(x, w[C:], None if b is None else b[C:])
         k, v = kv.view(B, T, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 2 × (B, H, T, D)
         q = q.view(B, T - start, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T - start, D)
         # query i is position start + i: it sees keys 0 .. start + i (SDPA's is_causal aligns to the top left)
@@ -245,14 +240,15 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, dropout: float = 0.0,
                  inner_dropout: float = 0.0):
         super().__init__()
-        self.fc = nn.Linear(d_model, d_ff, bias=bias)
-        self.proj = nn.Linear(d_ff, d_model, bias=bias)
-        self.act = ACTIVATIONS[activation]
+        self.fc = Linear(d_model, d_ff, bias=bias)
+        self.proj = Linear(d_ff, d_model, bias=bias)
+        self.activation = activation
         self.inner = Dropout(inner_dropout) if inner_dropout > 0 else nn.Identity()
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(self.inner(self.act(self.fc(x)))))
+        h = linear(x, self.fc.weight, self.fc.bias, self.activation)  # the activation fused in where it can be
+        return self.dropout(self.proj(self.inner(h)))
 
 
 class Block(nn.Module):
@@ -315,9 +311,9 @@ class CrossAttention(nn.Module):
         super().__init__()
         assert d_model % n_head == 0, "d_model must be divisible by n_head"
         self.n_head = n_head
-        self.q = nn.Linear(d_model, d_model, bias=bias)
-        self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q = Linear(d_model, d_model, bias=bias)
+        self.kv = Linear(d_model, 2 * d_model, bias=bias)
+        self.proj = Linear(d_model, d_model, bias=bias)
         self.attn_dropout = attn_dropout
         self.resid_dropout = Dropout(resid_dropout)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from plmcli.models.dense import linear, takes_onednn
+
 IGNORE_INDEX = -100
 
 
@@ -169,12 +171,16 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     # stride of each window, so the output layer runs on those rows alone (the copy of h is C per row, not V).
     valid = targets != IGNORE_INDEX
     h, targets = h[valid], targets[valid]
+    if vocab_major is None and takes_onednn(h, weight, bias):
+        # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
+        # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
+        cols = False
     total = torch.zeros((), dtype=acc, device=h.device)
     for s in range(0, h.shape[0], chunk):
         hc, yc = h[s : s + chunk], targets[s : s + chunk]
-        if cols:  # the (V, n) layout: 1.4× the (n, V) way at 30-50k words (AMD EPYC)
+        if cols:  # the (V, n) layout: 1.4× the (n, V) way at 30-50k words (AMD EPYC, MKL)
             logits = (weight @ hc.t() if bias is None else torch.addmm(bias[:, None], weight, hc.t())).to(acc)
             total += _cross_entropy(logits, yc, 0).sum()
         else:
-            total += F.cross_entropy(F.linear(hc, weight, bias).to(acc), yc, reduction="sum")
+            total += F.cross_entropy(linear(hc, weight, bias).to(acc), yc, reduction="sum")
     return total / max(len(targets), 1)

@@ -1,0 +1,134 @@
+"""plmcli.models.dense: oneDNN's linears give F.linear's numbers (to rounding) and its gradients, and step
+aside wherever they do not apply."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plmcli.models import dense
+from plmcli.models.dense import ACTIVATIONS, Linear, linear, onednn, takes_onednn
+from plmcli.models.lm_loss import linear_cross_entropy
+
+needs_onednn = pytest.mark.skipif(dense._onednn_linear is None, reason="this torch has no oneDNN linear")
+
+
+def _inputs(seed=0, shape=(3, 5, 24), out=40):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(out, shape[-1], generator=g) * 0.2
+    b = torch.randn(out, generator=g)
+    return x, w, b
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_no_grad_linear_equals_f_linear_with_the_activation_fused(activation, with_bias):
+    x, w, b = _inputs()
+    b = b if with_bias else None
+    assert takes_onednn(x, w, b)
+    with torch.no_grad():
+        got = linear(x, w, b, activation)
+    ref = F.linear(x, w, b)
+    ref = ref if activation is None else ACTIVATIONS[activation](ref)
+    assert got.shape == (3, 5, 40)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_strided_inputs_and_weight_slices():
+    x, w, b = _inputs(1, shape=(2, 9, 16), out=48)
+    with torch.no_grad():
+        # causal_tail's query rows and the q / kv halves of a fused QKV weight
+        torch.testing.assert_close(linear(x[:, 4:], w[:16], b[:16]), F.linear(x[:, 4:], w[:16], b[:16]))
+        torch.testing.assert_close(linear(x.transpose(0, 1), w[16:], None), F.linear(x.transpose(0, 1), w[16:]))
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", [None, "gelu_tanh"])
+@pytest.mark.parametrize("frozen", ["none", "weight", "input"])
+def test_gradients_equal_f_linears(activation, frozen):
+    x, w, b = _inputs(2)
+    xs = [x.clone().requires_grad_(frozen != "input") for _ in range(2)]
+    ws = [w.clone().requires_grad_(frozen != "weight") for _ in range(2)]
+    bs = [b.clone().requires_grad_(frozen != "weight") for _ in range(2)]
+    g = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(3))
+    ours = linear(xs[0], ws[0], bs[0], activation)
+    ref = F.linear(xs[1], ws[1], bs[1])
+    ref = ref if activation is None else ACTIVATIONS[activation](ref)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    (ours * g).sum().backward()
+    (ref * g).sum().backward()
+    for a, r in [(xs[0], xs[1]), (ws[0], ws[1]), (bs[0], bs[1])]:
+        assert (a.grad is None) == (r.grad is None)
+        if a.grad is not None:
+            torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_a_model_trains_the_same_on_onednn_and_on_f_linear():
+    def run(on: bool) -> list[float]:
+        torch.manual_seed(0)
+        net = nn.Sequential(Linear(8, 32), nn.GELU(), Linear(32, 4))
+        opt = torch.optim.SGD(net.parameters(), lr=0.5)
+        x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+        losses = []
+        with onednn(on):
+            for _ in range(60):
+                loss = F.cross_entropy(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses
+
+    on, off = run(True), run(False)
+    assert on[-1] < 0.5 * on[0]
+    assert on == pytest.approx(off, rel=1e-4)
+
+
+def test_steps_aside_where_onednn_does_not_apply():
+    x, w, b = _inputs(4)
+    assert not takes_onednn(x.double(), w.double(), b.double())
+    assert not takes_onednn(x.bfloat16(), w.bfloat16(), b.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not takes_onednn(x, w, b)
+        got = linear(x, w, b, "relu")
+        assert got.dtype == torch.bfloat16  # autocast's bf16 linear, as F.linear under autocast
+    with onednn(False):
+        assert not takes_onednn(x, w, b)
+        with torch.no_grad():
+            assert torch.equal(linear(x, w, b, "gelu"), F.gelu(F.linear(x, w, b)))  # bitwise: F.linear itself
+    assert takes_onednn(x, w, b) == (dense._onednn_linear is not None)  # restored after the block
+
+
+def test_a_torch_without_the_op_takes_f_linear(monkeypatch):
+    monkeypatch.setattr(dense, "_onednn_linear", None)
+    monkeypatch.setattr(dense, "_enabled", [False])
+    x, w, b = _inputs(5)
+    with onednn(True):  # asking for it cannot turn on what is missing
+        assert not takes_onednn(x, w, b)
+        assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+
+
+def test_linear_keeps_nn_linears_parameters_and_names():
+    m = Linear(6, 3)
+    assert isinstance(m, nn.Linear)
+    assert list(m.state_dict()) == list(nn.Linear(6, 3).state_dict()) == ["weight", "bias"]
+
+
+@needs_onednn
+@pytest.mark.parametrize("vocab", [50, 700])
+def test_scoring_head_on_onednn_equals_cross_entropy(vocab):
+    g = torch.Generator().manual_seed(6)
+    h, w = torch.randn(300, 16, generator=g), torch.randn(vocab, 16, generator=g)
+    y = torch.randint(0, vocab, (300,), generator=g)
+    y[::7] = -100
+    ref = F.cross_entropy(F.linear(h, w), y, ignore_index=-100)
+    with torch.no_grad():
+        on = linear_cross_entropy(h, w, y, chunk=128)
+        with onednn(False):
+            off = linear_cross_entropy(h, w, y, chunk=128)
+    torch.testing.assert_close(on, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(off, ref, rtol=1e-5, atol=1e-6)
