@@ -289,15 +289,17 @@ def add_limit_arguments(p) -> None:
     p.add_argument("--gemm-calls", type=int, default=3, help="matmuls per probe sample (one sample per repeat)")
 
 
-def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0) -> Callable[[], float]:
+def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0, onednn: bool = False) -> Callable[[], float]:
     """A runner for `interleave`: each call times `calls` (size × size) @ (size × size) matmuls in `dtype`
-    ("fp32" / "bf16") at torch's current thread count and returns GFLOP/s.
+    ("fp32" / "bf16") at torch's current thread count and returns GFLOP/s. `onednn`: through oneDNN's
+    matmul (plm's fp32 linears, plmcli.models.dense) instead of torch.mm (MKL's sgemm for fp32; bf16's
+    torch.mm is oneDNN already).
 
     Sampled once per repeat between the step runners, the probe sees the same load as the steps, so the
     share of it a step reaches is a ratio of two medians taken under the same conditions."""
     import torch
 
-    from plmcli.models.dense import linear, takes_onednn
+    from plmcli.models.dense import linear
 
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     g = torch.Generator().manual_seed(seed)
@@ -305,24 +307,30 @@ def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0) -> Callable[[]
     b_t = b.t().contiguous()  # linear(a, bᵀ) = a · b
     out = torch.empty(size, size, dtype=dt)
     flops = calls * matmul_flops(size, size, size)
-    # fp32: torch.mm is MKL's sgemm, and oneDNN's matmul (what plm's linears run on) is faster on some CPUs
-    # (AMD EPYC, Zen 4: 206–212 against 182–185 GFLOP/s): the probe is the faster of the two, the CPU's limit.
-    # bf16: torch.mm already runs on oneDNN.
-    both = dtype == "fp32" and takes_onednn(a, b_t)
+    product = (lambda: linear(a, b_t)) if onednn else (lambda: torch.mm(a, b, out=out))
 
     def once() -> float:
-        best = flops / timed(lambda: torch.mm(a, b, out=out), calls)
-        if both:
-            best = max(best, flops / timed(lambda: linear(a, b_t), calls))
-        return best / 1e9
+        return flops / timed(product, calls) / 1e9
 
     return once
 
 
 def probe_runners(args, flags: list[str]) -> dict[str, Callable[[], float]]:
-    """{"gemm fp32": runner, "gemm bf16": runner (only where the CPU has bf16 units)}."""
-    kinds = ["fp32"] + (["bf16"] if has_bf16_units(flags) else [])
-    return {f"gemm {k}": gemm_runner(k, args.gemm_size, args.gemm_calls) for k in kinds}
+    """{"gemm fp32": torch.mm, "gemm fp32-onednn": oneDNN's fp32 matmul (where plm's linears run on it),
+    "gemm bf16" (only where the CPU has bf16 units)}.
+
+    Two fp32 probes because the CPU's fp32 limit depends on the library: on an AMD EPYC (Zen 4) oneDNN's
+    2048² product runs at 206–212 GFLOP/s and MKL's at 182–185; the steps are set against both."""
+    import torch
+
+    from plmcli.models.dense import takes_onednn
+
+    runners = {"gemm fp32": gemm_runner("fp32", args.gemm_size, args.gemm_calls)}
+    if takes_onednn(torch.ones(2, 2), torch.ones(2, 2)):
+        runners["gemm fp32-onednn"] = gemm_runner("fp32", args.gemm_size, args.gemm_calls, onednn=True)
+    if has_bf16_units(flags):
+        runners["gemm bf16"] = gemm_runner("bf16", args.gemm_size, args.gemm_calls)
+    return runners
 
 
 def achieved_gflops(tokens_per_s: float, flops_per_token: float) -> float:
@@ -346,8 +354,8 @@ def probe_line(stats: dict[str, dict], flags: list[str], size: int) -> str:
              for name, s in stats.items() if name.startswith("gemm ")]
     if not has_bf16_units(flags):
         parts.append("bf16 none (no avx512_bf16 / amx_bf16: bf16 matmuls are emulated)")
-    return (f"Large-GEMM probe ({size}×{size} @ {size}×{size}, one sample per repeat, same process and threads; fp32: "
-            "the faster of torch.mm (MKL) and oneDNN's matmul in each sample): " + "; ".join(parts) + ".")
+    return (f"Large-GEMM probe ({size}×{size} @ {size}×{size}, one sample per repeat, same process and threads; fp32 is "
+            "torch.mm (MKL), fp32-onednn oneDNN's matmul, which plm's fp32 linears run on): " + "; ".join(parts) + ".")
 
 
 def split_probes(stats: dict[str, dict]) -> tuple[dict[str, dict], dict[str, float]]:

@@ -13,7 +13,7 @@ from helpers import counted_flops
 from benchmarks.gpt_train_step import train_step
 from plmcli.config import load_recipe
 from plmcli.models.bert import Bert, BertConfig
-from plmcli.models.dense import linear, takes_onednn
+from plmcli.models.dense import linear, onednn, takes_onednn
 from plmcli.models.electra import Electra, ElectraConfig
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.models.xlnet import XLNet, XLNetConfig
@@ -109,16 +109,12 @@ def test_matmul_flops_is_two_per_multiply_add():
 
 
 def test_gemm_runner_reports_gflops_of_its_calls(monkeypatch):
-    calls, times = [], iter([0.5, 0.25, 0.5])
-    monkeypatch.setattr(common, "timed", lambda fn, n: (calls.append(n), fn(), next(times))[-1])
+    calls = []
+    monkeypatch.setattr(common, "timed", lambda fn, n: (calls.append(n), fn(), 0.5)[-1])
     run = common.gemm_runner("fp32", 64, 3)
-    if takes_onednn(torch.ones(2, 2), torch.ones(2, 2)):  # fp32: the faster of torch.mm and oneDNN's matmul
-        assert run() == pytest.approx(3 * 2 * 64**3 / 0.25 / 1e9) and calls == [3, 3]
-    else:
-        assert run() == pytest.approx(3 * 2 * 64**3 / 0.5 / 1e9) and calls == [3]
-    calls.clear()
-    times = iter([0.5])
-    assert common.gemm_runner("bf16", 8, 1)() == pytest.approx(2 * 8**3 / 0.5 / 1e9) and calls == [1]
+    assert run() == pytest.approx(3 * 2 * 64**3 / 0.5 / 1e9) and calls == [3]
+    assert common.gemm_runner("bf16", 8, 1)() == pytest.approx(2 * 8**3 / 0.5 / 1e9)
+    assert common.gemm_runner("fp32", 8, 2, onednn=True)() == pytest.approx(2 * 2 * 8**3 / 0.5 / 1e9)
 
 
 def test_gemm_runners_onednn_sample_is_the_same_product():
@@ -128,9 +124,12 @@ def test_gemm_runners_onednn_sample_is_the_same_product():
 
 def test_probe_runners_follow_the_bf16_flags():
     args = SimpleNamespace(gemm_size=8, gemm_calls=1)
-    assert list(common.probe_runners(args, ["avx2", "avx512f"])) == ["gemm fp32"]
-    assert list(common.probe_runners(args, ["avx512f", "avx512_bf16"])) == ["gemm fp32", "gemm bf16"]
-    assert list(common.probe_runners(args, ["amx_tile", "amx_bf16"])) == ["gemm fp32", "gemm bf16"]
+    fp32 = ["gemm fp32"] + (["gemm fp32-onednn"] if takes_onednn(torch.ones(2, 2), torch.ones(2, 2)) else [])
+    assert list(common.probe_runners(args, ["avx2", "avx512f"])) == fp32
+    assert list(common.probe_runners(args, ["avx512f", "avx512_bf16"])) == fp32 + ["gemm bf16"]
+    assert list(common.probe_runners(args, ["amx_tile", "amx_bf16"])) == fp32 + ["gemm bf16"]
+    with onednn(False):
+        assert list(common.probe_runners(args, ["avx2"])) == ["gemm fp32"]
 
 
 def test_cpu_flags_picks_the_peak_flags_in_order():

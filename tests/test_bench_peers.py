@@ -104,10 +104,12 @@ def test_nanogpt_table_sets_each_sides_median_step_against_the_fp32_probe():
         return {"wall": wall, "val_loss": 1.9, "loop": wall - 2, "step_ms": step_ms, "steps": 2000, "evals": 2}
 
     sides = {"nanoGPT": [side(100.0, 50.0), side(102.0, 40.0)], "plm": [side(90.0, 40.0), side(94.0, 50.0)]}
-    # a step of 4 GFLOP at a median of 45 ms: 88.9 GFLOP/s, 44% of a 200 GFLOP/s probe
-    tab, verdict = table(sides, 2, step_gflop=4.0, fp32_peak=200.0)
+    # a step of 4 GFLOP at a median of 45 ms: 88.9 GFLOP/s, 44% of a 200 GFLOP/s probe, 35% of a 250 one;
+    # bf16's probe is left out (both sides run fp32)
+    tab, verdict = table(sides, 2, step_gflop=4.0, peaks={"fp32": 200.0, "fp32-onednn": 250.0, "bf16": 400.0})
+    assert tab.splitlines()[0].endswith("| GFLOP/s (median step) | % of fp32 GEMM | % of fp32-onednn GEMM |")
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in tab.splitlines()[2:]}
-    assert rows["plm"][-2:] == ["88.9", "44%"] and rows["nanoGPT"][-2:] == ["88.9", "44%"]
+    assert rows["plm"][-3:] == ["88.9", "44%", "36%"] and rows["nanoGPT"][-3:] == ["88.9", "44%", "36%"]
     assert verdict["ratio"] == pytest.approx(92.0 / 101.0) and not verdict["met_time"]
     assert all(len(r) == len(rows["plm"]) for r in rows.values())  # every row fills every column
 
