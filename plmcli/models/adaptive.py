@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models.dense import linear
+
 
 def cluster_bounds(vocab_size: int, cutoffs) -> list[int]:
     """[0, c1, c2, ..., vocab_size]; cutoffs must be increasing and inside the vocabulary."""
@@ -62,7 +64,7 @@ class AdaptiveEmbedding(nn.Module):
 
     def _project(self, x, i):
         p = self.projs[i]
-        return F.linear(x, p) if p.numel() else x
+        return linear(x, p) if p.numel() else x
 
 
 class AdaptiveSoftmax(nn.Module):
@@ -115,7 +117,7 @@ class AdaptiveSoftmax(nn.Module):
         w, b = self.weights[i], self.biases[i]
         if i == 0 and self.n_clusters:
             w, b = torch.cat([w, self.cluster_weight]), torch.cat([b, self.cluster_bias])
-        return F.linear(h, w, b)
+        return linear(h, w, b)
 
     def log_prob(self, h: torch.Tensor) -> torch.Tensor:
         """(N, d_proj) -> (N, V) log-probabilities of every word (evaluation, generation)."""

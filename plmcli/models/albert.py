@@ -22,6 +22,7 @@ from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, absolute_embeddings
+from plmcli.models.dense import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, bidirectional, init_weights,
                                   require_vocab)
@@ -75,7 +76,7 @@ class Albert(MaskedLMEncoder):
         self.wtt = nn.Embedding(cfg.type_vocab_size, E) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(E, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.drop = Dropout(cfg.dropout)
-        self.emb_proj = nn.Linear(E, C, bias=cfg.bias)  # E -> H, HF's embedding_hidden_mapping_in
+        self.emb_proj = Linear(E, C, bias=cfg.bias)  # E -> H, HF's embedding_hidden_mapping_in
         # One module per distinct set of weights; layer i uses module i % len (the only one when shared).
         n_attn = 1 if cfg.share in ("all", "attention") else cfg.n_layer
         n_ffn = 1 if cfg.share in ("all", "ffn") else cfg.n_layer
@@ -85,8 +86,8 @@ class Albert(MaskedLMEncoder):
         self.ffn = nn.ModuleList(
             PostNorm(FeedForward(C, d_ff, cfg.activation, cfg.bias, cfg.dropout), C, cfg.layer_norm_eps, cfg.bias)
             for _ in range(n_ffn))
-        self.pooler = nn.Linear(C, C, bias=cfg.bias) if cfg.nsp_head else None
-        self.nsp = nn.Linear(C, 2, bias=cfg.bias) if cfg.nsp_head else None  # the SOP classifier
+        self.pooler = Linear(C, C, bias=cfg.bias) if cfg.nsp_head else None
+        self.nsp = Linear(C, 2, bias=cfg.bias) if cfg.nsp_head else None  # the SOP classifier
         self.mlm = MLMHead(cfg, d_embed=E)  # H -> E -> V
         init_weights(self, cfg.init_std)  # as BERT: N(0, 0.02), zero biases
         if cfg.tie_embeddings:

@@ -21,6 +21,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, NormPosition, bidirectional,
                                    init_weights, require_vocab)
@@ -105,10 +106,10 @@ class MLMHead(nn.Module):
     def __init__(self, cfg: BertConfig, d_embed: int | None = None):
         super().__init__()
         d_embed = d_embed or cfg.d_model
-        self.dense = nn.Linear(cfg.d_model, d_embed, bias=cfg.bias)
+        self.dense = Linear(cfg.d_model, d_embed, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]
         self.ln = nn.LayerNorm(d_embed, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.decoder = nn.Linear(d_embed, cfg.vocab_size, bias=True)
+        self.decoder = Linear(d_embed, cfg.vocab_size, bias=True)
 
     def transform(self, h: torch.Tensor) -> torch.Tensor:
         """The decoder's input: dense -> activation -> LayerNorm."""
@@ -219,10 +220,10 @@ class Bert(MaskedLMEncoder):
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.norm_position == "pre" else None
         # ERNIE 2.0's sentence-level heads read the pooled [CLS] too: they bring the pooler without NSP.
         pooled = cfg.nsp_head or cfg.reorder_classes or cfg.distance_classes
-        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if pooled else None
-        self.nsp = nn.Linear(cfg.d_model, 2, bias=cfg.bias) if cfg.nsp_head else None
-        self.reorder = nn.Linear(cfg.d_model, cfg.reorder_classes, bias=cfg.bias) if cfg.reorder_classes else None
-        self.distance = nn.Linear(cfg.d_model, cfg.distance_classes, bias=cfg.bias) if cfg.distance_classes else None
+        self.pooler = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if pooled else None
+        self.nsp = Linear(cfg.d_model, 2, bias=cfg.bias) if cfg.nsp_head else None
+        self.reorder = Linear(cfg.d_model, cfg.reorder_classes, bias=cfg.bias) if cfg.reorder_classes else None
+        self.distance = Linear(cfg.d_model, cfg.distance_classes, bias=cfg.bias) if cfg.distance_classes else None
         self.mlm = MLMHead(cfg)
         # BERT has no residual-scaled init (that is GPT-2's): N(0, 0.02) everywhere, zero biases.
         init_weights(self, cfg.init_std)

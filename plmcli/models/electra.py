@@ -29,6 +29,7 @@ from plmcli.config_sections import Count, NonNegative, Positive, Probability, Si
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
+from plmcli.models.dense import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import ACTIVATIONS, Activation, Block, Dropout, bidirectional, init_weights, require_vocab
 
@@ -100,7 +101,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ElectraConfig, embedding_size: int, d_model: int, n_head: int, d_ff: int):
         super().__init__()
-        self.embeddings_project = nn.Linear(embedding_size, d_model) if embedding_size != d_model else None
+        self.embeddings_project = Linear(embedding_size, d_model) if embedding_size != d_model else None
         self.blocks = nn.ModuleList(
             Block(d_model, n_head, d_ff, cfg.activation, True, cfg.dropout, cfg.attn_dropout,
                   norm_position="post", layer_norm_eps=cfg.layer_norm_eps)
@@ -128,10 +129,10 @@ class GeneratorHead(nn.Module):
 
     def __init__(self, cfg: ElectraConfig, d_model: int, embedding_size: int):
         super().__init__()
-        self.dense = nn.Linear(d_model, embedding_size)
+        self.dense = Linear(d_model, embedding_size)
         self.act = ACTIVATIONS[cfg.activation]
         self.ln = nn.LayerNorm(embedding_size, eps=cfg.layer_norm_eps)
-        self.decoder = nn.Linear(embedding_size, cfg.vocab_size)
+        self.decoder = Linear(embedding_size, cfg.vocab_size)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.ln(self.act(self.dense(h))))
@@ -142,9 +143,9 @@ class DiscriminatorHead(nn.Module):
 
     def __init__(self, cfg: ElectraConfig):
         super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dense = Linear(cfg.d_model, cfg.d_model)
         self.act = ACTIVATIONS[cfg.activation]
-        self.dense_prediction = nn.Linear(cfg.d_model, 1)
+        self.dense_prediction = Linear(cfg.d_model, 1)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.dense_prediction(self.act(self.dense(h))).squeeze(-1)  # (B, T)

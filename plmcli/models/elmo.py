@@ -32,6 +32,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear
 from plmcli.models.layers import Dropout, ScalarMix, require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
@@ -84,7 +85,7 @@ class Highway(nn.Module):
 
     def __init__(self, d: int, n_layers: int):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(d, 2 * d) for _ in range(n_layers))
+        self.layers = nn.ModuleList(Linear(d, 2 * d) for _ in range(n_layers))
         for lin in self.layers:
             nn.init.constant_(lin.bias[d:], -1.0)  # gate starts mostly carrying x through (as bilm-tf)
 
@@ -105,7 +106,7 @@ class CharCNN(nn.Module):
         self.convs = nn.ModuleList(nn.Conv1d(cfg.d_char, n, w) for w, n in cfg.filters)
         d = sum(n for _, n in cfg.filters)
         self.highway = Highway(d, cfg.n_highway)
-        self.proj = nn.Linear(d, cfg.d_proj)
+        self.proj = Linear(d, cfg.d_proj)
 
     def forward(self, chars):
         shape = chars.shape[:-1]
@@ -150,7 +151,7 @@ class ELMoTaskHead(nn.Module):
         self.mix = ScalarMix(n_layers)
         self.drop = Dropout(dropout)
         self.lstm = nn.LSTM(3 * d_proj, d_lstm, batch_first=True, bidirectional=True)
-        self.out = nn.Linear(4 * d_lstm, num_labels)
+        self.out = Linear(4 * d_lstm, num_labels)
         self.mix_out: ScalarMix | None = None
 
     def add_output_mix(self) -> None:
@@ -158,7 +159,7 @@ class ELMoTaskHead(nn.Module):
         pooling; the classifier is rebuilt for the wider [max; mean] (same default init as nn.Linear's)."""
         n_layers, d_elmo = len(self.mix.scalars), 2 * self.lstm.input_size // 3
         self.mix_out = ScalarMix(n_layers).to(self.mix.scalars.device)
-        self.out = nn.Linear(self.out.in_features + 2 * d_elmo, self.out.out_features).to(self.out.weight.device)
+        self.out = Linear(self.out.in_features + 2 * d_elmo, self.out.out_features).to(self.out.weight.device)
 
     def forward(self, elmo: "ELMo", input_ids, attention_mask=None) -> torch.Tensor:
         lengths = attention_mask.sum(1).long() if attention_mask is not None else None
@@ -199,8 +200,8 @@ class ELMo(LanguageModel):
                                  for _ in range(cfg.n_layer))
         self.fwd_lstm, self.bwd_lstm = stack(), stack()
         self.drop = Dropout(cfg.dropout)
-        self.softmax = nn.Linear(cfg.d_proj, cfg.vocab_size)
-        self.bwd_softmax = None if cfg.share_softmax else nn.Linear(cfg.d_proj, cfg.vocab_size)
+        self.softmax = Linear(cfg.d_proj, cfg.vocab_size)
+        self.bwd_softmax = None if cfg.share_softmax else Linear(cfg.d_proj, cfg.vocab_size)
         self.mix = ScalarMix(cfg.n_layer + 1)  # the default (equal) mix `encode` uses; learned when finetuned
 
     @property

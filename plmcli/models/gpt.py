@@ -16,6 +16,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (Activation, Block, Dropout, NormPosition, init_weights, require_vocab,
                                    scale_residual_init)
@@ -79,7 +80,7 @@ class GPT(LanguageModel):
             for _ in range(cfg.n_layer)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.final_norm else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg.init_std)
         if cfg.scaled_residual_init:
             scale_residual_init(self.blocks, cfg.init_std, cfg.n_layer)

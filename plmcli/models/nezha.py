@@ -34,6 +34,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.models.bert import MaskedLMEncoder, MLMHead
+from plmcli.models.dense import Linear
 from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, dropout, init_weights,
                                    padding_mask, recorded, require_vocab)
 
@@ -147,8 +148,8 @@ class Nezha(MaskedLMEncoder):
         self.ln_emb = nn.LayerNorm(C, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(NezhaBlock(cfg) for _ in range(cfg.n_layer))
-        self.pooler = nn.Linear(C, C, bias=cfg.bias) if cfg.nsp_head else None
-        self.nsp = nn.Linear(C, 2, bias=cfg.bias) if cfg.nsp_head else None
+        self.pooler = Linear(C, C, bias=cfg.bias) if cfg.nsp_head else None
+        self.nsp = Linear(C, 2, bias=cfg.bias) if cfg.nsp_head else None
         self.mlm = MLMHead(cfg)
         init_weights(self, cfg.init_std)
         if cfg.tie_embeddings:

@@ -21,6 +21,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Range, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear
 from plmcli.models.layers import Dropout, require_vocab
 
 
@@ -55,9 +56,9 @@ class NNLM(LanguageModel):
         self.cfg = cfg
         d_in = (cfg.order - 1) * cfg.d_embed
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_embed)  # C
-        self.hidden = nn.Linear(d_in, cfg.d_hidden)  # d + H·x
-        self.lm_head = nn.Linear(cfg.d_hidden, cfg.vocab_size)  # b + U·a
-        self.direct = nn.Linear(d_in, cfg.vocab_size, bias=False) if cfg.direct else None  # W·x
+        self.hidden = Linear(d_in, cfg.d_hidden)  # d + H·x
+        self.lm_head = Linear(cfg.d_hidden, cfg.vocab_size)  # b + U·a
+        self.direct = Linear(d_in, cfg.vocab_size, bias=False) if cfg.direct else None  # W·x
         self.drop = Dropout(cfg.dropout)
         nn.init.uniform_(self.wte.weight, -cfg.init_range, cfg.init_range)
         if self.direct is not None:

@@ -29,6 +29,7 @@ from torch.func import functional_call
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear
 from plmcli.models.layers import Dropout, require_vocab
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -80,9 +81,9 @@ class RNNLM(LanguageModel):
         d_out = cfg.d_hidden
         self.proj = None
         if cfg.tie_embeddings and cfg.d_embed != cfg.d_hidden:
-            self.proj = nn.Linear(cfg.d_hidden, cfg.d_embed, bias=False)
+            self.proj = Linear(cfg.d_hidden, cfg.d_embed, bias=False)
             d_out = cfg.d_embed
-        self.lm_head = nn.Linear(d_out, cfg.vocab_size)
+        self.lm_head = Linear(d_out, cfg.vocab_size)
         for p in self.parameters():
             nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
         if cfg.tie_embeddings:

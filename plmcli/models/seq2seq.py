@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import Dropout, require_vocab
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -97,12 +97,12 @@ class Attention(nn.Module):
             raise ValueError(f"dot attention needs equal query and key sizes ({d_query} vs {d_key})")
         self.score = score
         if score == "general":
-            self.w = nn.Linear(d_key, d_query, bias=False)
+            self.w = Linear(d_key, d_query, bias=False)
         elif score == "additive":
             d_attention = d_attention or d_query
-            self.w_q = nn.Linear(d_query, d_attention, bias=False)
-            self.w_k = nn.Linear(d_key, d_attention, bias=True)
-            self.v = nn.Linear(d_attention, 1, bias=False)
+            self.w_q = Linear(d_query, d_attention, bias=False)
+            self.w_k = Linear(d_key, d_attention, bias=True)
+            self.v = Linear(d_attention, 1, bias=False)
 
     def keys(self, memory: torch.Tensor) -> torch.Tensor:
         """The query-independent part of the score, computed once per source."""
@@ -145,12 +145,12 @@ class Seq2Seq(LanguageModel):
         self.decoder = rnn(E + (H if fed else 0), H, L, batch_first=True, dropout=between)
         self.attention = Attention(cfg.attention, H, H, cfg.d_attention)
         # Luong's W_c: [c_t; h_t] -> h̃_t; Bahdanau's readout g(y_{t-1}, s_t, c_t): [c_t; s_t; E y_{t-1}] -> h̃_t
-        self.combine = nn.Linear(2 * H + (E if self.bahdanau else 0), H, bias=False)
+        self.combine = Linear(2 * H + (E if self.bahdanau else 0), H, bias=False)
         if cfg.tie_embeddings:
-            self.to_embed = nn.Linear(H, E, bias=False) if H != E else nn.Identity()
+            self.to_embed = Linear(H, E, bias=False) if H != E else nn.Identity()
             self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         else:
-            self.out = nn.Linear(H, cfg.vocab_size)
+            self.out = Linear(H, cfg.vocab_size)
         for p in self.parameters():
             nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
         if cfg.tie_embeddings:
@@ -167,7 +167,7 @@ class Seq2Seq(LanguageModel):
     def logits(self, h_tilde: torch.Tensor) -> torch.Tensor:
         h = self.drop(h_tilde)
         if self.cfg.tie_embeddings:
-            return F.linear(self.to_embed(h), self.embed.weight, self.out_bias)
+            return linear(self.to_embed(h), self.embed.weight, self.out_bias)
         return self.out(h)
 
     # ------------------------------------------------------------ encoder

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Size
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert, BertConfig, BertOutput
+from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import ACTIVATIONS, init_weights
 
 
@@ -81,9 +81,9 @@ class SBOHead(nn.Module):
         super().__init__()
         C = cfg.d_model
         self.position = nn.Embedding(cfg.sbo_max_span, cfg.sbo_d_position)
-        self.fc1 = nn.Linear(2 * C + cfg.sbo_d_position, C, bias=cfg.bias)
+        self.fc1 = Linear(2 * C + cfg.sbo_d_position, C, bias=cfg.bias)
         self.ln1 = nn.LayerNorm(C, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.fc2 = nn.Linear(C, C, bias=cfg.bias)
+        self.fc2 = Linear(C, C, bias=cfg.bias)
         self.ln2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))  # its decoder's own bias; the weight is the MLM decoder's
@@ -115,7 +115,7 @@ class SpanBert(Bert):
             sbo_index, left, right, offset = span_boundaries(mlm_positions, input_ids.shape[1], self.cfg.sbo_max_span)
             flat = out.hidden.flatten(0, 1)  # (B·T, C)
             y = self.sbo(flat.index_select(0, left), flat.index_select(0, right), offset)  # (M, C)
-            sbo_logits = F.linear(y, self.mlm.decoder.weight, self.sbo.bias)  # (M, V)
+            sbo_logits = linear(y, self.mlm.decoder.weight, self.sbo.bias)  # (M, V)
         return SpanBertOutput(**vars(out), sbo_logits=sbo_logits, sbo_index=sbo_index)
 
     def flops_per_token(self, seq_len: int) -> float:

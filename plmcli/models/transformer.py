@@ -25,6 +25,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import (Activation, Block, CrossAttention, Dropout, FeedForward, MultiHeadAttention,
                                    NormPosition, require_vocab)
 
@@ -140,7 +141,7 @@ class Transformer(LanguageModel):
         pre = cfg.norm_position == "pre"  # pre-LN stacks end un-normalized: add the final LN
         self.enc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else nn.Identity()
-        self.out = None if cfg.tie_output else nn.Linear(d, cfg.vocab_size, bias=False)
+        self.out = None if cfg.tie_output else Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
 
     def _init_weights(self):
@@ -194,7 +195,7 @@ class Transformer(LanguageModel):
         return states
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.embed.weight) if self.out is None else self.out(h)
+        return linear(h, self.embed.weight) if self.out is None else self.out(h)
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: (B, S) source, (B, S) mask, (B, T) decoder input -> (B, T, V) next-token logits."""

@@ -37,6 +37,7 @@ from torch import nn
 from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Rule, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import Dropout, FeedForward, NormPosition, attend, require_vocab, sinusoid_table
 
 
@@ -115,9 +116,9 @@ class RelPartialLearnableAttention(nn.Module):
     def __init__(self, d_model, n_head, d_head, dropout, attn_dropout, pre_norm, eps, untie_r):
         super().__init__()
         self.n_head, self.d_head, self.pre_norm = n_head, d_head, pre_norm
-        self.qkv = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
-        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
-        self.o = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * n_head * d_head, bias=False)
+        self.r_net = Linear(d_model, n_head * d_head, bias=False)  # W_{k,R}
+        self.o = Linear(n_head * d_head, d_model, bias=False)
         self.ln = nn.LayerNorm(d_model, eps=eps)
         self.drop = Dropout(dropout)
         self.attn_dropout = attn_dropout
@@ -135,8 +136,8 @@ class RelPartialLearnableAttention(nn.Module):
         if self.pre_norm:
             cat = self.ln(cat)
         w_q, w_kv = self.qkv.weight.split([H * D, 2 * H * D])
-        q = F.linear(cat[:, -T:], w_q).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k, val = F.linear(cat, w_kv).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × (B, H, K, D)
+        q = linear(cat[:, -T:], w_q).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k, val = linear(cat, w_kv).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × (B, H, K, D)
         r_k = self.r_net(r).view(K, H, D).transpose(0, 1)  # (H, K, D)
         bd = rel_shift(torch.matmul(q + v[:, None], r_k.transpose(1, 2)))  # (B, H, T, K): terms (b) + (d)
         bias = (bd * (1.0 / math.sqrt(D))).masked_fill(blocked, float("-inf"))

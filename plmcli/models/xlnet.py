@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.dense import Linear, linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import Activation, Dropout, FeedForward, attend, init_weights, require_vocab, sinusoid_table
 
@@ -91,11 +91,11 @@ class RelativeAttention(nn.Module):
         C, H = cfg.d_model, cfg.n_head
         assert C % H == 0, "d_model must be divisible by n_head"
         self.n_head, self.d_head = H, C // H
-        self.q = nn.Linear(C, C, bias=False)
-        self.k = nn.Linear(C, C, bias=False)
-        self.v = nn.Linear(C, C, bias=False)
-        self.r = nn.Linear(C, C, bias=False)  # W_{k,R}: relative-position keys
-        self.o = nn.Linear(C, C, bias=False)
+        self.q = Linear(C, C, bias=False)
+        self.k = Linear(C, C, bias=False)
+        self.v = Linear(C, C, bias=False)
+        self.r = Linear(C, C, bias=False)  # W_{k,R}: relative-position keys
+        self.o = Linear(C, C, bias=False)
         self.r_w_bias = nn.Parameter(torch.empty(H, self.d_head))  # u: global content bias
         self.r_r_bias = nn.Parameter(torch.empty(H, self.d_head))  # v: global position bias
         self.r_s_bias = nn.Parameter(torch.empty(H, self.d_head))  # b: global segment bias
@@ -181,7 +181,7 @@ class XLNet(LanguageModel):
         self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))  # the decoder is wte itself
         # The sequence summary finetuning pools with (transformers' summary_use_proj + tanh); no
         # pretraining loss reaches it.
-        self.summary = nn.Linear(cfg.d_model, cfg.d_model)
+        self.summary = Linear(cfg.d_model, cfg.d_model)
         init_weights(self, cfg.init_std)
         for name, p in self.named_parameters():  # XLNet draws its bias vectors and w from N(0, std) too
             if name.endswith(("_bias", "seg_embed", "mask_emb")) and name != "lm_bias":
@@ -269,7 +269,7 @@ class XLNet(LanguageModel):
         h, g, new_mems = self.stack(input_ids, token_type_ids, perm_mask, q_pos, mems, key_pad, reuse_len,
                                     mem_len, bi_data, content_out=q_pos is None)
         out = g if g is not None else h
-        return F.linear(out, self.wte.weight, self.lm_bias), new_mems
+        return linear(out, self.wte.weight, self.lm_bias), new_mems
 
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """(B, T) ids -> ((B, T, C) content states, (B, C) pooled): no memory, no permutation.
@@ -310,7 +310,7 @@ class XLNet(LanguageModel):
         q_pos = torch.arange(1, W + 1, device=x.device).expand(B, W)
         _, g, new_mems = self.stack(x, torch.zeros_like(x), causal.expand(B, -1, -1), q_pos, mems,
                                     reuse_len=W, mem_len=mem_len, content_out=False)
-        return F.linear(g, self.wte.weight, self.lm_bias), new_mems
+        return linear(g, self.wte.weight, self.lm_bias), new_mems
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of a pretraining step (forward + backward = 3× forward, 2 per multiply-add),

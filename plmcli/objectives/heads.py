@@ -19,6 +19,7 @@ from torch import nn
 from plmcli.errors import PlmError
 from plmcli.models.base import (Encodes, HasHidden, HasLayerStates, HasTaskHead, HasTokenStates,
                                 head_dropout, head_init_std, traits_of, uses_token_types)
+from plmcli.models.dense import Linear
 from plmcli.models.elmo import ELMoTaskHead
 from plmcli.models.layers import Dropout, ScalarMix
 
@@ -177,8 +178,8 @@ class TaskHead(nn.Module):
         # the family's hidden layers (under word2vec's window tagger; none for most): PyTorch's default init,
         # whose scale carries a signal through ReLU layers where BERT's N(0, 0.02) would shrink it layer by layer
         self.deep = nn.Sequential(*(m for _ in range(self.hidden_layers(traits_of(network)))
-                                    for m in (nn.Linear(width, width), nn.ReLU(), Dropout(dropout))))
-        self.head = nn.Linear(width, num_outputs)
+                                    for m in (Linear(width, width), nn.ReLU(), Dropout(dropout))))
+        self.head = Linear(width, num_outputs)
         nn.init.normal_(self.head.weight, std=head_init_std(network))  # as BERT's task layers
         nn.init.zeros_(self.head.bias)
 
@@ -301,7 +302,7 @@ def configure_features(model: TaskHead, features: str = "last", freeze: bool = F
             model.mix = ScalarMix(_layer_count(net)).to(next(net.parameters()).device)
         else:
             old = model.head
-            model.head = nn.Linear(4 * old.in_features, old.out_features).to(old.weight.device)
+            model.head = Linear(4 * old.in_features, old.out_features).to(old.weight.device)
             nn.init.normal_(model.head.weight, std=head_init_std(net))
             nn.init.zeros_(model.head.bias)
     if freeze:
