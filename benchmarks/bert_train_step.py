@@ -94,7 +94,7 @@ def run(args) -> int:
     fpt = plm.flops_per_token(T)
     stats, peaks, profiles = measure(args, sides, tokens, info["flags"])
     if args.precision == "fp32":
-        peaks = {k: v for k, v in peaks.items() if k == "fp32"}
+        peaks = common.fp32_peaks(peaks)
     table = rate_table(stats, tokens, fpt, peaks)
     m = recipe.model
     text = f"""

@@ -358,6 +358,11 @@ def probe_line(stats: dict[str, dict], flags: list[str], size: int) -> str:
             "torch.mm (MKL), fp32-onednn oneDNN's matmul, which plm's fp32 linears run on): " + "; ".join(parts) + ".")
 
 
+def fp32_peaks(peaks: dict[str, float]) -> dict[str, float]:
+    """The fp32 probes of `peaks` (MKL's and oneDNN's): an fp32 step's limits."""
+    return {k: v for k, v in peaks.items() if k.startswith("fp32")}
+
+
 def split_probes(stats: dict[str, dict]) -> tuple[dict[str, dict], dict[str, float]]:
     """(the step sides' stats, {"fp32": median GFLOP/s, "bf16": ...}) from `interleave`'s summaries."""
     sides = {k: v for k, v in stats.items() if not k.startswith("gemm ")}

@@ -156,7 +156,8 @@ def limit_text(stats: dict, info: dict, args, formula: str, profiles: dict) -> s
     text = "\n" + common.probe_line(stats, info["flags"], args.gemm_size) + f" Training FLOPs per token: {formula}. " + \
         "Share = achieved GFLOP/s (FLOPs per token × median tokens/s) / the probe's median; the transformers side is " + \
         "credited with the same FLOPs (work it does beyond plm's count is not useful work). Goal (issue 21 §3): " + \
-        "plm ≥ 70% of the fp32 probe.\n"
+        "plm ≥ 70% of the fp32 probe (torch.mm: how the issue measured the limit); the fp32-onednn column sets " + \
+        "the step against oneDNN's faster product, the limit of the library plm's linears run on.\n"
     if profiles:
         text += f"\nProfile (`--profile`, {args.profile_steps} steps per side, share of op self CPU time):\n\n" + \
             common.profile_table(profiles, args.profile_rows) + "\n"
@@ -172,7 +173,7 @@ def run(args) -> int:
     fpt = sides["plm"][0].flops_per_token(T)
     stats, peaks, profiles = measure(args, sides, tokens, info["flags"])
     if args.precision == "fp32":
-        peaks = {k: v for k, v in peaks.items() if k == "fp32"}
+        peaks = common.fp32_peaks(peaks)
     table = rate_table(stats, tokens, fpt, peaks)
     m = recipe.model
     text = f"""

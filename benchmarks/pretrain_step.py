@@ -287,7 +287,7 @@ def run(args) -> int:
     print(f"{common.machine_line(info)}\n{recipe.name}: batch {B} x {T}, vocab {V}; eval losses {check}")
     fpt = plm.flops_per_token(T)
     stats, peaks, profiles = measure(args, sides, B * T, info["flags"])
-    peaks = {k: v for k, v in peaks.items() if k == "fp32"}
+    peaks = common.fp32_peaks(peaks)
     table = rate_table(stats, B * T, fpt, peaks)
     text = describe(args.family, recipe, B, T, V, check, args) + limit_text(stats, info, args, formula(args.family, plm, T, fpt), profiles)
     title = f"{TITLES[args.family]} pretraining step: plm vs transformers"

@@ -188,7 +188,7 @@ def run(args) -> int:
     samples = common.interleave(sides | common.probe_runners(args, info["flags"]), args.repeats, 1)
     probe_stats = {k: common.summary(v) for k, v in samples.items()}  # the probes' too: probe_line reads them
     stats, peaks = common.split_probes(probe_stats)
-    peaks = {k: v for k, v in peaks.items() if k == "fp32"}  # fp32 steps
+    peaks = common.fp32_peaks(peaks)  # fp32 steps
     # Useful work per real token: the encoder blocks' matmuls (6 per weight) and attention over the
     # sentence's own tokens; padding, the pooler and the 2-way head are not counted.
     m = recipe.model

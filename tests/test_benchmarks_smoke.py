@@ -212,7 +212,7 @@ def test_window_flops_counts_each_matrix_multiply():
     assert window_flops(n_layer, d, V, L, S) == {"guide": guide, "plm": plm}
 
 
-def test_lm_head_benchmark_times_three_equal_heads_and_writes_nothing_with_no_write(monkeypatch, capsys):
+def test_lm_head_benchmark_times_equal_heads_and_writes_nothing_with_no_write(monkeypatch, capsys):
     from benchmarks import lm_head
     from benchmarks.__main__ import main
 
