@@ -405,7 +405,9 @@ def profile_table(profiles: dict[str, list[tuple[str, float, float]]], rows: int
 
 
 # The ops that run at the GEMM probe's speed at best; everything else is time a step spends below it.
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+                        "mkldnn::_linear_pointwise",  # plm's fp32 linears (plmcli.models.dense)
+                        "aten::_scaled_dot_product_flash_attention_for_cpu",
                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
 
 
