@@ -210,14 +210,16 @@ def publish_step(name: str, title: str, args, text: str, table: str, info: dict)
 
 
 WHY_FP32 = """
-**Why 1.5× is out of reach in fp32** (gpt-mini, AMD EPYC, 2 threads, quiet, 2026-12-06; the run below: plm
-405 ms a step, transformers 520 ms, probe 187 GFLOP/s; earlier quiet runs that day read 1.27–1.42×, transformers'
-step moving most). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 294 ms at the probe's rate; 1.5× of this
-run's transformers means 347 ms, 85% of the probe. plm's matmuls alone take 326 ms of it (`mm`, `addmm`, `addmm_`,
-`bmm` in the profile: 168 GFLOP/s, 90% of the probe — at these shapes one matmul reaches 192 GFLOP/s for
-(2048 × 256) · (256 × 768) and 161 for a weight gradient (256 × 2048) · (2048 × 768)). That leaves 21 ms for
-everything else, which takes about 85: tanh-GELU and its backward 23 ms, the LM head's softmax 12 ms, the copies
-around the attention heads, LayerNorm, adds, dropout's multiplies, AdamW, and dropout's masks drawn by NumPy.
+**Why 1.5× is out of reach in fp32** (gpt-mini, AMD EPYC, 2 threads, 2026-12-06; the run below: plm
+431 ms a step, transformers 570 ms, probes 181 (torch.mm) and 209 (oneDNN) GFLOP/s; earlier runs that day read
+1.27–1.42×, transformers' step moving most). A step is 54.9 GFLOP (26.8 MFLOP × 2,048 tokens), 262 ms at the
+oneDNN probe's rate; 1.5× of this run's transformers means 380 ms, 69% of that probe. plm's matmuls alone take
+324 ms of its 408 ms of op time (`mm`, `_linear_pointwise`, `bmm`, `addmm_` in the profile), which leaves 56 ms
+for everything else, which takes about 84: tanh-GELU and its backward 19 ms, the LM head's softmax 10 ms, the
+copies around the attention heads, LayerNorm, adds, dropout's multiplies, AdamW, and dropout's masks drawn by
+NumPy. The linears run on oneDNN since this stop (`plmcli.models.dense`: forward and input gradient; oneDNN
+takes the weight gradient's transposed operands 20–40% slower than MKL, so that stays on MKL): ~3% of the step,
+within this machine's noise.
 Done this stop (62197e7), 443 → 405 ms: dropout masks from 16 random bits of SFC64 an element instead of 32 of
 PCG64 (P(drop) within 8e-6 of p; 1.5 → 0.45 ns an element for the bits); the fused LM loss takes −log p[y] from
 one softmax pass instead of log_softmax then exp, and writes every chunk's logits and probabilities into the same
