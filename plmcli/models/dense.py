@@ -31,7 +31,6 @@ ACTIVATIONS = {
 """A model's activation by its recipe name (model.activation)."""
 
 
-
 def _find_onednn_linear():
     """torch's oneDNN linear with a fused post-op (the op Inductor's CPU linears call), or None without it."""
     if not torch.backends.mkldnn.is_available():
@@ -93,14 +92,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            activation: str | None = None) -> torch.Tensor:
     """activation(x · weightᵀ + bias): `F.linear` then the named activation (ACTIVATIONS), on oneDNN
     where it applies, the activation fused into the matmul when no gradient is needed."""
-    post = ONEDNN_ACTIVATIONS[activation]
     if not takes_onednn(x, weight, bias):
         y = F.linear(x, weight, bias)
         return y if activation is None else ACTIVATIONS[activation](y)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                               or bias is not None and bias.requires_grad)
     if not needs_grad:
-        return _onednn_linear(x, weight, bias, *post[:1], [], post[1])
+        attr, algorithm = ONEDNN_ACTIVATIONS[activation]
+        return _onednn_linear(x, weight, bias, attr, [], algorithm)
     y = _Linear.apply(x, weight, bias)
     return y if activation is None else ACTIVATIONS[activation](y)
 
