@@ -154,7 +154,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     of the scored rows only (logits are never computed for a -100 target). `vocab_major` (None: on a CPU)
     computes each chunk's logits as (V, n), weight · hᵀ: on a CPU MKL runs that 1.5–2× faster than the
     (n, V) product h · weightᵀ at these shapes (n ≥ 128 rows, V in the thousands), and softmax over its
-    contiguous V axis is as fast.
+    contiguous V axis is as fast. Without a gradient, None picks (n, V) wherever the product runs on oneDNN
+    (plmcli.models.dense), for the faster cross-entropy kernel along V.
     """
     chunk = chunk or chunk_rows(weight.shape[0], h.device)
     cols = h.device.type == "cpu" if vocab_major is None else vocab_major
