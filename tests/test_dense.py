@@ -103,6 +103,18 @@ def test_steps_aside_where_onednn_does_not_apply():
     assert takes_onednn(x, w, b) == (dense._onednn_linear is not None)  # restored after the block
 
 
+@needs_onednn
+def test_empty_rows_and_zero_features():
+    w, b = torch.randn(8, 16, requires_grad=True), torch.randn(8, requires_grad=True)
+    x = torch.randn(2, 0, 16, requires_grad=True)  # no rows: a batch with nothing masked
+    y = linear(x, w, b)
+    y.sum().backward()
+    assert y.shape == (2, 0, 8) and x.grad.shape == x.shape and torch.equal(w.grad, torch.zeros_like(w))
+    x0, w0 = torch.randn(3, 0), torch.randn(4, 0)  # no features: F.linear's answer, the bias
+    assert not takes_onednn(x0, w0)
+    assert torch.equal(linear(x0, w0, b[:4]), b[:4].expand(3, 4))
+
+
 def test_a_torch_without_the_op_takes_f_linear(monkeypatch):
     monkeypatch.setattr(dense, "_onednn_linear", None)
     monkeypatch.setattr(dense, "_enabled", [False])

@@ -65,6 +65,7 @@ def takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """Whether `linear(x, weight, bias)` runs on oneDNN."""
     return (_enabled[0] and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32) and not x.is_nested and x.dim() >= 2
+            and x.shape[-1] > 0  # oneDNN has no inner product over 0 features; F.linear gives the bias
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
