@@ -304,10 +304,17 @@ def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0, onednn: bool =
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     g = torch.Generator().manual_seed(seed)
     a, b = (torch.randn(size, size, generator=g).to(dt) for _ in range(2))
-    b_t = b.t().contiguous()  # linear(a, bᵀ) = a · b
-    out = torch.empty(size, size, dtype=dt)
     flops = calls * matmul_flops(size, size, size)
-    product = (lambda: linear(a, b_t)) if onednn else (lambda: torch.mm(a, b, out=out))
+    if onednn:
+        b_t = b.t().contiguous()  # linear(a, bᵀ) = a · b
+
+        def product():
+            return linear(a, b_t)
+    else:
+        out = torch.empty(size, size, dtype=dt)
+
+        def product():
+            return torch.mm(a, b, out=out)
 
     def once() -> float:
         return flops / timed(product, calls) / 1e9
@@ -321,12 +328,10 @@ def probe_runners(args, flags: list[str]) -> dict[str, Callable[[], float]]:
 
     Two fp32 probes because the CPU's fp32 limit depends on the library: on an AMD EPYC (Zen 4) oneDNN's
     2048² product runs at 206–212 GFLOP/s and MKL's at 182–185; the steps are set against both."""
-    import torch
-
-    from plmcli.models.dense import takes_onednn
+    from plmcli.models.dense import onednn_enabled
 
     runners = {"gemm fp32": gemm_runner("fp32", args.gemm_size, args.gemm_calls)}
-    if takes_onednn(torch.ones(2, 2), torch.ones(2, 2)):
+    if onednn_enabled():
         runners["gemm fp32-onednn"] = gemm_runner("fp32", args.gemm_size, args.gemm_calls, onednn=True)
     if has_bf16_units(flags):
         runners["gemm bf16"] = gemm_runner("bf16", args.gemm_size, args.gemm_calls)

@@ -156,7 +156,7 @@ def run(args) -> int:
     samples = common.interleave(runners, args.repeats)
     stats = {k: common.summary(v) for k, v in samples.items()}  # the probes' too: probe_line reads them
     sides, peaks = common.split_probes(stats)
-    peaks = common.fp32_peaks(peaks)  # an fp32 step: the fp32 probe is its limit
+    peaks = common.fp32_peaks(peaks)  # an fp32 step: the fp32 probes are its limits
     fpt = plm.model.flops_per_token(t.seq_len)
     ratio = sides["plm"]["median"] / sides["plain nn.LSTM loop"]["median"]
     paired = paired_ratios(samples["plm"], samples["plain nn.LSTM loop"])

@@ -183,7 +183,7 @@ def table(sides: dict[str, list[dict]], repeats: int, step_gflop: float, peaks: 
     checkpoints, slow steps): where one side spends what the other does not. `step_gflop`: one step's
     training GFLOP (the same model on both sides), so the median step's GFLOP/s is set against the fp32 probes
     (`peaks`: {"fp32": GFLOP/s, "fp32-onednn": ...}; bf16 left out, both sides run fp32)."""
-    peaks = {k: v for k, v in peaks.items() if k.startswith("fp32")}
+    peaks = common.fp32_peaks(peaks)
     fields = ("wall", "val_loss", "loop", "step_ms", "steps")
     med = {k: {f: statistics.median(r[f] for r in v) for f in fields} for k, v in sides.items()}
     for m in med.values():

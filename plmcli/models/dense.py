@@ -50,6 +50,11 @@ ONEDNN_ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh":
 _enabled = [_onednn_linear is not None]
 
 
+def onednn_enabled() -> bool:
+    """Whether fp32 linears on a CPU run on oneDNN here: torch has the op and `onednn` has not turned it off."""
+    return _enabled[0]
+
+
 @contextmanager
 def onednn(enabled: bool):
     """Within: oneDNN's linears on (where they apply) or off (torch's own `F.linear`), e.g. to compare the two."""
@@ -63,7 +68,7 @@ def onednn(enabled: bool):
 
 def takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` runs on oneDNN."""
-    return (_enabled[0] and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+    return (onednn_enabled() and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32) and not x.is_nested and x.dim() >= 2
             and x.shape[-1] > 0  # oneDNN has no inner product over 0 features; F.linear gives the bias
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
@@ -95,13 +100,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     where it applies, the activation fused into the matmul when no gradient is needed."""
     if not takes_onednn(x, weight, bias):
         y = F.linear(x, weight, bias)
-        return y if activation is None else ACTIVATIONS[activation](y)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                              or bias is not None and bias.requires_grad)
-    if not needs_grad:
+    elif torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                      or bias is not None and bias.requires_grad):
+        y = _Linear.apply(x, weight, bias)
+    else:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
         return _onednn_linear(x, weight, bias, attr, [], algorithm)
-    y = _Linear.apply(x, weight, bias)
     return y if activation is None else ACTIVATIONS[activation](y)
 
 

@@ -172,10 +172,9 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     # stride of each window, so the output layer runs on those rows alone (the copy of h is C per row, not V).
     valid = targets != IGNORE_INDEX
     h, targets = h[valid], targets[valid]
-    if vocab_major is None and takes_onednn(h, weight, bias):
-        # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
-        # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
-        cols = False
+    # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
+    # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
+    cols = cols and not (vocab_major is None and takes_onednn(h, weight, bias))
     total = torch.zeros((), dtype=acc, device=h.device)
     for s in range(0, h.shape[0], chunk):
         hc, yc = h[s : s + chunk], targets[s : s + chunk]
