@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.models import dense
-from plmcli.models.dense import ACTIVATIONS, Linear, linear, onednn, takes_onednn
+from plmcli.models.dense import ACTIVATIONS, Linear, linear, onednn, packed_weights, takes_onednn
 from plmcli.models.lm_loss import linear_cross_entropy
 
 needs_onednn = pytest.mark.skipif(dense._onednn_linear is None, reason="this torch has no oneDNN linear")
@@ -122,6 +122,55 @@ def test_a_torch_without_the_op_takes_f_linear(monkeypatch):
     with onednn(True):  # asking for it cannot turn on what is missing
         assert not takes_onednn(x, w, b)
         assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
+def test_packed_weights_give_the_same_numbers(activation):
+    x, w, b = _inputs(6, shape=(4, 7, 32), out=96)
+    with torch.no_grad():
+        plain = [linear(x, w, b, activation), linear(x[:, 3:], w[:32], b[:32]), linear(x, w[32:], None, activation)]
+        with packed_weights():
+            packed = [linear(x, w, b, activation), linear(x[:, 3:], w[:32], b[:32]), linear(x, w[32:], None, activation)]
+            again = linear(x, w, b, activation)  # from the cache
+    for got, ref in zip(packed + [again], plain + plain[:1]):
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_onednn
+def test_packed_weights_one_copy_per_weight_a_new_one_when_it_changes():
+    x, w, b = _inputs(7)
+    with torch.no_grad(), packed_weights():
+        cache = dense._packed[0]
+        linear(x, w, b)
+        linear(x[:1], w, b)
+        linear(x, w[:20], b[:20])  # another view of the same memory: its own copy
+        assert len(cache) == 2
+        w.mul_(-1)  # changed in place: the copy made before must not be used
+        torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        with packed_weights():  # nested: the same cache
+            assert dense._packed[0] is cache
+        assert dense._packed[0] is cache
+    assert dense._packed[0] is None  # the copies go with the outermost context
+
+
+@needs_onednn
+def test_packed_weights_leave_gradients_and_odd_inputs_alone(monkeypatch):
+    x, w, b = _inputs(8)
+    w.requires_grad_(True)
+    with packed_weights():
+        linear(x, w, b).sum().backward()  # with a gradient: the plain weight, never a copy
+        assert dense._packed[0] == {}
+        torch.testing.assert_close(w.grad, torch.ones(3, 5, 40).reshape(15, 40).t() @ x.reshape(15, 24))
+        with torch.no_grad():
+            empty = linear(torch.randn(2, 0, 24), w, b)
+            strided = linear(x, w.detach().t().contiguous().t(), b)  # a transposed weight stays as it is
+            assert list(dense._packed[0]) == [(w.data_ptr(), (40, 24), w._version)]
+            monkeypatch.setattr(dense, "_onednn_reorder", None)  # a torch without the reorder
+            without = linear(x, w, b)
+    assert empty.shape == (2, 0, 40)
+    torch.testing.assert_close(strided, F.linear(x, w.detach(), b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(without, F.linear(x, w.detach(), b), rtol=1e-5, atol=1e-5)
 
 
 def test_linear_keeps_nn_linears_parameters_and_names():

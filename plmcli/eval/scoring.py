@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
+from plmcli.models.dense import packed_weights
 from plmcli.registry_util import resolve
 
 SCORERS: dict[str, str] = {
@@ -61,5 +62,6 @@ def score(model, files: list[str], tok, cfg: dict, *, max_length: int | None = N
     adds). `options`: mem_len / tgt_len (memory, left_to_right), max_tokens_per_batch (pseudo); None ones
     are left out, so a protocol only ever receives the options it takes."""
     given = {k: v for k, v in options.items() if v is not None}
-    return scorer(model)(model, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
-                         device=device, **given)
+    with packed_weights():  # the weights stay as they are for the whole pass
+        return scorer(model)(model, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
+                             device=device, **given)
