@@ -64,6 +64,8 @@ UNIT_BYTES = 64 << 20
 """A text file bigger than this is encoded in pieces of about this size, so `--num-proc` workers share it."""
 ENCODE_BATCH_BYTES = 1 << 20
 """Text handed to the tokenizer at a time (up to 1000 documents): a worker's memory is about one batch."""
+FIRST_BATCH_BYTES = 32 << 10
+"""A unit's first (and, in a plain text file, last) batch: batches double from this to ENCODE_BATCH_BYTES."""
 
 
 # ----------------------------------------------------------------------------- tokenizing
@@ -105,22 +107,27 @@ def _plan_units(files: list[str]) -> list[tuple[str, int, int | None, int]]:
 
 def _encoder(spec: tuple):
     """In each worker: unit -> batches of encoded documents (see shards.write_shards)."""
-    from tokenizers import Tokenizer
-
-    tok_json, doc_per_line, split = spec
-    tok = Tokenizer.from_str(tok_json)
+    tok, doc_per_line, split = spec  # in a worker process, a copy unpickled from the parent's
 
     def batches(unit):
-        name, start, end = unit[:3]
-        batch, size = [], 0
-        docs = documents([name], doc_per_line) if isinstance(name, tables.TableInput) else \
-            range_documents(name, start, end, doc_per_line)
+        # Batches start small and, where the text's size is known, end small: the tokenizer thread starts
+        # once a few kB are read instead of a whole batch, and the batch it encodes last leaves little for
+        # this thread to finish alone. Between, big batches keep the per-batch costs (Arrow record batches,
+        # hand-offs between the threads) low.
+        name, start, end, unit_bytes = unit
+        table = isinstance(name, tables.TableInput)
+        left = None if table or name.endswith(".gz") else unit_bytes  # .gz: compressed bytes, not text
+        batch, size, target = [], 0, FIRST_BATCH_BYTES
+        docs = documents([name], doc_per_line) if table else range_documents(name, start, end, doc_per_line)
         for doc in docs:
             batch.append(doc)
             size += len(doc)
-            if len(batch) >= 1000 or size >= ENCODE_BATCH_BYTES:
+            limit = target if left is None else max(FIRST_BATCH_BYTES, min(target, left // 2))
+            if len(batch) >= 1000 or size >= limit:
                 yield batch
-                batch, size = [], 0
+                if left is not None:
+                    left -= size
+                batch, size, target = [], 0, min(2 * target, ENCODE_BATCH_BYTES)
         if batch:
             yield batch
 
@@ -232,10 +239,11 @@ def arrow_totals(ds, lengths: dict[str, str], sums: dict[str, str]) -> dict:
     return c
 
 
-def tokenizer_entry(tok_cfg: TokenizerConfig, lines) -> tuple:
-    """(tokenizer, its meta.json entry): loaded from tok_cfg.path, else trained on `lines()` (a stream of text)."""
+def tokenizer_entry(tok_cfg: TokenizerConfig, lines, loaded: Tokenizer | None = None) -> tuple:
+    """(tokenizer, its meta.json entry): `loaded` or loaded from tok_cfg.path, else trained on `lines()` (a
+    stream of text)."""
     if tok_cfg.path:
-        tok = load_tokenizer(tok_cfg.path)
+        tok = loaded or load_tokenizer(tok_cfg.path)
         specials = resolve_special_tokens(tok_cfg, add_unk=False)
         kind = tokenizer_kind(tok)
     else:
@@ -261,7 +269,7 @@ def encode_splits(tmp: Path, units: list, tok, doc_per_line: bool, num_proc: int
     features = Features({"input_ids": Sequence(Value("int32")), "sentence_starts": Sequence(Value("int32")),
                          "word_starts": Sequence(Value("bool")), "num_bytes": Value("int64")})
     try:
-        shards = list(write_shards(units, _encoder, (tok.to_str(), doc_per_line, split_sentences), features, _totals,
+        shards = list(write_shards(units, _encoder, (tok, doc_per_line, split_sentences), features, _totals,
                                    tmp / ".shards", num_proc, [u[3] for u in units]))
         rows = [sh["rows"] for sh in shards]
         cut = sum(rows[: len(rows) - held_out_units]) if held_out_units else n_train(sum(rows))
@@ -278,8 +286,7 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
     Memory stays flat in corpus size: the tokenizer trainer keeps counts of distinct words, each worker
     one batch of documents, and the Arrow shards it writes become the dataset without a copy.
     """
-    if tok_cfg.path:
-        load_tokenizer(tok_cfg.path)  # fail before the long pass over the text
+    loaded = load_tokenizer(tok_cfg.path) if tok_cfg.path else None  # fail before the long pass over the text
     inputs = input_stats(files)
     files = spool_stdin(files, tmp)
     if not any(line.strip() for name in files for line in text_lines(name)):  # stops at the first text
@@ -287,7 +294,7 @@ def _build(tmp: Path, files: list[str], tok_cfg: TokenizerConfig, doc_per_line: 
     # A dataset's own validation split is the validation set (then nothing else is held out).
     held_out = [f for f in files if isinstance(f, tables.TableInput) and f.split == "validation"]
     files = [f for f in files if not any(f is h for h in held_out)] + held_out
-    tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in text_lines(name)))
+    tok, entry = tokenizer_entry(tok_cfg, lambda: (line for name in files for line in text_lines(name)), loaded)
     counts = encode_splits(tmp, _plan_units(files), tok, doc_per_line, num_proc, key,
                            lambda n: n - num_validation(n, val_fraction), split_sentences, len(held_out))
     tok.save(str(tmp / "tokenizer.json"))
