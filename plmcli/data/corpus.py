@@ -105,31 +105,34 @@ def _plan_units(files: list[str]) -> list[tuple[str, int, int | None, int]]:
     return units
 
 
+def _document_batches(unit: tuple, doc_per_line: bool):
+    """The documents of `unit` (a _plan_units piece), in batches for the tokenizer.
+
+    Batches start small and, where the text's size is known, end small: the tokenizer thread starts once a
+    few kB are read instead of a whole batch, and the batch it encodes last leaves little for the other
+    thread to finish alone. Between, big batches keep the per-batch costs (Arrow record batches, hand-offs
+    between the threads) low."""
+    name, start, end, unit_bytes = unit
+    table = isinstance(name, tables.TableInput)
+    left = None if table or name.endswith(".gz") else unit_bytes  # .gz: compressed bytes, not text
+    batch, size, target = [], 0, FIRST_BATCH_BYTES
+    docs = documents([name], doc_per_line) if table else range_documents(name, start, end, doc_per_line)
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc)  # characters: at most the bytes they take, so `left` never runs out early
+        limit = target if left is None else max(FIRST_BATCH_BYTES, min(target, left // 2))
+        if len(batch) >= 1000 or size >= limit:
+            yield batch
+            if left is not None:
+                left -= size
+            batch, size, target = [], 0, min(2 * target, ENCODE_BATCH_BYTES)
+    if batch:
+        yield batch
+
+
 def _encoder(spec: tuple):
     """In each worker: unit -> batches of encoded documents (see shards.write_shards)."""
     tok, doc_per_line, split = spec  # in a worker process, a copy unpickled from the parent's
-
-    def batches(unit):
-        # Batches start small and, where the text's size is known, end small: the tokenizer thread starts
-        # once a few kB are read instead of a whole batch, and the batch it encodes last leaves little for
-        # this thread to finish alone. Between, big batches keep the per-batch costs (Arrow record batches,
-        # hand-offs between the threads) low.
-        name, start, end, unit_bytes = unit
-        table = isinstance(name, tables.TableInput)
-        left = None if table or name.endswith(".gz") else unit_bytes  # .gz: compressed bytes, not text
-        batch, size, target = [], 0, FIRST_BATCH_BYTES
-        docs = documents([name], doc_per_line) if table else range_documents(name, start, end, doc_per_line)
-        for doc in docs:
-            batch.append(doc)
-            size += len(doc)
-            limit = target if left is None else max(FIRST_BATCH_BYTES, min(target, left // 2))
-            if len(batch) >= 1000 or size >= limit:
-                yield batch
-                if left is not None:
-                    left -= size
-                batch, size, target = [], 0, min(2 * target, ENCODE_BATCH_BYTES)
-        if batch:
-            yield batch
 
     def encode(unit):
         # A second thread runs only the tokenizer, whose Rust code releases the GIL: the work of a bare
@@ -141,7 +144,7 @@ def _encoder(spec: tuple):
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending: deque = deque()
-            for docs in batches(unit):
+            for docs in _document_batches(unit, doc_per_line):
                 lines, per_doc = _lines(docs, split)
                 # encode_batch, not encode_batch_fast: the fast path leaves word_ids empty, and whole-word
                 # masking needs them.

@@ -404,3 +404,29 @@ def test_word_starts_of_tokens_without_a_word():
     line_at = corpus._offsets(np.array([len(w) for w in lines]))
     assert corpus._word_starts(encodings, line_at).tolist() == expected
     assert expected == [True, False, True, False, True, True, False, True, False, True, True, True, False, True]
+
+
+def test_batches_start_small_grow_and_end_small(tmp_path):
+    # 600 documents of ~1 kB: the tokenizer gets 32 kB first, then twice as much each time, and at the end
+    # of a plain file halves again, so neither thread waits long alone at either end of a unit.
+    docs = [f"document {i} " + "word " * 200 for i in range(600)]
+    f = tmp_path / "c.txt"
+    f.write_text("\n\n".join(docs) + "\n")
+    (unit,) = corpus._plan_units([str(f)])
+    batches = list(corpus._document_batches(unit, False))
+    assert [d.strip() for b in batches for d in b] == [d.strip() for d in docs]  # all, in order, once
+    sizes = [sum(map(len, b)) for b in batches]
+    first, doc = corpus.FIRST_BATCH_BYTES, len(docs[0]) + 1
+    assert sizes[0] <= first + doc and sizes[-1] <= first + doc
+    peak = sizes.index(max(sizes))
+    assert 0 < peak < len(sizes) - 1
+    assert all(b >= a for a, b in zip(sizes[:peak], sizes[1:peak + 1]))  # growing ...
+    assert all(b <= a for a, b in zip(sizes[peak:], sizes[peak + 1:]))  # ... then shrinking
+    assert sizes[1] >= 2 * first - doc
+    # a .gz file's size is not its text's: batches grow only, up to ENCODE_BATCH_BYTES or 1000 documents
+    g = tmp_path / "c.txt.gz"
+    g.write_bytes(gzip.compress(f.read_bytes()))
+    (gz_unit,) = corpus._plan_units([str(g)])
+    gz_sizes = [sum(map(len, b)) for b in corpus._document_batches(gz_unit, False)]
+    assert gz_sizes[0] <= first + doc and all(b >= a for a, b in zip(gz_sizes[:-2], gz_sizes[1:-1]))
+    assert sum(gz_sizes) == sum(sizes)
