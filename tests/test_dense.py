@@ -128,6 +128,7 @@ def test_a_torch_without_the_op_takes_f_linear(monkeypatch):
 @pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
 def test_packed_weights_give_the_same_numbers(activation):
     x, w, b = _inputs(6, shape=(4, 7, 32), out=96)
+    w = nn.Parameter(w)
     with torch.no_grad():
         plain = [linear(x, w, b, activation), linear(x[:, 3:], w[:32], b[:32]), linear(x, w[32:], None, activation)]
         with packed_weights():
@@ -140,12 +141,16 @@ def test_packed_weights_give_the_same_numbers(activation):
 @needs_onednn
 def test_packed_weights_one_copy_per_weight_a_new_one_when_it_changes():
     x, w, b = _inputs(7)
+    w = nn.Parameter(w)
     with torch.no_grad(), packed_weights():
         cache = dense._packed[0]
         linear(x, w, b)
         linear(x[:1], w, b)
         linear(x, w[:20], b[:20])  # another view of the same memory: its own copy
         assert len(cache) == 2
+        computed = linear(x, w * 2, b)  # new memory every forward pass: never copied
+        assert len(cache) == 2
+        torch.testing.assert_close(computed, F.linear(x, w * 2, b), rtol=1e-5, atol=1e-5)
         w.mul_(-1)  # changed in place: the copy made before must not be used
         torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
         with packed_weights():  # nested: the same cache
@@ -157,7 +162,7 @@ def test_packed_weights_one_copy_per_weight_a_new_one_when_it_changes():
 @needs_onednn
 def test_packed_weights_leave_gradients_and_odd_inputs_alone(monkeypatch):
     x, w, b = _inputs(8)
-    w.requires_grad_(True)
+    w = nn.Parameter(w)
     with packed_weights():
         linear(x, w, b).sum().backward()  # with a gradient: the plain weight, never a copy
         assert dense._packed[0] == {}

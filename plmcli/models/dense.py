@@ -85,10 +85,11 @@ _packed: list[dict | None] = [None]
 
 @contextmanager
 def packed_weights():
-    """Within: the weights do not change (a scoring pass), so a linear without a gradient copies each weight
-    once into oneDNN's blocked layout and reuses the copy: oneDNN then skips reordering the plain weight
-    on every call (x · Wᵀ 2–4% faster at a Transformer's shapes, on AMD EPYC Zen 4). The same numbers; the
-    copies (one per weight) are dropped when the outermost context ends."""
+    """Within: the weights do not change (a scoring or evaluation pass), so a linear without a gradient copies
+    each parameter once into oneDNN's blocked layout and reuses the copy: oneDNN then skips reordering the
+    plain weight on every call (x · Wᵀ 2–4% faster at a Transformer's shapes, on AMD EPYC Zen 4). The same
+    numbers; the copies (one per weight) are dropped when the outermost context ends. Not for sharded
+    weights (FSDP, ZeRO-3), which are gathered into new memory at every forward."""
     saved = _packed[0]
     _packed[0] = {} if saved is None else saved
     try:
@@ -98,15 +99,18 @@ def packed_weights():
 
 
 def _packed_weight(cache: dict, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """`weight` in oneDNN's layout from `cache`, made on first use. A weight changed in place (its version) or
-    a different view of the same memory gets its own copy."""
-    if _onednn_reorder is None or not weight.is_contiguous():
+    """`weight` in oneDNN's layout from `cache`, made on first use. Only a parameter or a view of one is
+    copied: a weight computed in the forward pass would be new memory each time (and could reuse a freed
+    weight's address). A parameter changed in place (its version) or another view of the same memory gets
+    its own copy; the entry holds the weight, so its memory cannot be freed and reused while cached."""
+    if _onednn_reorder is None or not weight.is_contiguous() or not (
+            isinstance(weight, nn.Parameter) or isinstance(weight._base, nn.Parameter)):
         return weight
     key = (weight.data_ptr(), tuple(weight.shape), weight._version)
-    packed = cache.get(key)
-    if packed is None:
-        packed = cache[key] = _onednn_reorder(weight, max(1, x.numel() // x.shape[-1]))  # rows: a layout hint
-    return packed
+    entry = cache.get(key)
+    if entry is None:
+        entry = cache[key] = (weight, _onednn_reorder(weight, max(1, x.numel() // x.shape[-1])))  # rows: a hint
+    return entry[1]
 
 
 def takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import warnings
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 from plmcli.data.batching import CountFrom
 from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
+from plmcli.models.dense import packed_weights
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
 from plmcli.train.optim import build_optimizer
@@ -114,6 +116,13 @@ def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
     instead when it has one. `max_batches` counts micro-batches over all processes (rounded up to a
     multiple of their number): N processes score the samples one does.
     """
+    # The weights hold still for the pass: each is laid out for oneDNN once (not when sharded: FSDP and
+    # ZeRO-3 gather them into new memory at every forward).
+    with nullcontext() if sharded(accelerator) else packed_weights():
+        return _evaluate(accelerator, model, objective, stream, max_batches)
+
+
+def _evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
     if max_batches:
         max_batches = -(-max_batches // accelerator.num_processes)
     model.eval()
