@@ -199,15 +199,22 @@ a byte-level tokenizer). {args.repeats} interleaved repeats. Goal: plm (one proc
 
 
 WHY = """
-**Where plm's extra time goes** (this command, AMD EPYC, 2 cores, quiet, 2026-12-06; one Rayon thread; the
-first run on a quiet machine: 0.81×, the re-run below 0.78×, where a loaded one had read 0.97×). plm runs the tokenizer in a second
-thread and reads, splits and writes Arrow in the first, so the bare `encode_batch` work (1.31–1.41 s for these
-4 MB in one thread of a warm process, 1.27 s in the benchmark's fresh one) is the floor of its ~1.57 s. Timed
-inside the pipeline, the tokenizer thread is busy 1.41–1.52 s: 5–10% slower beside the main thread's
-per-token work (reading `ids` and `word_ids` out of the encodings, 0.14 s a run, which shares the GIL and the
-caches); the head and tail of the pipeline that cannot overlap take ~0.07 s, and filing the shards as a dataset
-(validation cut, metadata) ~0.06 s. Tried, no gain: batches of 256 kB and 64 kB instead of 1 MB (1.60 and
-1.75 s against 1.62), one file instead of two (−0.04 s), a 0.5 ms or 0.1 ms GIL switch interval (none). Left:
-word starts without `word_ids` (the per-token Python objects), which would tie whole-word masking to each
-tokenizer's word-boundary marker.
+**Where plm's extra time goes** (this command, AMD EPYC, 2 cores, 2026-12-06; one Rayon thread). plm runs the
+tokenizer in a second thread and reads, splits and writes Arrow in the first, so the bare `encode_batch` work is
+the floor. Timed inside the pipeline (the start and end of every `encode_batch` call, fresh processes):
+- **Done, 0.78–0.81× → 0.83–0.86×** (the same command with `--repeats 4`, before and after in alternating runs:
+  0.79× and 0.73× against 0.86× and 0.83×). The tokenizer used to wait 0.069 s before its first batch (a whole
+  batch of 1,000 documents read first, the tokenizer loaded twice and handed to the encoder as JSON) and 0.045 s
+  between the two files (each file's pipeline drained before the next filled), and the main thread finished a
+  whole last batch alone. Now a file's batches start at 32 kB and double up to 1 MB (or 1,000 documents), and
+  towards a plain file's end halve again (`plmcli.data.corpus._document_batches`); the tokenizer loads once and
+  reaches the encoder as an object. Left: 0.04 s before the first batch, 0.007 s of gaps, 0.015–0.02 s after.
+- **What is left is the tokenizer thread itself**: busy 1.57–1.75 s in the pipeline against 1.33–1.46 s for the
+  whole bare loop in the same alternation, and still 1.43–1.53 s with the main thread's Arrow work taken out
+  (it then only reads and splits the text). Tried, no gain: freeing the encodings on the tokenizer thread
+  instead of the main one (1.47 vs 1.48 s, medians of 6 alternating runs), a 0.1 ms GIL switch interval (1.55
+  vs 1.55 s, 8 runs), `Encoding.merge` before reading ids (2.3× slower than reading them per encoding), batches
+  of 256 kB and 64 kB (earlier: 1.60 and 1.75 s against 1.62), one file instead of two (−0.04 s). Left: word
+  starts without `word_ids` (per-token Python objects), which would tie whole-word masking to each tokenizer's
+  word-boundary marker.
 """
