@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from plmcli.errors import PlmError
 from plmcli.models.base import CarriesStateBatch, HasGenerationSession, HasPositionLimit
+from plmcli.models.dense import packed_weights
 
 STRATEGIES = ("greedy", "beam", "sample")
 
@@ -307,11 +308,12 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
         if plan.max_new_tokens == 0:
             texts.extend("" for _ in batch)
             continue
-        session, eos, decode = plan.session(model, tok, encoded)
-        if strategy == "beam":
-            outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty)
-        else:
-            outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick)
+        with packed_weights():  # one step at a time: each weight laid out for oneDNN once, not every step
+            session, eos, decode = plan.session(model, tok, encoded)
+            if strategy == "beam":
+                outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty)
+            else:
+                outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick)
         texts.extend(decode(e, out) for e, out in zip(encoded, outs))
     return texts
 
