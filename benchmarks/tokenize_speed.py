@@ -210,8 +210,9 @@ the floor. Timed inside the pipeline (the start and end of every `encode_batch` 
   towards a plain file's end halve again (`plmcli.data.corpus._document_batches`); the tokenizer loads once and
   reaches the encoder as an object. Left: 0.04 s before the first batch, 0.007 s of gaps, 0.015–0.02 s after.
 - **What is left is the tokenizer thread itself**: busy 1.57–1.75 s in the pipeline against 1.33–1.46 s for the
-  whole bare loop in the same alternation, and still 1.43–1.53 s with the main thread's Arrow work taken out
-  (it then only reads and splits the text). Tried, no gain: freeing the encodings on the tokenizer thread
+  whole bare loop in the same alternation, still 1.43–1.53 s with the main thread's Arrow work taken out
+  (it then only reads and splits the text), and 1.38–1.48 s against 1.35–1.43 s with all the text read
+  beforehand as well (the other thread then has nothing to do but hand batches over). Tried, no gain: freeing the encodings on the tokenizer thread
   instead of the main one (1.47 vs 1.48 s, medians of 6 alternating runs), a 0.1 ms GIL switch interval (1.55
   vs 1.55 s, 8 runs), `Encoding.merge` before reading ids (2.3× slower than reading them per encoding), batches
   of 256 kB and 64 kB (earlier: 1.60 and 1.75 s against 1.62), one file instead of two (−0.04 s). Left: word

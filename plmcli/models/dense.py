@@ -88,7 +88,7 @@ def packed_weights():
     """Within: the weights do not change (a scoring or evaluation pass), so a linear without a gradient copies
     each parameter once into oneDNN's blocked layout and reuses the copy: oneDNN then skips reordering the
     plain weight on every call (x · Wᵀ 2–4% faster at a Transformer's shapes, on AMD EPYC Zen 4). The same
-    numbers; the copies (one per weight) are dropped when the outermost context ends. Not for sharded
+    numbers, for one more copy of the weights' memory while the outermost context lasts. Not for sharded
     weights (FSDP, ZeRO-3), which are gathered into new memory at every forward."""
     saved = _packed[0]
     _packed[0] = {} if saved is None else saved
