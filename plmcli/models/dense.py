@@ -31,31 +31,20 @@ ACTIVATIONS = {
 """A model's activation by its recipe name (model.activation)."""
 
 
-def _find_onednn_linear():
-    """torch's oneDNN linear with a fused post-op (the op Inductor's CPU linears call), or None without it."""
+def _mkldnn_op(name: str):
+    """torch.ops.mkldnn.<name>, or None on a torch without oneDNN or without that op."""
     if not torch.backends.mkldnn.is_available():
         return None
     try:
-        return torch.ops.mkldnn._linear_pointwise
+        return getattr(torch.ops.mkldnn, name)
     except (AttributeError, RuntimeError):
         return None
 
 
-_onednn_linear = _find_onednn_linear()
-
-
-def _find_onednn_reorder():
-    """torch's op that copies a linear's weight into oneDNN's blocked layout (Inductor's frozen CPU linears
-    call it), or None without it."""
-    if _onednn_linear is None:
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_onednn_reorder = _find_onednn_reorder()
+_onednn_linear = _mkldnn_op("_linear_pointwise")
+"""oneDNN's linear with a fused post-op (the op Inductor's CPU linears call)."""
+_onednn_reorder = _mkldnn_op("_reorder_linear_weight") if _onednn_linear is not None else None
+"""Copies a linear's weight into oneDNN's blocked layout (as Inductor's frozen CPU linears do)."""
 
 ONEDNN_ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"),
                       "relu": ("relu", ""), "silu": ("swish", "")}
