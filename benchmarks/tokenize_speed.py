@@ -202,8 +202,8 @@ WHY = """
 **Where plm's extra time goes** (this command, AMD EPYC, 2 cores, 2026-12-06; one Rayon thread). plm runs the
 tokenizer in a second thread and reads, splits and writes Arrow in the first, so the bare `encode_batch` work is
 the floor. Timed inside the pipeline (the start and end of every `encode_batch` call, fresh processes):
-- **Done, 0.78–0.81× → 0.83–0.86×** (the same command with `--repeats 4`, before and after in alternating runs:
-  0.79× and 0.73× against 0.86× and 0.83×). The tokenizer used to wait 0.069 s before its first batch (a whole
+- **Done, 0.78–0.81× → 0.84×** (median of 8 runs of 3 repeats that day, 0.74–0.87×; with `--repeats 4`, before
+  and after in alternating runs: 0.79× and 0.73× against 0.86× and 0.83×). The tokenizer used to wait 0.069 s before its first batch (a whole
   batch of 1,000 documents read first, the tokenizer loaded twice and handed to the encoder as JSON) and 0.045 s
   between the two files (each file's pipeline drained before the next filled), and the main thread finished a
   whole last batch alone. Now a file's batches start at 32 kB and double up to 1 MB (or 1,000 documents), and
@@ -212,10 +212,10 @@ the floor. Timed inside the pipeline (the start and end of every `encode_batch` 
 - **What is left is the tokenizer thread itself**: busy 1.57–1.75 s in the pipeline against 1.33–1.46 s for the
   whole bare loop in the same alternation, still 1.43–1.53 s with the main thread's Arrow work taken out
   (it then only reads and splits the text), and 1.38–1.48 s against 1.35–1.43 s with all the text read
-  beforehand as well (the other thread then has nothing to do but hand batches over). Tried, no gain: freeing the encodings on the tokenizer thread
-  instead of the main one (1.47 vs 1.48 s, medians of 6 alternating runs), a 0.1 ms GIL switch interval (1.55
-  vs 1.55 s, 8 runs), `Encoding.merge` before reading ids (2.3× slower than reading them per encoding), batches
-  of 256 kB and 64 kB (earlier: 1.60 and 1.75 s against 1.62), one file instead of two (−0.04 s). Left: word
-  starts without `word_ids` (per-token Python objects), which would tie whole-word masking to each tokenizer's
-  word-boundary marker.
+  beforehand as well (the other thread then has nothing to do but hand batches over). Tried, no gain: freeing
+  the encodings on the tokenizer thread instead of the main one (1.47 vs 1.48 s, medians of 6 alternating runs),
+  a 0.1 ms GIL switch interval (1.55 vs 1.55 s, 8 runs), `Encoding.merge` before reading ids (2.3× slower than
+  reading them per encoding), batches of 256 kB and 64 kB (earlier: 1.60 and 1.75 s against 1.62), one file
+  instead of two (−0.04 s). Left: word starts without `word_ids` (per-token Python objects), which would tie
+  whole-word masking to each tokenizer's word-boundary marker.
 """
