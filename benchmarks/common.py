@@ -299,13 +299,13 @@ def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0, onednn: bool =
     share of it a step reaches is a ratio of two medians taken under the same conditions."""
     import torch
 
-    from plmcli.models.dense import linear
-
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     g = torch.Generator().manual_seed(seed)
     a, b = (torch.randn(size, size, generator=g).to(dt) for _ in range(2))
     flops = calls * matmul_flops(size, size, size)
     if onednn:
+        from plmcli.models.dense import linear
+
         b_t = b.t().contiguous()  # linear(a, bᵀ) = a · b
 
         def product():

@@ -1,6 +1,7 @@
 """Shared test fixtures: a tiny corpus and a tiny recipe that train in a second or two."""
 
 import contextlib
+import math
 from pathlib import Path
 
 TINY_RECIPE = """\
@@ -133,10 +134,7 @@ def _addmm_inplace_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **
 
 
 def _onednn_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-    rows = 1
-    for d in x_shape[:-1]:
-        rows *= d
-    return 2 * rows * x_shape[-1] * w_shape[0]
+    return 2 * math.prod(x_shape) * w_shape[0]
 
 
 def counted_flops(fn) -> int:

@@ -158,8 +158,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     (plmcli.models.dense), for the faster cross-entropy kernel along V.
     """
     chunk = chunk or chunk_rows(weight.shape[0], h.device)
-    cols = h.device.type == "cpu" if vocab_major is None else vocab_major
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad or bias is not None and bias.requires_grad):
+        cols = h.device.type == "cpu" if vocab_major is None else vocab_major
         if h.shape[0] <= chunk and not cols:  # the logits fit in one chunk: nothing to save, and torch's
             # own cross-entropy kernels beat the explicit softmax-minus-one-hot steps there (the (V, n)
             # matmuls of the fused path win even so)
@@ -174,7 +174,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     h, targets = h[valid], targets[valid]
     # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
     # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
-    cols = cols and not (vocab_major is None and takes_onednn(h, weight, bias))
+    cols = h.device.type == "cpu" and not takes_onednn(h, weight, bias) if vocab_major is None else vocab_major
     total = torch.zeros((), dtype=acc, device=h.device)
     for s in range(0, h.shape[0], chunk):
         hc, yc = h[s : s + chunk], targets[s : s + chunk]
