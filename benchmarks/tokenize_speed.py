@@ -69,7 +69,7 @@ def worker(job: dict) -> dict:
 
         from plmcli import api
 
-        for module in ("datasets", "pyarrow", "plmcli.data.corpus", "plmcli.data.shards"):
+        for module in ("datasets", "pyarrow", "plmcli.config", "plmcli.data.corpus", "plmcli.data.shards"):
             import_module(module)  # imported inside the call otherwise: start-up time, not tokenizing
         t0 = time.perf_counter()
         meta = api.tokenize(files, str(out), tokenizer=tok_json, num_proc=job["num_proc"], force=True)

@@ -3,6 +3,7 @@ import io
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
@@ -430,3 +431,47 @@ def test_batches_start_small_grow_and_end_small(tmp_path):
     gz_sizes = [sum(map(len, b)) for b in corpus._document_batches(gz_unit, False)]
     assert gz_sizes[0] <= first + doc and all(b >= a for a, b in zip(gz_sizes[:-2], gz_sizes[1:-1]))
     assert sum(gz_sizes) == sum(sizes)
+
+
+class _TracedEncoding:
+    """An encoding that records the thread it is freed on."""
+
+    def __init__(self, encoding, freed_on: list):
+        self.ids, self.word_ids, self._freed_on = encoding.ids, encoding.word_ids, freed_on
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __del__(self):
+        self._freed_on.append(threading.get_ident())
+
+
+def test_encodings_are_freed_on_the_tokenizer_thread(tmp_path):
+    # The thread that made an encoding frees it (frees from the other thread contend with the tokenizer's
+    # allocator); only the last batches, read out after the tokenizer is done, go on this thread. The switch
+    # interval is short while the unit is encoded and restored after.
+    docs = [f"document {i} " + "word " * 200 for i in range(300)]
+    f = tmp_path / "c.txt"
+    f.write_text("\n\n".join(docs) + "\n")
+    tok = train_tokenizer(iter(docs[:20]), CHAR)
+    freed_on, made_on, switch = [], [], []
+
+    class Traced:
+        def encode_batch(self, lines, add_special_tokens):
+            made_on.append(threading.get_ident())
+            switch.append(sys.getswitchinterval())
+            return [_TracedEncoding(e, freed_on) for e in tok.encode_batch(lines, add_special_tokens=add_special_tokens)]
+
+    (unit,) = corpus._plan_units([str(f)])
+    before = sys.getswitchinterval()
+    batches = list(corpus._encoder((Traced(), False, False))(unit))
+    assert sys.getswitchinterval() == before and switch == [pytest.approx(corpus.GIL_SWITCH_S)] * len(switch)
+    assert sum(len(b["num_bytes"]) for b in batches) == len(docs)
+    assert batches[0]["input_ids"][0].as_py() == tok.encode(docs[0] + "\n", add_special_tokens=False).ids
+    main, (worker,) = threading.get_ident(), set(made_on)
+    assert worker != main and len(made_on) > 4
+    assert len(freed_on) == sum(len(d.split("\n")) for d in docs)  # one encoding a line, every one freed
+    lines_per_batch = [sum(len(b) for b in batch["sentence_starts"].to_pylist()) for batch in batches]
+    on_worker = freed_on.count(worker)
+    assert freed_on.count(main) + on_worker == len(freed_on)
+    assert on_worker >= sum(lines_per_batch[:-3])  # all but the last batches, read out after the tokenizer's last
