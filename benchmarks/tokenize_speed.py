@@ -209,13 +209,27 @@ the floor. Timed inside the pipeline (the start and end of every `encode_batch` 
   whole last batch alone. Now a file's batches start at 32 kB and double up to 1 MB (or 1,000 documents), and
   towards a plain file's end halve again (`plmcli.data.corpus._document_batches`); the tokenizer loads once and
   reaches the encoder as an object. Left: 0.04 s before the first batch, 0.007 s of gaps, 0.015–0.02 s after.
-- **What is left is the tokenizer thread itself**: busy 1.57–1.75 s in the pipeline against 1.33–1.46 s for the
-  whole bare loop in the same alternation, still 1.43–1.53 s with the main thread's Arrow work taken out
-  (it then only reads and splits the text), and 1.38–1.48 s against 1.35–1.43 s with all the text read
-  beforehand as well (the other thread then has nothing to do but hand batches over). Tried, no gain: freeing
-  the encodings on the tokenizer thread instead of the main one (1.47 vs 1.48 s, medians of 6 alternating runs),
-  a 0.1 ms GIL switch interval (1.55 vs 1.55 s, 8 runs), `Encoding.merge` before reading ids (2.3× slower than
-  reading them per encoding), batches of 256 kB and 64 kB (earlier: 1.60 and 1.75 s against 1.62), one file
-  instead of two (−0.04 s). Left: word starts without `word_ids` (per-token Python objects), which would tie
-  whole-word masking to each tokenizer's word-boundary marker.
+- **Done (stop 37): the tokenizer's thread frees its own encodings.** An encoding is Rust memory the tokenizer's
+  thread allocated; freed from the main thread (where the read-out encodings were dropped), every free contends
+  with the tokenizer's allocations (glibc locks the arena a chunk came from to free it). In one process, the same batches: the tokenizer took
+  1.47 s with the main thread freeing, 1.25 s with nothing freed until the end, 1.26 s + 0.08 s of frees in the
+  bare loop. Now the main thread hands each batch it has read out back, and the tokenizer's thread frees it
+  after its next `encode_batch`, as the bare loop frees its own; the interpreter switches threads every 0.2 ms
+  instead of 5 while a unit is encoded, so that thread gets the GIL back for those frees and its results without
+  waiting out the main thread's 5 ms slice. `api.tokenize` against the bare loop, 6 interleaved rounds in one
+  process: 0.85× before, 0.90× with the frees moved, 0.92× with the short switches too. In fresh processes the
+  gain is smaller on this 4 MB corpus (0.82× → 0.83×, medians of 5 alternating runs) and 0.82× → 0.89× on 16 MB
+  (the same text four times, 4 alternating runs), where the steady state outweighs start-up. (Each change alone, in
+  fresh processes at 4 MB, measured no gain before: 1.47 vs 1.48 s and 1.55 vs 1.55 s.)
+- **What is left is the tokenizer thread itself**: in fresh processes it is busy in `encode_batch` 1.30–1.43 s
+  against 1.12–1.26 s for the bare loop's `encode_batch` calls, and still 1.30–1.43 s with all the text read
+  beforehand and the Arrow columns made once and reused (the main thread then has next to nothing to do), so
+  neither the reading nor the read-out explains it; neither do batch sizes (128 kB to 1 MB batches: within noise;
+  in one process 250 to 8,000 lines a call encode alike), page faults (10,000 in the tokenizer's thread, a few ms)
+  or one malloc arena for both threads. In one process, after a first run, the pipeline's calls take what the
+  bare loop's take. Around it: 0.03 s before the first batch (loading the tokenizer, 12 ms, is inside plm's time
+  and outside the bare loop's) and 0.02–0.03 s after the last (the validation cut, the meta). Tried before, no
+  gain: `Encoding.merge` before reading ids (2.3× slower than reading them per encoding), one file instead of two
+  (−0.04 s). Left: word starts without `word_ids` (per-token Python objects), which would tie whole-word masking
+  to each tokenizer's word-boundary marker; `encode_batch_fast` is 25% faster but leaves `word_ids` empty.
 """
