@@ -227,7 +227,10 @@ the floor. Timed inside the pipeline (the start and end of every `encode_batch` 
   neither the reading nor the read-out explains it; neither do batch sizes (128 kB to 1 MB batches: within noise;
   in one process 250 to 8,000 lines a call encode alike), page faults (10,000 in the tokenizer's thread, a few ms)
   or one malloc arena for both threads. In one process, after a first run, the pipeline's calls take what the
-  bare loop's take. Around it: 0.03 s before the first batch (loading the tokenizer, 12 ms, is inside plm's time
+  bare loop's take. Run serially on the main thread (no second thread at all) plm's calls are still ~8% slower
+  than the bare child's, and the bare loop itself encodes ~4% slower once its process has imported what plm's
+  pipeline needs (`datasets`, `pyarrow`, plmcli; 4 alternating fresh runs): much of the gap is the process, not
+  the pipeline. Around it: 0.03 s before the first batch (loading the tokenizer, 12 ms, is inside plm's time
   and outside the bare loop's) and 0.02–0.03 s after the last (the validation cut, the meta). Tried before, no
   gain: `Encoding.merge` before reading ids (2.3× slower than reading them per encoding), one file instead of two
   (−0.04 s). Left: word starts without `word_ids` (per-token Python objects), which would tie whole-word masking
