@@ -1,6 +1,10 @@
 """plmcli.models.dense: oneDNN's linears give F.linear's numbers (to rounding) and its gradients, and step
 aside wherever they do not apply."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -198,3 +202,15 @@ def test_scoring_head_on_onednn_equals_cross_entropy(vocab):
             off = linear_cross_entropy(h, w, y, chunk=128)
     torch.testing.assert_close(on, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(off, ref, rtol=1e-5, atol=1e-6)
+
+
+@needs_onednn
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True), (None, True)])
+def test_plm_onednn_in_the_environment_turns_the_onednn_linears_off(value, on):
+    # A CPU whose own GEMM is faster than oneDNN's keeps torch's F.linear, with no code change.
+    env = {k: v for k, v in os.environ.items() if k != "PLM_ONEDNN"} | ({} if value is None else {"PLM_ONEDNN": value})
+    code = ("import torch, torch.nn.functional as F; from plmcli.models import dense; x, w = torch.randn(4, 8), torch.randn(3, 8); "
+            "print(dense.onednn_enabled(), dense.takes_onednn(x, w), torch.equal(dense.linear(x, w), F.linear(x, w)))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out[:2] == [str(on), str(on)]
+    assert on or out[2] == "True"  # off: F.linear itself, bitwise

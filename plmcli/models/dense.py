@@ -11,10 +11,13 @@ With a gradient the forward and the input gradient (g · W) run on oneDNN and th
 (gᵀ · x) on MKL: oneDNN takes those transposed operands 20–40% slower. Anything else (autocast, bf16,
 fp64, a GPU, jagged tensors, a compiled graph, a torch without the op) takes `F.linear` as before.
 The numbers are the same product's up to rounding (the summation order differs, as between any two BLAS).
+`PLM_ONEDNN=0` in the environment keeps every fp32 linear on `F.linear`, for a CPU where torch's own
+GEMM is the faster one (only measured on the Zen 4 above).
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import torch
@@ -50,7 +53,7 @@ ONEDNN_ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh":
                       "relu": ("relu", ""), "silu": ("swish", "")}
 """ACTIVATIONS' names -> oneDNN's post-op (attr, algorithm)."""
 
-_enabled = [_onednn_linear is not None]
+_enabled = [_onednn_linear is not None and os.environ.get("PLM_ONEDNN", "1") != "0"]
 
 
 def onednn_enabled() -> bool:
