@@ -218,7 +218,8 @@ the floor. Timed inside the pipeline (the start and end of every `encode_batch` 
   instead of 5 while a unit is encoded, so that thread gets the GIL back for those frees and its results without
   waiting out the main thread's 5 ms slice. `api.tokenize` against the bare loop, 6 interleaved rounds in one
   process: 0.85× before, 0.90× with the frees moved, 0.92× with the short switches too. In fresh processes the
-  gain is smaller on this 4 MB corpus (0.82× → 0.83×, medians of 5 alternating runs) and 0.82× → 0.89× on 16 MB
+  gain is smaller on this 4 MB corpus (0.87× → 0.90×, medians of 6 alternating runs; 0.82× → 0.83× in 5 on the
+  loaded machine) and 0.82× → 0.89× on 16 MB
   (the same text four times, 4 alternating runs), where the steady state outweighs start-up. (Each change alone, in
   fresh processes at 4 MB, measured no gain before: 1.47 vs 1.48 s and 1.55 vs 1.55 s.)
 - **What is left is the tokenizer thread itself**: in fresh processes it is busy in `encode_batch` 1.30–1.43 s
