@@ -70,6 +70,8 @@ FIRST_BATCH_BYTES = 32 << 10
 """A unit's first (and, in a plain text file, last) batch: batches double from this to ENCODE_BATCH_BYTES."""
 GIL_SWITCH_S = 0.0002
 """The interpreter's thread switch interval while a unit is encoded (Python's default is 5 ms)."""
+BATCHES_AHEAD = 2
+"""Batches handed to the tokenizer's thread before the oldest is read out."""
 
 
 # ----------------------------------------------------------------------------- tokenizing
@@ -166,7 +168,7 @@ def _encoder(spec: tuple):
                 for docs in _document_batches(unit, doc_per_line):
                     lines, per_doc = _lines(docs, split)
                     pending.append((docs, per_doc, pool.submit(encode_batch, lines, spent)))
-                    if len(pending) > 2:
+                    if len(pending) > BATCHES_AHEAD:
                         yield _read_out(pending.popleft(), spent)
                 while pending:
                     yield _read_out(pending.popleft(), spent)
