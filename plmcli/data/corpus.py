@@ -172,9 +172,8 @@ def _encoder(spec: tuple):
                         yield _read_out(pending.popleft(), spent)
                 while pending:
                     yield _read_out(pending.popleft(), spent)
-        finally:
+        finally:  # what is still in `spent` goes with this generator's frame
             sys.setswitchinterval(switch)
-            spent.clear()
 
     return encode
 

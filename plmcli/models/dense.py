@@ -57,7 +57,8 @@ _enabled = [_onednn_linear is not None and os.environ.get("PLM_ONEDNN", "1") != 
 
 
 def onednn_enabled() -> bool:
-    """Whether fp32 linears on a CPU run on oneDNN here: torch has the op and `onednn` has not turned it off."""
+    """Whether fp32 linears on a CPU run on oneDNN here: torch has the op, and neither `PLM_ONEDNN=0` (read at
+    import) nor `onednn(False)` has turned it off."""
     return _enabled[0]
 
 
