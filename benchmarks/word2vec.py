@@ -8,7 +8,7 @@ KeyedVectors.evaluate_word_analogies / evaluate_word_pairs and by `plm eval-vect
 
 from __future__ import annotations
 
-import tempfile
+import statistics
 import time
 from pathlib import Path
 
@@ -25,6 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--archs", default="skip-gram,cbow", help="comma-separated: skip-gram, cbow")
     p.add_argument("--epochs", type=int, default=5, help="passes over the corpus, both sides")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds of gensim then plm per architecture (interleaved); words/s as the median of the rounds")
 
 
 def gensim_run(corpus: Path, m, arch: str, epochs: int, threads: int, seed: int, out: Path) -> dict:
@@ -44,13 +46,13 @@ def gensim_run(corpus: Path, m, arch: str, epochs: int, threads: int, seed: int,
     return {"vocab": len(model.wv), "train_s": train_s, "words_per_s": raw / train_s}
 
 
-def plm_run(corpus: Path, arch: str, epochs: int, seed: int, root: Path, out: Path) -> dict:
+def plm_run(corpus: Path, arch: str, epochs: int, seed: int, run_dir: Path, out: Path) -> dict:
     from plmcli import api
 
     t0 = time.perf_counter()
-    s = api.pretrain(RECIPES[arch], [str(corpus)], str(root / arch), overrides=[f"model.epochs={epochs}", f"train.seed={seed}"])
+    s = api.pretrain(RECIPES[arch], [str(corpus)], str(run_dir), overrides=[f"model.epochs={epochs}", f"train.seed={seed}"])
     wall = time.perf_counter() - t0
-    api.export(str(root / arch), "word2vec", str(out))
+    api.export(str(run_dir), "word2vec", str(out))
     return {"vocab": s["vocab"], "train_s": s["train_s"], "words_per_s": s["tokens"] * epochs / s["train_s"], "wall_s": wall}
 
 
@@ -89,24 +91,41 @@ def run(args) -> int:
     common.set_threads(args.threads)
     info = common.machine_info()
     questions, pairs = datapath("questions-words.txt"), datapath("wordsim353.tsv")
-    root = Path(tempfile.mkdtemp(prefix="plm-bench-word2vec-"))
-    rows, disagree = [], []
-    for arch in [a.strip() for a in args.archs.split(",") if a.strip()]:
-        m = load_recipe(RECIPES[arch]).model
-        for tool in ("plm", "gensim"):
-            vec = root / f"{tool}-{arch}.txt"
-            t = plm_run(args.corpus, arch, args.epochs, args.seed, root, vec) if tool == "plm" else \
-                gensim_run(args.corpus, m, arch, args.epochs, args.threads, args.seed, vec)
-            s = scores(vec, questions, pairs)
-            if not s["agree"]:
-                disagree.append(f"{tool} {arch}")
-            print(f"{tool} {arch}: {t} {s}")
-            rows.append([f"{tool} {arch}" + (f" (`{RECIPES[arch]}`)" if tool == "plm" else f" {gensim.__version__}"),
-                         f"{t['vocab']:,}", f"**{s['gensim_acc']:.2%}**", f"{s['plm_acc']:.2%}",
-                         f"{s['correct']:,} / {s['scored']:,} of {s['questions']:,}", f"{s['rho']:.3f} ({s['pairs']} pairs)",
-                         f"**{t['words_per_s']:,.0f}**", f"{t['train_s']:.1f} s"])
+    rows, disagree, changed = [], [], []
+    with common.isolated_workdir("plm-bench-word2vec-") as root:
+        for arch in [a.strip() for a in args.archs.split(",") if a.strip()]:
+            m = load_recipe(RECIPES[arch]).model
+            runs: dict[str, list[dict]] = {"gensim": [], "plm": []}
+            first: dict[str, tuple[bytes, dict]] = {}
+            for r in range(args.repeats):
+                for tool, done in runs.items():  # gensim, plm, gensim, plm, ...: drift in the load hits both alike
+                    vec = root / f"{tool}-{arch}-{r + 1}.txt"
+                    t = plm_run(args.corpus, arch, args.epochs, args.seed, root / f"{arch}-{r + 1}", vec) if tool == "plm" \
+                        else gensim_run(args.corpus, m, arch, args.epochs, args.threads, args.seed, vec)
+                    done.append(t)
+                    if tool not in first:  # the vectors are scored once; later rounds must give the same bytes
+                        first[tool] = (vec.read_bytes(), scores(vec, questions, pairs))
+                        if not first[tool][1]["agree"]:
+                            disagree.append(f"{tool} {arch}")
+                    elif vec.read_bytes() != first[tool][0]:
+                        changed.append(f"{tool} {arch} (round {r + 1})")
+                    print(f"round {r + 1}/{args.repeats} {tool} {arch}: {t}")
+            rate = {tool: common.summary([t["words_per_s"] for t in v]) for tool, v in runs.items()}
+            for tool in ("plm", "gensim"):
+                s, w = first[tool][1], rate[tool]
+                train_s = statistics.median(t["train_s"] for t in runs[tool])
+                rows.append([f"{tool} {arch}" + (f" (`{RECIPES[arch]}`)" if tool == "plm" else f" {gensim.__version__}"),
+                             f"{runs[tool][0]['vocab']:,}", f"**{s['gensim_acc']:.2%}**", f"{s['plm_acc']:.2%}",
+                             f"{s['correct']:,} / {s['scored']:,} of {s['questions']:,}",
+                             f"{s['rho']:.3f} ({s['pairs']} pairs)", f"**{w['median']:,.0f}**",
+                             f"{w['min']:,.0f}–{w['max']:,.0f}", f"{train_s:.1f} s"])
+            rows.append([f"**plm ÷ gensim, {arch}**", "", "", "", "", "",
+                         f"**{rate['plm']['median'] / rate['gensim']['median']:.2f}×**", "", ""])
     table = common.markdown_table(["side", "vocab", "analogies (gensim's eval)", "(plm eval-vectors)",
-                                   "correct / in vocab of all", "WordSim-353 ρ", "train words/s", "train time"], rows)
+                                   "correct / in vocab of all", "WordSim-353 ρ", "train words/s (median)",
+                                   "min–max", "train time (median)"], rows)
+    same = "every later round's vectors are byte for byte the first's on both sides" if not changed else \
+        "the vectors of " + ", ".join(changed) + " DIFFER from the first round's"
     text = f"""
 Penn Treebank's training text ({args.corpus.name}: 887,521 words, each line a sentence) because it is the largest
 word-level corpus with a training split in the shared data; its 10k lowercased vocabulary, with numbers as `N`,
@@ -114,9 +133,11 @@ leaves most analogy questions out of vocabulary, and both sides skip the same on
 (the recipe's: dim {m.dim}, window {m.window}, negative {m.negative}, sample {m.sample:g}, min_count {m.min_count},
 {args.epochs} epochs, alpha 0.025 (skip-gram) or 0.05 (CBOW) falling to {m.min_alpha:g}; gensim `workers={args.threads}`, plm
 {args.threads} torch thread(s)). Words/s = corpus words × epochs / training time, vocabulary building and
-tokenizing left out on both sides. Each side's vectors are written in the word2vec text format and scored on
-gensim's own questions-words.txt and wordsim353.tsv by gensim's `evaluate_word_analogies` /
-`evaluate_word_pairs` and by `plm eval-vectors`: {"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)}.
+tokenizing left out on both sides; {args.repeats} rounds per architecture in one process, gensim then plm in each
+(interleaved), and the median of the rounds. Each side's vectors are written in the word2vec text format and the
+first round's are scored on gensim's own questions-words.txt and wordsim353.tsv by gensim's
+`evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`: {"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)};
+{same}.
 """
     common.publish(NAME, common.section_body("word2vec on PTB: plm vs gensim", args, text, table, info), args)
     return 0

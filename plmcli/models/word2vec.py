@@ -34,6 +34,7 @@ bos or eos token (the word2vec recipes give both); the frame's tokens have no tr
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,36 @@ from plmcli.models.layers import require_vocab
 WEIGHTS = "model.safetensors"
 CHUNK = 1 << 16
 """Kept words whose examples are made (and shuffled) at once: bounds memory, not results."""
+GUIDE_PER_WORD = 8
+"""NoiseTable's slices per word: ~7% of PTB's draws then fall in a slice that must be searched."""
 
 BELOW_ALPHA = Rule(lambda v, c: v <= c["alpha"], "exceeds model.alpha {alpha}: the rate falls from alpha to min_alpha",
                    "pick {where}.min_alpha ≤ {where}.alpha, e.g. --set {where}.min_alpha=0.0001")
+
+
+class NoiseTable:
+    """Noise words by inversion of the cumulative distribution `cum` (float64, ascending to 1): a uniform u draws the
+    first word whose cum exceeds u, `torch.searchsorted(cum, u, right=True)`, through a guide table (Chen & Asau
+    1974) that gives the same words in O(1) for most draws.
+
+    The binary search alone took 70 ns a draw over PTB's 10k words, 20% of a skip-gram epoch. The guide holds, for
+    each of G ≥ GUIDE_PER_WORD·V equal slices [j/G, (j+1)/G) of [0, 1), the answer at the slice's start: a u whose
+    slice holds no word's cum takes that answer; only the few in a slice where the answer changes are searched. The
+    same draws as the search (tested), so a seed gives the same vectors as before."""
+
+    def __init__(self, cum: torch.Tensor):
+        self.cum = cum
+        self.slices = 1 << max(0, math.ceil(math.log2(GUIDE_PER_WORD * len(cum))))  # a power of two: u·G is exact
+        self.guide = torch.searchsorted(cum, torch.arange(self.slices + 1, dtype=cum.dtype) / self.slices, right=True)
+
+    def draw(self, u: torch.Tensor) -> torch.Tensor:
+        """The noise word of each uniform in `u` (any shape, float64 in [0, 1))."""
+        flat = u.reshape(-1)
+        j = (flat * self.slices).long()
+        word = self.guide.index_select(0, j)  # index_select: advanced indexing is 2-5× slower here
+        open_ = (word != self.guide[1:].index_select(0, j)).nonzero().squeeze(1)
+        word.index_copy_(0, open_, torch.searchsorted(self.cum, flat.index_select(0, open_), right=True))
+        return word.clamp_(max=len(self.cum) - 1).view(u.shape)
 
 
 @dataclass
@@ -142,11 +170,11 @@ class Word2Vec(LanguageModel):
             p[seen] = np.minimum(1.0, (np.sqrt(c[seen] / threshold) + 1) * threshold / c[seen])
         return p
 
-    def noise_table(self, counts: np.ndarray) -> torch.Tensor:
-        """Cumulative noise distribution ∝ count^ns_exponent (zero-count tokens are never drawn), for searchsorted."""
+    def noise_table(self, counts: np.ndarray) -> NoiseTable:
+        """The noise distribution ∝ count^ns_exponent (zero-count tokens are never drawn)."""
         w = np.where(counts > 0, counts.astype(np.float64) ** self.cfg.ns_exponent, 0.0)
         cum = np.cumsum(w)
-        return torch.from_numpy(cum / cum[-1])
+        return NoiseTable(torch.from_numpy(cum / cum[-1]))
 
     # ------------------------------------------------------------ training
 
@@ -186,8 +214,7 @@ class Word2Vec(LanguageModel):
             b = min(a + CHUNK, M)
             examples = self._examples(words, sentence, a, b, rng)
             n = len(examples[0])
-            u = torch.rand(n, self.cfg.negative, generator=gen, dtype=torch.float64)
-            negs = torch.searchsorted(noise, u, right=True).clamp_(max=len(noise) - 1)
+            negs = noise.draw(torch.rand(n, self.cfg.negative, generator=gen, dtype=torch.float64))
             B = self.cfg.batch_size
             for s in range(0, n, B):
                 progress = (epoch + (a + (b - a) * s / n) / M) / self.cfg.epochs

@@ -69,14 +69,36 @@ def test_subsampling_noise_table_and_vocabulary_by_hand():
     assert p[1] == pytest.approx((math.sqrt(90 / t_T) + 1) * t_T / 90)  # ≈ 0.115
     assert p[2] == pytest.approx(min(1.0, (math.sqrt(8 / t_T) + 1) * t_T / 8))  # ≈ 0.47
     assert p[0] == p[3] == p[4] == 0
-    cum = m.noise_table(counts).numpy()
+    noise = m.noise_table(counts)
     w = np.array([0, 90 ** 0.75, 8 ** 0.75, 0, 0])
-    np.testing.assert_allclose(cum, np.cumsum(w) / w.sum())
+    np.testing.assert_allclose(noise.cum.numpy(), np.cumsum(w) / w.sum())
     u = torch.rand(20000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    drawn = torch.searchsorted(torch.from_numpy(cum), u, right=True)
+    drawn = noise.draw(u)
     assert set(drawn.tolist()) == {1, 2}  # a word without a vector is never noise
     assert (drawn == 2).float().mean().item() == pytest.approx(w[2] / w.sum(), abs=0.02)
 
+
+
+def test_noise_draws_are_the_binary_searchs_words_for_the_same_uniforms():
+    """The guide table gives exactly torch.searchsorted(cum, u, right=True): a seed keeps its vectors. Counts with
+    zero runs at both ends and inside (flat stretches of cum), a word of half the mass, many rare ones."""
+    counts = np.zeros(3000, dtype=np.int64)
+    counts[5:2990] = np.random.default_rng(0).zipf(1.5, 2985).clip(max=10**6)
+    counts[100:140] = 0
+    counts[7] = counts.sum()
+    noise = Word2Vec(Word2VecConfig(vocab_size=len(counts))).noise_table(counts)
+    assert noise.slices == 32768  # the power of two ≥ 8 slices a word
+    cum = noise.cum
+    u = torch.rand(200_000, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    # the uniforms at and right beside every word's cum and every slice edge, where a search turns
+    edges = torch.cat([cum, torch.arange(noise.slices, dtype=torch.float64) / noise.slices])
+    near = torch.cat([edges, torch.nextafter(edges, torch.tensor(0.0, dtype=torch.float64)),
+                      torch.nextafter(edges, torch.tensor(1.0, dtype=torch.float64)), torch.tensor([0.0])])
+    u = torch.cat([u, near[(near >= 0) & (near < 1)]])
+    drawn = noise.draw(u.view(-1, 1)).view(-1)
+    assert torch.equal(drawn, torch.searchsorted(cum, u, right=True).clamp_(max=len(cum) - 1))
+    assert (torch.from_numpy(counts)[drawn] > 0).all()  # never a word without a vector
+    assert noise.draw(u[:10].view(2, 5)).shape == (2, 5)
 
 def test_windows_stay_inside_sentences_and_a_window_of_one_pairs_neighbours():
     m = Word2Vec(Word2VecConfig(vocab_size=10, dim=2, window=1))
