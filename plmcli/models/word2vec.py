@@ -265,12 +265,15 @@ class Word2Vec(LanguageModel):
 
     def _cbow_step(self, centre, ctx, mask, negs, alpha: float) -> float:
         B, W2 = ctx.shape
-        m = mask.to(self.input_vectors.dtype).unsqueeze(2)  # (B, 2·window, 1)
-        h = (self.input_vectors.index_select(0, ctx.view(-1)).view(B, W2, -1) * m).sum(1) / m.sum(1)
+        # Only the present slots (about half of a window's 2·window: each centre draws its own reach) are read and
+        # written: 1.3× the words/s of gathering, masking and scattering all of them (PTB, 1 thread).
+        slot = mask.view(-1).nonzero().squeeze(1)
+        example, word = slot // W2, ctx.view(-1).index_select(0, slot)
+        h = self.input_vectors.new_zeros(B, self.cfg.dim).index_add_(0, example, self.input_vectors.index_select(0, word))
+        h /= mask.sum(1, dtype=h.dtype)[:, None]
         err, loss = self._update(h, centre, negs, alpha)
-        # word2vec.c (and gensim's cbow_mean) give every context word the whole error, not error / count;
-        # an empty slot adds zero to whatever row it holds
-        self.input_vectors.index_add_(0, ctx.view(-1), (err.unsqueeze(1) * m).view(B * W2, -1))
+        # word2vec.c (and gensim's cbow_mean) give every context word the whole error, not error / count
+        self.input_vectors.index_add_(0, word, err.index_select(0, example))
         return loss
 
     # ------------------------------------------------------------ fit / vectors

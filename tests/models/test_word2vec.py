@@ -44,9 +44,11 @@ def test_skip_gram_step_is_mikolovs_update_by_hand():
 
 
 def test_cbow_step_uses_the_mean_and_gives_each_context_word_the_whole_error():
-    m = model(arch="cbow", window=1)
-    # context 0 and 1 (the (1, 2·window) row, both present) predict centre 2; one noise word, 0; α = 0.05
-    loss = m._cbow_step(torch.tensor([2]), torch.tensor([[0, 1]]), torch.tensor([[True, True]]), torch.tensor([[0]]), 0.05)
+    m = model(arch="cbow", window=2)
+    # context 0 and 1 (present slots of the (1, 2·window) row; the empty ones hold word 2) predict centre 2; one
+    # noise word, 0; α = 0.05
+    loss = m._cbow_step(torch.tensor([2]), torch.tensor([[2, 0, 1, 2]]), torch.tensor([[False, True, True, False]]),
+                        torch.tensor([[0]]), 0.05)
     h = (np.array(V0[0]) + np.array(V0[1])) / 2  # (0.2, 0.05)
     s2, s0 = 0.25 * 0.2 + 0.25 * 0.05, 0.5 * 0.2 + 0.0 * 0.05
     g2, g0 = (1 - sigmoid(s2)) * 0.05, -sigmoid(s0) * 0.05
@@ -58,6 +60,30 @@ def test_cbow_step_uses_the_mean_and_gives_each_context_word_the_whole_error():
     np.testing.assert_allclose(m.output_vectors[0].numpy(), np.array(U0[0]) + g0 * h, rtol=1e-6)
     assert loss == pytest.approx(-math.log(sigmoid(s2)) - math.log(sigmoid(-s0)), rel=1e-6)
 
+
+
+def test_a_cbow_batch_is_each_example_by_hand():
+    """Several examples at once: each h is the mean of its own present context words, and each context word gets its
+    example's error (words shared between examples add up), as the plain masked computation gives."""
+    torch.manual_seed(0)
+    m = Word2Vec(Word2VecConfig(vocab_size=9, dim=4, arch="cbow", window=2))
+    m.output_vectors.data.normal_(0, 0.3)
+    ctx = torch.randint(0, 9, (6, 4))
+    mask = torch.rand(6, 4) < 0.6
+    mask[:, 1] = True  # every example has a context word
+    centre, negs = torch.randint(0, 9, (6,)), torch.randint(0, 9, (6, 3))
+    v0, u0 = m.input_vectors.clone(), m.output_vectors.clone()
+    loss = m._cbow_step(centre, ctx, mask, negs, 0.05)
+    ref = Word2Vec(Word2VecConfig(vocab_size=9, dim=4, arch="cbow", window=2))
+    ref.input_vectors.data.copy_(v0)
+    ref.output_vectors.data.copy_(u0)
+    w = mask.double().unsqueeze(2)
+    h = (v0.double()[ctx] * w).sum(1) / w.sum(1)
+    err, want = ref._update(h.float(), centre, negs, 0.05)
+    expected = v0.double().index_add(0, ctx.view(-1), (err.double().unsqueeze(1) * w).view(-1, 4))
+    np.testing.assert_allclose(m.input_vectors.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(m.output_vectors.numpy(), ref.output_vectors.numpy(), rtol=1e-6, atol=1e-7)
+    assert loss == pytest.approx(want, rel=1e-6)
 
 def test_subsampling_noise_table_and_vocabulary_by_hand():
     m = Word2Vec(Word2VecConfig(vocab_size=5, dim=2, sample=0.01, min_count=2))
