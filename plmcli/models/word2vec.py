@@ -54,6 +54,8 @@ CHUNK = 1 << 16
 """Kept words whose examples are made (and shuffled) at once: bounds memory, not results."""
 GUIDE_PER_WORD = 8
 """NoiseTable's slices per word: ~7% of PTB's draws then fall in a slice that must be searched."""
+GUIDE_MAX = 1 << 22
+"""NoiseTable's most slices (32 MB): a vocabulary beyond 512k words searches more of its draws instead."""
 
 BELOW_ALPHA = Rule(lambda v, c: v <= c["alpha"], "exceeds model.alpha {alpha}: the rate falls from alpha to min_alpha",
                    "pick {where}.min_alpha ≤ {where}.alpha, e.g. --set {where}.min_alpha=0.0001")
@@ -65,13 +67,16 @@ class NoiseTable:
     1974) that gives the same words in O(1) for most draws.
 
     The binary search alone took 70 ns a draw over PTB's 10k words, 20% of a skip-gram epoch. The guide holds, for
-    each of G ≥ GUIDE_PER_WORD·V equal slices [j/G, (j+1)/G) of [0, 1), the answer at the slice's start: a u whose
-    slice holds no word's cum takes that answer; only the few in a slice where the answer changes are searched. The
-    same draws as the search (tested), so a seed gives the same vectors as before."""
+    each of G equal slices [j/G, (j+1)/G) of [0, 1), the answer at the slice's start: a u whose slice holds no word's
+    cum takes that answer; only the few in a slice where the answer changes are searched. The same draws as the
+    search (tested), so a seed gives the same vectors as before. G (`slices`, a power of two so that u·G is exact):
+    by default the least ≥ GUIDE_PER_WORD·V, at most GUIDE_MAX."""
 
-    def __init__(self, cum: torch.Tensor):
+    def __init__(self, cum: torch.Tensor, slices: int | None = None):
         self.cum = cum
-        self.slices = 1 << max(0, math.ceil(math.log2(GUIDE_PER_WORD * len(cum))))  # a power of two: u·G is exact
+        self.slices = slices or min(GUIDE_MAX, 1 << max(0, math.ceil(math.log2(GUIDE_PER_WORD * len(cum)))))
+        if self.slices & (self.slices - 1):
+            raise ValueError(f"slices must be a power of two, not {self.slices}")
         self.guide = torch.searchsorted(cum, torch.arange(self.slices + 1, dtype=cum.dtype) / self.slices, right=True)
 
     def draw(self, u: torch.Tensor) -> torch.Tensor:

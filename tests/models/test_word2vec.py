@@ -9,7 +9,7 @@ import torch
 
 from helpers import assert_clean_error, run, tiny_corpus
 from plmcli.interop.word2vec import read_word2vec
-from plmcli.models.word2vec import Word2Vec, Word2VecConfig
+from plmcli.models.word2vec import NoiseTable, Word2Vec, Word2VecConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,6 +125,8 @@ def test_noise_draws_are_the_binary_searchs_words_for_the_same_uniforms():
     assert torch.equal(drawn, torch.searchsorted(cum, u, right=True).clamp_(max=len(cum) - 1))
     assert (torch.from_numpy(counts)[drawn] > 0).all()  # never a word without a vector
     assert noise.draw(u[:10].view(2, 5)).shape == (2, 5)
+    # as a vocabulary far past GUIDE_MAX: most draws fall in a slice that must be searched
+    assert torch.equal(NoiseTable(cum, slices=64).draw(u), drawn)
 
 def test_windows_stay_inside_sentences_and_a_window_of_one_pairs_neighbours():
     m = Word2Vec(Word2VecConfig(vocab_size=10, dim=2, window=1))
