@@ -61,7 +61,6 @@ def test_cbow_step_uses_the_mean_and_gives_each_context_word_the_whole_error():
     assert loss == pytest.approx(-math.log(sigmoid(s2)) - math.log(sigmoid(-s0)), rel=1e-6)
 
 
-
 def test_a_cbow_batch_is_each_example_by_hand():
     """Several examples at once: each h is the mean of its own present context words, and each context word gets its
     example's error (words shared between examples add up), as the plain masked computation gives."""
@@ -85,6 +84,7 @@ def test_a_cbow_batch_is_each_example_by_hand():
     np.testing.assert_allclose(m.output_vectors.numpy(), ref.output_vectors.numpy(), rtol=1e-6, atol=1e-7)
     assert loss == pytest.approx(want, rel=1e-6)
 
+
 def test_subsampling_noise_table_and_vocabulary_by_hand():
     m = Word2Vec(Word2VecConfig(vocab_size=5, dim=2, sample=0.01, min_count=2))
     ids = np.array([1] * 90 + [2] * 8 + [3] * 1 + [4] * 1)  # token 0 a special, never seen here
@@ -102,7 +102,6 @@ def test_subsampling_noise_table_and_vocabulary_by_hand():
     drawn = noise.draw(u)
     assert set(drawn.tolist()) == {1, 2}  # a word without a vector is never noise
     assert (drawn == 2).float().mean().item() == pytest.approx(w[2] / w.sum(), abs=0.02)
-
 
 
 def test_noise_draws_are_the_binary_searchs_words_for_the_same_uniforms():
@@ -127,6 +126,7 @@ def test_noise_draws_are_the_binary_searchs_words_for_the_same_uniforms():
     assert noise.draw(u[:10].view(2, 5)).shape == (2, 5)
     # as a vocabulary far past GUIDE_MAX: most draws fall in a slice that must be searched
     assert torch.equal(NoiseTable(cum, slices=64).draw(u), drawn)
+
 
 def test_windows_stay_inside_sentences_and_a_window_of_one_pairs_neighbours():
     m = Word2Vec(Word2VecConfig(vocab_size=10, dim=2, window=1))
