@@ -17,10 +17,11 @@ from benchmarks import common
 NAME = "word2vec"
 HELP = "word2vec-sg / word2vec-cbow on PTB vs gensim's Word2Vec: analogy accuracy, WordSim-353 ρ, training words/s"
 RECIPES = {"skip-gram": "word2vec-sg", "cbow": "word2vec-cbow"}
+DEFAULT_CORPUS = common.SHARED_DATA / "ptb" / "ptb.train.txt"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--corpus", type=Path, default=common.SHARED_DATA / "ptb" / "ptb.train.txt",
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
                    help="one sentence per line, whitespace-separated words")
     p.add_argument("--archs", default="skip-gram,cbow", help="comma-separated: skip-gram, cbow")
     p.add_argument("--epochs", type=int, default=5, help="passes over the corpus, both sides")
@@ -53,7 +54,8 @@ def plm_run(corpus: Path, arch: str, epochs: int, seed: int, run_dir: Path, out:
     s = api.pretrain(RECIPES[arch], [str(corpus)], str(run_dir), overrides=[f"model.epochs={epochs}", f"train.seed={seed}"])
     wall = time.perf_counter() - t0
     api.export(str(run_dir), "word2vec", str(out))
-    return {"vocab": s["vocab"], "train_s": s["train_s"], "words_per_s": s["tokens"] * epochs / s["train_s"], "wall_s": wall}
+    return {"vocab": s["vocab"], "words": s["tokens"], "train_s": s["train_s"],
+            "words_per_s": s["tokens"] * epochs / s["train_s"], "wall_s": wall}
 
 
 def scores(vectors: Path, questions: str, pairs: str) -> dict:
@@ -126,10 +128,16 @@ def run(args) -> int:
                                    "min–max", "train time (median)"], rows)
     same = "every later round's vectors are byte for byte the first's on both sides" if not changed else \
         "the vectors of " + ", ".join(changed) + " DIFFER from the first round's"
-    text = f"""
-Penn Treebank's training text ({args.corpus.name}: 887,521 words, each line a sentence) because it is the largest
+    words = runs["plm"][0]["words"]
+    if args.corpus == DEFAULT_CORPUS:
+        corpus = f"""Penn Treebank's training text ({args.corpus.name}: {words:,} words, each line a sentence) because it is the largest
 word-level corpus with a training split in the shared data; its 10k lowercased vocabulary, with numbers as `N`,
-leaves most analogy questions out of vocabulary, and both sides skip the same ones. Same settings on both sides
+leaves most analogy questions out of vocabulary, and both sides skip the same ones."""
+    else:
+        corpus = f"""`{args.corpus}` ({words:,} words, each line a sentence); analogy questions with a word out of
+vocabulary are skipped by both sides alike."""
+    text = f"""
+{corpus} Same settings on both sides
 (the recipe's: dim {m.dim}, window {m.window}, negative {m.negative}, sample {m.sample:g}, min_count {m.min_count},
 {args.epochs} epochs, alpha 0.025 (skip-gram) or 0.05 (CBOW) falling to {m.min_alpha:g}; gensim `workers={args.threads}`, plm
 {args.threads} torch thread(s)). Words/s = corpus words × epochs / training time, vocabulary building and
@@ -139,5 +147,6 @@ first round's are scored on gensim's own questions-words.txt and wordsim353.tsv 
 `evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`: {"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)};
 {same}.
 """
-    common.publish(NAME, common.section_body("word2vec on PTB: plm vs gensim", args, text, table, info), args)
+    common.publish(NAME, common.section_body(f"word2vec on {'PTB' if args.corpus == DEFAULT_CORPUS else args.corpus.name}: plm vs gensim",
+                                             args, text, table, info), args)
     return 0
