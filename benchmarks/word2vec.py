@@ -128,8 +128,9 @@ def run(args) -> int:
                                    "min–max", "train time (median)"], rows)
     same = "every later round's vectors are byte for byte the first's on both sides" if not changed else \
         "the vectors of " + ", ".join(changed) + " DIFFER from the first round's"
-    words = runs["plm"][0]["words"]
-    if args.corpus == DEFAULT_CORPUS:
+    words = runs["plm"][0]["words"]  # every architecture trains on the same corpus
+    ptb = args.corpus == DEFAULT_CORPUS
+    if ptb:
         corpus = f"""Penn Treebank's training text ({args.corpus.name}: {words:,} words, each line a sentence) because it is the largest
 word-level corpus with a training split in the shared data; its 10k lowercased vocabulary, with numbers as `N`,
 leaves most analogy questions out of vocabulary, and both sides skip the same ones."""
@@ -147,6 +148,6 @@ first round's are scored on gensim's own questions-words.txt and wordsim353.tsv 
 `evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`: {"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)};
 {same}.
 """
-    common.publish(NAME, common.section_body(f"word2vec on {'PTB' if args.corpus == DEFAULT_CORPUS else args.corpus.name}: plm vs gensim",
+    common.publish(NAME, common.section_body(f"word2vec on {'PTB' if ptb else args.corpus.name}: plm vs gensim",
                                              args, text, table, info), args)
     return 0
