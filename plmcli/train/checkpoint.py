@@ -127,42 +127,210 @@ def write_text(path: Path, text: str, continue_with: str | None = None) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+# flock's errnos on a filesystem without it (Lustre mounted noflock, some NFS and FUSE mounts).
+_NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL})
+# A holder writes its line right after creating the file: an empty file older than this lost its writer.
+_EMPTY_STALE_S = 60.0
+
+
+def _holder_line() -> str:
+    import socket
+
+    return f"{os.getpid()} {socket.gethostname()}\n"
+
+
+def _holder(text: str | None) -> tuple[int, str] | None:
+    """(pid, host) of a lock file's `pid host` line (host "" in the pid-only files of older versions);
+    None when empty or garbled, as a holder killed between create and write leaves it."""
+    parts = (text or "").split()
+    if not parts or not parts[0].isdigit() or int(parts[0]) <= 0:
+        return None
+    return int(parts[0]), parts[1] if len(parts) > 1 else ""
+
+
+def _elsewhere(host: str) -> bool:
+    import socket
+
+    return host not in ("", socket.gethostname())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: the process exists, another user's
+        pass
+    return True
+
+
+def _read_lock(path: Path) -> tuple[str | None, tuple, float] | None:
+    """(text, identity, age in seconds) of a lock file, text None when unreadable; None when it is gone.
+    The identity tells this file from a newer one made at the same path, even on a reused inode."""
+    import time
+
+    try:
+        with open(path, "rb") as f:
+            st, data = os.fstat(f.fileno()), f.read(512)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        try:
+            st, data = os.stat(path), None
+        except FileNotFoundError:
+            return None
+    text = None if data is None else data.decode(errors="replace")
+    return text, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, data), time.time() - st.st_mtime
+
+
 class RunLock:
-    """An exclusive flock on RUN/.lock while a process trains into RUN: a second trainer refuses, and the
-    kernel drops the lock when its holder dies (kill -9 included), so a lock is never stale. The file
-    goes when the lock is released; a process that locked a file just unlinked tries again on the new one."""
+    """One trainer at a time per run directory, through RUN/.lock holding the holder's `pid host` line.
+
+    Where the filesystem has flock, an exclusive flock on the file: the kernel drops it when its holder dies
+    (kill -9 included), so it is never stale; the file goes on release, and a process that locked a file just
+    unlinked tries again on the new one. Where flock is missing, whoever creates the file (O_EXCL) holds the
+    lock, and a file whose holder is gone is taken over: a dead pid on this host, or an empty file older than
+    a minute. A holder on another host cannot be checked, so its lock stands until someone deletes the file."""
 
     def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK
+        self.line = _holder_line()
+        self.fd: int | None = None  # flock: the locked descriptor
+        self.mine: tuple | None = None  # no flock: (st_dev, st_ino) of the file this lock created
+        try:
+            self._flock()
+        except OSError as e:
+            raise self._cannot(e) from None
+
+    def _flock(self) -> None:
         import fcntl
 
-        self.path = Path(run_dir) / LOCK
         while True:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                try:
+                    fd, created = os.open(self.path, os.O_RDWR), False
+                except FileNotFoundError:
+                    continue  # released between the two opens
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "another process"
-                os.close(self.fd)
-                raise PlmError(f"run {run_dir} is being trained by process {holder}",
-                               "wait for it to finish (or stop it), or choose another --out") from None
+                try:
+                    text = os.pread(fd, 512, 0).decode(errors="replace")
+                finally:
+                    os.close(fd)
+                raise self._held(text) from None
+            except OSError as e:
+                if e.errno in _NO_FLOCK and created:
+                    return self._own(fd)  # made with O_EXCL: that file is the lock already
+                os.close(fd)
+                if e.errno in _NO_FLOCK:
+                    return self._exclusive()
+                raise
             try:
-                if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     break
             except FileNotFoundError:
                 pass
-            os.close(self.fd)
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+            os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, self.line.encode(), 0)
+        except OSError:
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def _exclusive(self) -> None:
+        for _ in range(8):  # each round removes one stale file; a busy contest ends in a refusal, not a spin
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._clear_if_stale()
+                continue
+            return self._own(fd)
+        raise self._held(None)
+
+    def _own(self, fd: int) -> None:
+        try:
+            st = os.fstat(fd)
+            os.write(fd, self.line.encode())
+        except OSError:
+            self.path.unlink(missing_ok=True)  # an empty file would block the run for a minute
+            raise
+        finally:
+            os.close(fd)
+        self.mine = (st.st_dev, st.st_ino)
+
+    def _clear_if_stale(self) -> None:
+        """Remove the lock file if its holder is gone; else refuse, naming the holder."""
+        seen = _read_lock(self.path)
+        if seen is None:
+            return  # released meanwhile
+        text, identity, age = seen
+        holder = _holder(text)
+        if holder is None:
+            if age < _EMPTY_STALE_S:
+                raise self._held(text)
+        elif _elsewhere(holder[1]) or _alive(holder[0]):
+            raise self._held(text, may_delete=True)
+        self._set_aside(identity)
+
+    def _set_aside(self, identity: tuple) -> None:
+        """Remove the stale file judged by `identity`, and nothing newer: two processes that both found it
+        stale race here, and the slower must not remove the fresh lock the faster one made meanwhile.
+        Renaming to a unique name first is atomic; a file that turns out newer goes back."""
+        import secrets
+
+        aside = self.path.with_name(f"{LOCK}.stale-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # the other one set it aside first; O_EXCL picks the winner
+        seen = _read_lock(aside)
+        if seen is not None and seen[1] != identity:
+            try:
+                os.link(aside, self.path)  # fails, rather than overwrite, if a third made one meanwhile
+            except FileExistsError:
+                pass
+            except OSError:  # no hard links on this filesystem
+                os.rename(aside, self.path)
+                return
+        aside.unlink(missing_ok=True)
+
+    def _held(self, text: str | None, may_delete: bool = False) -> PlmError:
+        holder = _holder(text)
+        who = "another process" if holder is None else f"process {holder[0]}"
+        hint = "wait for it to finish (or stop it), or choose another --out"
+        if holder is not None and _elsewhere(holder[1]):
+            who += f" on host {holder[1]}"
+            if may_delete:
+                hint += f"; if that job is gone, delete {self.path}"
+        return PlmError(f"run {self.run_dir} is being trained by {who}", hint)
+
+    def _cannot(self, e: OSError) -> PlmError:
+        from plmcli.errors import os_error
+
+        fix = os_error(OSError(e.errno, e.strerror or str(e), str(self.path))).hint
+        return PlmError(f"cannot lock run {self.run_dir} ({self.path}): {e.strerror or e}", fix)
 
     def release(self) -> None:
         if self.fd is not None:
             self.path.unlink(missing_ok=True)  # while still held, so no one locks the old file meanwhile
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
+        if self.mine is not None:
+            mine, self.mine = self.mine, None
+            seen = _read_lock(self.path)
+            # Only our own file: one deleted by hand may since hold another trainer's line.
+            if seen is not None and seen[1][:2] == mine and seen[0] == self.line:
+                self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> "RunLock":
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
-
