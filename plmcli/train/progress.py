@@ -10,6 +10,14 @@ from pathlib import Path
 
 FAR_S = 3 * 86400  # a run estimated longer than this is far too big for the device: say what would fit
 FIT_S = 86400  # the --max-steps a hint proposes fit in about a day
+# The refined estimate skips the first micro-batches of a session: the first pays for the allocator growing,
+# kernel selection (oneDNN primitives, cuBLAS/cuDNN heuristics), DataLoader workers starting and, with
+# accum = 1, the optimizer's lazily created state; one more absorbs what is left of that. torch.compile
+# compiles on the first call and may recompile on the second (a new shape marks dimensions dynamic), so a
+# compiled run skips one more. Then STEADY micro-batches are timed: their mean × accum is an optimizer step.
+WARMUP = 2
+WARMUP_COMPILED = 3
+STEADY = 3
 
 
 def duration(s: float) -> str:
@@ -107,10 +115,12 @@ class TrainProgress:
     `step` and `micro_batch` run every optimizer step / micro-batch and never read a device tensor
     (that would wait for the device each time); the loss shown is the last logged one. The ETA is this
     session's mean time per optimizer step (evaluations and checkpoints included), and until two steps
-    are done the estimate `begin` printed. `clock` is for tests.
+    are done the steady estimate `micro_batch` printed, else the one `begin` printed. `compiled` (the model
+    runs under torch.compile) skips one more warm-up micro-batch; `clock` is for tests.
     """
 
-    def __init__(self, console, total: int, start: int, enabled: bool = True, accum: int = 1, clock=time.perf_counter):
+    def __init__(self, console, total: int, start: int, enabled: bool = True, accum: int = 1, clock=time.perf_counter,
+                 compiled: bool = False):
         from rich.console import Console
 
         self.console = console or Console(stderr=True)
@@ -120,7 +130,9 @@ class TrainProgress:
         self.row: dict | None = None
         self.progress = None
         self.micro = 0  # micro-batches done in the current optimizer step
-        self.t_begin = clock()
+        self.seen = 0  # micro-batches done in this session
+        self.warmup = WARMUP_COMPILED if compiled else WARMUP
+        self.t_steady: float | None = None  # when the warm-up micro-batches ended (device work included)
         self.first_step: tuple[int, float] | None = None  # (step, time) when this session's first step ended
         self.last_step: tuple[int, float] | None = None
         self.per_step: float | None = None  # the estimate, seconds per optimizer step
@@ -146,8 +158,8 @@ class TrainProgress:
         """Say where the run goes, how many steps it has, and about how long they will take.
 
         The time is the model's training FLOPs per token (`fpt`, else 6 × parameters) × the tokens of
-        an optimizer step, over this device's measured matmul FLOP/s (`flops` to skip measuring);
-        the first micro-batch refines it (`micro_batch`).
+        an optimizer step, over this device's measured matmul FLOP/s (`flops` to skip measuring): a lower
+        bound, and so is its hint. A few steady micro-batches after warm-up refine it (`micro_batch`).
         """
         if not self.enabled:
             return
@@ -175,9 +187,8 @@ class TrainProgress:
         self._print(f"estimate: at least {duration(self.per_step)} per optimizer step, {duration(self.per_step * left)} "
                     f"for the run ({per_token:.2g} FLOPs per token × {tokens:,} tokens per step at the "
                     f"{flops:.2g} FLOP/s{procs} a matmul probe measured on {self._device_name()}; "
-                    f"refined after the first micro-batch)")
-        self._hint_if_far()
-        self.t_begin = self.clock()
+                    f"refined from {STEADY} steady micro-batches after {self.warmup} warm-up ones)")
+        self._hint_if_far("at least {}, by the matmul probe", bound=True)
 
     def _device_name(self) -> str:
         if self.device is not None and self.device.type == "cuda":
@@ -186,8 +197,11 @@ class TrainProgress:
             return torch.cuda.get_device_name(self.device)
         return "this CPU" if self.device is None or self.device.type == "cpu" else str(self.device)
 
-    def _hint_if_far(self) -> None:
-        """Once: when the estimate is days beyond FAR_S, what would fit (a smaller recipe, fewer steps, a GPU)."""
+    def _hint_if_far(self, says: str, bound: bool = False) -> None:
+        """Once: when the estimate is days beyond FAR_S, what would fit (a smaller recipe, fewer steps, a GPU).
+
+        `says` words the run's time (`{}` takes it); `bound`: the estimate is a lower bound (the probe's), so the
+        steps it fits into a day are at most that many."""
         if self.hinted or self.per_step is None or self.per_step * (self.total - self.start) <= FAR_S:
             return
         self.hinted = True
@@ -198,30 +212,46 @@ class TrainProgress:
             ways.append(f"a smaller {p['family']} recipe (--recipe {smaller[0]}, {smaller[1] / 1e6:,.1f}M parameters "
                         f"against {p['params'] / 1e6:,.1f}M)")
         if (fit := int(FIT_S // self.per_step)) >= 1:
-            ways.append(f"fewer steps (--max-steps {fit:,} takes about a day)")
+            ways.append(f"fewer steps (at most --max-steps {fit:,} fit in a day)" if bound else
+                        f"fewer steps (--max-steps {fit:,} takes about a day)")
         ways.append("more GPUs" if self.device is not None and self.device.type == "cuda" else "a GPU")
         ways = ", ".join(ways[:-1]) + " or " + ways[-1] if len(ways) > 1 else ways[0]
-        self._print(f"hint: {p['name']} is far too big for {self._device_name()} (this estimate says "
-                    f"{duration(self.per_step * (self.total - self.start))}): try {ways}")
+        self._print(f"hint: {p['name']} is far too big for {self._device_name()} "
+                    f"({says.format(duration(self.per_step * (self.total - self.start)))}): try {ways}")
+
+    def _sync(self) -> None:
+        """Wait for the kernels queued on a GPU (launched is not done): only at the steady window's two ends."""
+        if self.device is not None and self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def micro_batch(self) -> None:
-        """One micro-batch done: the bar shows k of accum; the very first refines the estimate."""
+        """One micro-batch done: the bar shows k of accum; after the warm-up ones, STEADY timed ones refine the
+        estimate (once a session; a session shorter than that keeps the estimate `begin` printed)."""
         if not self.enabled:
             return
         self.micro += 1
-        if self.first_step is None and self.micro == 1 and self.per_step is not None:
-            if self.device is not None and self.device.type == "cuda":
-                import torch
-
-                torch.cuda.synchronize(self.device)  # once per run: the kernels queued, not just launched
-            took = self.clock() - self.t_begin
-            self.per_step = took * self.accum
-            self._print(f"estimate: the first micro-batch took {duration(took)} (warm-up included): "
-                        f"~{duration(self.per_step)} per optimizer step, ~{duration(self.per_step * (self.total - self.start))} "
-                        f"for the run")
-            self._hint_if_far()
+        self.seen += 1
+        if self.per_step is not None and self.seen in (self.warmup, self.warmup + STEADY):
+            self._steady_window()
         if self.live and self.accum > 1:
             self.progress.update(self.task, micro=f"micro-batch {self.micro}/{self.accum}", eta=self.eta())
+
+    def _steady_window(self) -> None:
+        """At the end of the warm-up: start the clock; STEADY micro-batches later: the refined estimate and its hint."""
+        self._sync()
+        now = self.clock()
+        if self.seen == self.warmup:
+            self.t_steady = now
+            return
+        mean = (now - self.t_steady) / STEADY
+        self.per_step = mean * self.accum
+        left = self.total - self.start
+        self._print(f"estimate: ~{duration(self.per_step)} per optimizer step, ~{duration(self.per_step * left)} "
+                    f"for the run ({duration(mean)} a micro-batch, the mean of {STEADY} steady micro-batches after "
+                    f"{self.warmup} warm-up ones)")
+        self._hint_if_far(f"about {{}}, timed over {STEADY} steady micro-batches")
 
     def step(self, step: int) -> None:
         """One optimizer step done: the bar moves and its ETA follows."""
