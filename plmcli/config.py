@@ -65,8 +65,9 @@ class TrainConfig:
     """DataLoader worker processes feeding batches."""
     compile: bool = False
     """torch.compile the model (GPU runs)."""
-    dist_timeout: Size = 7200
-    """Multi-process runs: seconds a process waits for the others (e.g. while the main one tokenizes)."""
+    dist_timeout: Size = 1800
+    """Multi-process runs: seconds a training collective waits for the other processes before the job fails
+    (a dead node). Waiting while the main process prepares the data has its own 24-hour limit."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 import contextlib
 import math
+import socket
 from pathlib import Path
 
 TINY_RECIPE = """\
@@ -22,6 +23,13 @@ def tiny_corpus(path: Path, n_docs: int = 30) -> Path:
         docs.append("\n".join(lines))
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (torchrun, accelerate launch)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tiny_recipe(path: Path) -> Path:

@@ -77,6 +77,15 @@ def cache_key(*parts) -> str:
     return hashlib.sha256(json.dumps(list(parts), sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def content_fingerprint(meta: dict) -> str:
+    """What a prepared data directory holds, by content: its tokenizer, its counts per split (documents,
+    tokens, bytes, ...) and, streamed, its files' sizes. Not its key: that counts the inputs' paths and
+    mtimes, which differ between two nodes' copies of one corpus (several nodes compare this)."""
+    streamed = meta.get("streaming") or {}
+    return cache_key((meta.get("tokenizer") or {}).get("hash"), meta.get("counts"),
+                     [streamed.get(k) for k in ("sizes", "train_bytes", "validation_start")])
+
+
 def tokenizer_settings(tok_cfg) -> dict:
     """Tokenizer settings as they enter a key: a tokenizer file counts by its content, not its name."""
     tok = dataclasses.asdict(tok_cfg)
@@ -105,11 +114,25 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+WRITE_LOG = "PLM_WRITE_LOG"
+"""Debugging several processes: with this environment variable naming a file, every atomic write (every
+file or directory plm writes, caches included) appends a line `RANK PATH` to it, RANK being the
+launcher's global rank (0 without one). The tests read it to check that one process builds a cache."""
+
+
+def log_write(dest: Path) -> None:
+    log = os.environ.get(WRITE_LOG)
+    if log:  # one short O_APPEND write per line: lines of several processes do not interleave
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{os.environ.get('RANK', '0')} {Path(dest).resolve()}\n")
+
+
 @contextmanager
 def atomic_path(dest, tmp=None) -> Iterator[Path]:
     """A temp path beside `dest` to write (a file or a link); a clean exit renames it onto `dest`, a failure
     (Ctrl-C too) removes it. `tmp` names the temp path when a caller must know it (several processes)."""
     dest = Path(dest)
+    log_write(dest)
     tmp = Path(tmp) if tmp is not None else dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
     try:
         yield tmp
@@ -177,6 +200,7 @@ def swap_into(tmp: Path, dest: Path) -> None:
 def atomic_dir(dest) -> Iterator[Path]:
     """A temp directory beside `dest` to build in; a clean exit swaps it into place, a failure removes it."""
     dest = Path(dest)
+    log_write(dest)
     tmp = temp_beside(dest)
     try:
         yield tmp

@@ -129,9 +129,9 @@ def _given_options(options) -> dict:
 def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = False, console=None) -> dict:
     """Finetune as `cfg` says into `out` (default runs/<run>-<task>-<time>); returns OUT/metrics.json.
     eval_only: cfg.model.from_run is a finetuned run of the task: score dev, predict test, train nothing."""
-    from plmcli.data.store import load_meta
+    from plmcli.data.store import content_fingerprint, has_meta, load_meta
     from plmcli.data.tasks.registry import get_task
-    from plmcli.train.distributed import process_state
+    from plmcli.train.distributed import built_once, process_state
 
     if cfg.grid != FinetuneGridConfig():  # a caller below the api, which runs a grid by pipelines.finetune_grid
         raise PlmError("this finetune config has a grid section, and run_finetune runs one finetune",
@@ -165,10 +165,15 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
     label = "the --eval-only run" if eval_only else f"the {t.name} finetune"
     with _finished_or_discarded(out_dir, made_dir, state.is_main_process, label):
         data = out_dir / "data"
-        if state.is_main_process:
-            obj.encode_splits(splits, data)
-        state.wait_for_everyone()
-        meta = load_meta(data)
+
+        def encoded() -> dict:
+            if not has_meta(data):  # meta.json is written last: a directory with it is complete
+                obj.encode_splits(splits, data)
+            return load_meta(data)
+
+        # Encoded once, by the main process (and by another node's, when OUT is not on a shared filesystem),
+        # while the others wait outside the training collectives' timeout; then read by all.
+        meta = built_once(state, encoded, content_fingerprint)
         if eval_only:
             return _eval_only(t, obj, model, data, meta, run, out_dir, cfg.train, state)
         return _train(t, obj, model, run_cfg, run, out_dir, data, meta, cfg, state, console)

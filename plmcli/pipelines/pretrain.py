@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from plmcli.data.store import has_meta, load_meta
+from plmcli.data.store import content_fingerprint, has_meta, load_meta
 from plmcli.errors import PlmError
 from plmcli.pipelines.common import default_corpus, quiet_datasets_off_terminal
 from plmcli.runs import (RECIPE, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, clear_progress, discard_run,
@@ -132,6 +132,7 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     from plmcli.models.base import Fits
     from plmcli.models.registry import build_model, model_class
     from plmcli.objectives.registry import objective_class
+    from plmcli.train.distributed import built_once, main_builds_first
     from plmcli.train.loop import batch_sizes
 
     shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
@@ -139,14 +140,18 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     fits = issubclass(model_class(r.family), Fits)
     for st in stages if not fits else []:  # a batch that does not split over the processes fails before tokenizing
         batch_sizes(st.train.global_batch_size, st.train.micro_batch_size, state.num_processes)
-    with state.main_process_first():  # one process tokenizes; the others then read its cache
-        if streaming:  # only a tokenizer and the validation tail are prepared; training text is read as it goes
-            from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
+    if streaming:  # only a tokenizer and the validation tail are prepared; training text is read as it goes
+        from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
 
-            corpus_dir = prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name),
-                                               objective_cfg=r.objective)
-        else:
-            corpus_dir = objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
+        def build():
+            return prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name),
+                                         objective_cfg=r.objective)
+    else:
+        def build():
+            return objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
+    # One process tokenizes (one per node when a node does not see its cache); the others then read it,
+    # and a node whose corpus came out different stops the job.
+    corpus_dir = built_once(state, build, lambda d: content_fingerprint(load_meta(d)))
     meta = load_meta(corpus_dir)
     tok = load_tokenizer(corpus_dir / TOKENIZER)
     special_ids = meta["tokenizer"]["special_token_ids"]
@@ -162,7 +167,7 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     # corpus that cannot make them leaves no run behind (nor runs/latest pointing at one).
     data_dirs = []
     for obj in objectives:
-        with state.main_process_first():
+        with main_builds_first(state):
             data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
     return Prepared(inputs, corpus_dir, meta, fits, objectives, data_dirs, model)
 
@@ -220,10 +225,9 @@ def train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state,
         if time_budget is not None:
             st.train.time_budget = max(time_budget - (time.monotonic() - started), 1e-3)
         if fits:  # no gradient (n-gram counts): the main process fits the model and writes RUN/model.*
-            from accelerate.utils import broadcast_object_list
+            from plmcli.train.distributed import on_main
 
-            summary = [model.fit(data_dir, st, sub, console=console) if state.is_main_process else None]
-            summary = broadcast_object_list(summary)[0] if state.num_processes > 1 else summary[0]
+            summary = on_main(state, lambda: model.fit(data_dir, st, sub, console=console))
         else:
             summary = loop_train(st, model, obj, data_dir, sub, resume_from=resume_from[0] if resume_from else None,
                                  stop_after=stop_after, console=console, continue_with=continue_with)

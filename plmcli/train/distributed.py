@@ -1,22 +1,40 @@
-"""Running one loop on many processes: the process group, the accelerate backends, weights written once.
+"""Running one loop on many processes: the process group, the accelerate backends, caches built once,
+weights written once.
 
 `plm pretrain` / `plm finetune` run unchanged under `accelerate launch` or `torchrun`. Every process
 builds the same model from the same seed; the main process alone writes the run directory. The
 configs shipped in plmcli/recipes/accelerate/ (ddp, fsdp, deepspeed-zero2, deepspeed-zero3) are
 plain `accelerate launch --config_file` files; `plm recipes accelerate` prints where they are.
+
+Data is prepared once (`main_builds_first`, `built_once`): the job's main process builds every cache
+(tokenized corpus, flat token files, packed rows, masking units, static instances) while the others
+wait on a group of their own with a long timeout (PREPARE_TIMEOUT); then the main process of each other
+node reads it, or builds its node's own copy when that node does not see the job's cache (a node-local
+PLM_CACHE); then the rest read. So several nodes need a shared PLM_CACHE, or each node builds its own;
+a node whose prepared corpus differs from the main process's stops every process with one line.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import socket
+from contextlib import contextmanager
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
 from plmcli.errors import PlmError
 
-DIST_TIMEOUT = 7200  # seconds; the default of train.dist_timeout
+DIST_TIMEOUT = 1800
+"""Seconds, the default of train.dist_timeout: how long a training collective waits for the other processes
+before the job fails (a dead node is noticed after this). Waiting for data preparation has its own."""
+PREPARE_TIMEOUT = 24 * 3600
+"""Seconds the other processes wait while one prepares the data (tokenizing a real corpus takes hours)."""
+
+T = TypeVar("T")
+_PREPARATION: list = []  # [(the default process group, its preparation group)]: made once per process group
 
 
 def accelerate_configs() -> dict[str, Path]:
@@ -62,23 +80,143 @@ def check_backend_installed() -> None:
 
 
 def process_state(timeout_s: int = DIST_TIMEOUT):
-    """This process's accelerate PartialState: the process group, created once per process.
+    """This process's accelerate PartialState: the process group, created once per process, and beside it
+    the group that waits for data preparation (`preparation_group`).
 
-    `timeout_s` bounds every wait on the other processes; the longest is the main process tokenizing
-    a corpus while the others wait at a barrier, hence the generous default (train.dist_timeout).
+    `timeout_s` bounds every training collective (train.dist_timeout): a process that died is noticed
+    after it. The long waits while one process prepares data do not count against it.
     """
     from accelerate import PartialState
 
     check_backend_installed()
     if timeout_s <= 0:
-        raise PlmError(f"train.dist_timeout {timeout_s} must be a positive number of seconds", "e.g. 7200 (two hours)")
+        raise PlmError(f"train.dist_timeout {timeout_s} must be a positive number of seconds", "e.g. 1800 (30 minutes)")
     state = PartialState(cpu=use_cpu(), timeout=timedelta(seconds=timeout_s))
     launched = _launched_world()
     if state.num_processes != launched:
         raise PlmError(f"{launched} processes were launched but accelerate joined {state.num_processes} "
                        f"(device {state.device}); they would each train alone and overwrite one another's files",
                        "launch on a machine whose accelerator has a collective backend (CUDA), or with --cpu")
+    preparation_group()  # every process gets here at the same point: new_group is a collective
     return state
+
+
+def preparation_group():
+    """The process group the others wait on while data is prepared, with PREPARE_TIMEOUT; None on one process.
+
+    Its own group, so that the hours of tokenizing do not set the training collectives' timeout; gloo
+    (beside NCCL on GPUs) because the wait is on the host and should hold no GPU stream. Made once per
+    default process group, by every process (`process_state` calls it).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    world = dist.group.WORLD
+    if not _PREPARATION or _PREPARATION[0][0] is not world:  # a new default group (tests make several in turn)
+        _PREPARATION[:] = [(world, dist.new_group(backend="gloo", timeout=timedelta(seconds=PREPARE_TIMEOUT)))]
+    return _PREPARATION[0][1]
+
+
+def build_turn(state) -> int:
+    """When this process builds a cache: 0 the job's main process, 1 the main process of another node,
+    2 the rest (they only read)."""
+    if state.process_index == 0:
+        return 0
+    return 1 if state.local_process_index == 0 else 2
+
+
+BUILD_TURNS = 3
+
+
+def _agree(group, failure: tuple | None) -> None:
+    """The end of one build turn, on the preparation group: every process learns whether a builder failed,
+    and stops in the builder's words (a builder itself raises its own exception after this)."""
+    import torch.distributed as dist
+
+    reports: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reports, failure, group=group)
+    failed = next((r for r in reports if r is not None), None)
+    if failed is not None and failure is None:
+        raise PlmError(*failed)
+
+
+def _failure(e: Exception, rank: int) -> tuple[str, str]:
+    """What the waiting processes say when a builder failed: its own one line, or where to look."""
+    if isinstance(e, PlmError):
+        return e.message, e.hint
+    return (f"process {rank} failed while preparing the data ({type(e).__name__}: {e})",
+            "see that process's traceback above")
+
+
+@contextmanager
+def main_builds_first(state=None) -> Iterator[None]:
+    """The body (which builds a cache if it is missing, else reads it) runs on the job's main process first,
+    then on each other node's main process (a shared PLM_CACHE: it reads; a node-local one: it builds that
+    node's copy), then on the rest, which only read. The waits are on `preparation_group`, not on the
+    training collectives' timeout. A body that fails stops every process with its message, not a hang.
+    """
+    group = preparation_group()
+    if group is None:
+        yield
+        return
+    if state is None:
+        from accelerate import PartialState
+
+        state = PartialState()
+    mine = build_turn(state)
+    for _ in range(mine):
+        _agree(group, None)
+    try:
+        yield
+    except Exception as e:
+        _agree(group, _failure(e, state.process_index))
+        raise
+    for _ in range(mine, BUILD_TURNS):
+        _agree(group, None)
+
+
+def built_once(state, build: Callable[[], T], fingerprint: Callable[[T], str]) -> T:
+    """`build()` under `main_builds_first`, then `fingerprint(result)` compared across the processes: a node
+    whose data differs from the main process's (other text behind the same --data) stops every process
+    with one line naming it, instead of training each node on its own data."""
+    group = preparation_group()
+    if group is None:
+        return build()
+    import torch.distributed as dist
+
+    with main_builds_first(state):  # a fingerprint that cannot be read fails there too, in one line everywhere
+        result = build()
+        stamp = fingerprint(result)
+    # torchrun (and accelerate launch, which runs it) names the node; other launchers: its host and ranks
+    node = f"node {os.environ['GROUP_RANK']}" if os.environ.get("GROUP_RANK", "").isdigit() else "a node"
+    mine = (stamp, node, socket.gethostname(), state.process_index)
+    seen: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(seen, mine, group=group)
+    other = [s for s in seen if s[0] != seen[0][0]]
+    if other:
+        _, node, host, rank = other[0]
+        raise PlmError(f"{node} ({host}, process {rank}) prepared other data than the main process's node "
+                       f"(fingerprint {other[0][0][:12]}, not {seen[0][0][:12]}: other text behind the same --data, or "
+                       "another tokenizer)", "give every node the same --data files (copy them from the first node), "
+                       "or put the data and PLM_CACHE on a filesystem all nodes share")
+    return result
+
+
+def on_main(state, work: Callable[[], T]) -> T:
+    """`work()` on the main process alone (an n-gram fit: minutes to hours) while the others wait on
+    `preparation_group`, not on the training collectives' timeout; every process returns its result."""
+    group = preparation_group()
+    if group is None:
+        return work()
+    import torch.distributed as dist
+
+    out = [None]
+    with main_builds_first(state):  # a failure on the main process stops the others in its words
+        if state.is_main_process:
+            out = [work()]
+    dist.broadcast_object_list(out, src=0, group=group)
+    return out[0]
 
 
 def sharded(accelerator) -> bool:

@@ -215,9 +215,12 @@ class _Training:
         self.scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio,
                                          o.power, decay_factor=o.decay_factor, decay_every=o.decay_every,
                                          decay_start=o.decay_start)
-        self.train_stream = objective.stream(corpus_dir, "train", self.micro, t.seed, self.rank, self.world, shuffle=True)
-        self.val_stream = objective.stream(corpus_dir, "validation", self.micro, t.seed, self.rank, self.world,
-                                           shuffle=False) if _has_split(corpus_dir, "validation") else None
+        from plmcli.train.distributed import main_builds_first
+
+        with main_builds_first():  # a stream builds its flat caches (tokens, rows, units) once; the others read them
+            self.train_stream = objective.stream(corpus_dir, "train", self.micro, t.seed, self.rank, self.world, shuffle=True)
+            self.val_stream = objective.stream(corpus_dir, "validation", self.micro, t.seed, self.rank, self.world,
+                                               shuffle=False) if _has_split(corpus_dir, "validation") else None
         # Streaming seam (issue 8): an iterable stream (data/streaming.py) has no random access; it keeps its own
         # data position, restored here and saved with every checkpoint, and serves its batches in order.
         self.sequential = isinstance(self.train_stream, torch.utils.data.IterableDataset)
