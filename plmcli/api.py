@@ -112,7 +112,7 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
 
 def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
              overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
-             time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
+             time_budget: float | None = None, resume: bool | str = False, stop_after: int | None = None,
              console=None, streaming: bool = False, text_column: str | None = None) -> dict:
     """Train a model from a recipe; returns the run summary (also written to RUN/summary.json).
 
@@ -120,7 +120,10 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     previous one's weights with a fresh optimizer and schedule. `streaming`: read, tokenize and pack the
     text files as training goes (plmcli/data/streaming.py) instead of tokenizing them first.
     `resume` continues RUN from its last checkpoint; a run stopped before its first one starts again
-    from step 0 (its recipe, tokenizer and config are there). One process at a time trains into a run.
+    from step 0 (its recipe, tokenizer and config are there); `resume="auto"` continues the run at `out` when
+    there is one and starts it there when not (one command for a requeued job). One process at a time trains
+    into a run. SIGINT, SIGTERM and SIGUSR1 stop it at the next optimizer step with a checkpoint of that step
+    (plmcli.errors.Interrupted).
     `text_column` (= data.text_column): the text column of `datasets` inputs (data/tables.py).
     """
     from plmcli.pipelines.pretrain import pretrain as run_pretrain

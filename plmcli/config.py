@@ -52,9 +52,13 @@ class TrainConfig:
     eval_every: Count = 200
     """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
     eval_batches: Count = 50
-    """Validation micro-batches per evaluation, over all processes; 0 = the whole split."""
+    """Validation batches per evaluation, of micro_batch_size sequences (global_batch_size when that is 0),
+    whatever the number of processes; 0 = the whole split."""
     save_every: Count = 1000
     """Write a resumable checkpoint every N steps (and at the end); 0 = only at the end."""
+    save_every_minutes: Optional[Positive] = None
+    """Also write one when this many minutes of training passed since the last (a preempted or crashed job
+    loses at most that much); the step-based interval still applies."""
     keep_checkpoints: Size = 2
     """How many recent checkpoints to keep."""
     log_every: Size = 10

@@ -15,16 +15,24 @@ class PlmError(Exception):
         return f"{self.message} — {self.hint}" if self.hint else self.message
 
 
+RESUMABLE_EXIT = 75
+"""The exit code of a run stopped by SIGTERM or SIGUSR1 (a scheduler's preemption, time limit, or warning)
+after checkpointing its last step: the same command with --auto-resume (or --resume) continues it
+(EX_TEMPFAIL: a temporary failure, try again)."""
+
+
 class Interrupted(Exception):
-    """Ctrl-C (SIGINT) handled by a command: `message` says what the interrupt left behind and how to
-    continue (e.g. "the checkpoint of step 26 is in runs/x; continue with `plm pretrain --resume --out runs/x`").
+    """A stop signal handled by a command: Ctrl-C (SIGINT), or a scheduler's SIGTERM / SIGUSR1. `message`
+    says what the stop left behind and how to continue (e.g. "the checkpoint of step 26 is in runs/x;
+    continue with `plm pretrain --resume --out runs/x`").
 
-    The CLI prints `interrupted — <message>` and exits 130; a bare KeyboardInterrupt that no command
-    handled means nothing was written."""
+    The CLI prints `interrupted — <message>` and exits with `exit_code`: 130 after Ctrl-C, RESUMABLE_EXIT
+    after SIGTERM / SIGUSR1. A bare KeyboardInterrupt that no command handled means nothing was written."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, signal_name: str = "SIGINT"):
         super().__init__(message)
         self.message = message
+        self.exit_code = 130 if signal_name == "SIGINT" else RESUMABLE_EXIT
 
 
 # errno values that can only come from writing: the fix is to make room or write elsewhere.

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import tiny_corpus
+from helpers import free_port, tiny_corpus
 
 # About a hundred milliseconds of steps a second on one thread: long enough to be hit at random moments,
 # with accumulation (2 micro-batches per step) so a checkpoint's data position says which step it holds.
@@ -68,7 +68,18 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def assert_interrupted(p, stderr: str, run: Path) -> None:
-    """The deferred stop's report: `interrupted — ...`, exit 130, no traceback."""
-    assert p.returncode == 130 and "Traceback" not in stderr, stderr
+def assert_interrupted(p, stderr: str, run: Path, code: int = 130) -> None:
+    """The deferred stop's report: `interrupted — ...`, exit 130 (Ctrl-C; 75 after SIGTERM / SIGUSR1), no traceback."""
+    assert p.returncode == code and "Traceback" not in stderr, stderr
     assert f"plm pretrain --resume --out {run}" in stderr.replace("\n", ""), stderr
+
+
+def start_ranks(root: Path, world: int, *args) -> list[subprocess.Popen]:
+    """`plm ARGS` as `world` gloo processes joined the way a launcher joins them (env://: RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT), without a launcher in between: a test signals or kills each process itself, as a
+    scheduler does."""
+    port = str(free_port())
+    return [subprocess.Popen(plm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env_for(root, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                                         LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+            for r in range(world)]

@@ -18,7 +18,8 @@ app = Program(
     help="Pretrain, finetune and evaluate classic language models from one recipe per model.\n\n"
     "Start with: plm pretrain --recipe gpt-mini   then   plm eval-ppl some.txt\n\n"
     "Exit codes: 0 done; 2 bad input or a file plm cannot read or write (one line: error: what — how to fix); "
-    "130 interrupted (the line says what was left and how to continue); 1 an internal error, a bug in plm "
+    "130 interrupted by Ctrl-C, 75 stopped by SIGTERM / SIGUSR1 after a checkpoint (the line says what was left "
+    "and how to continue; pretrain --auto-resume continues a requeued job); 1 an internal error, a bug in plm "
     "(plm --debug COMMAND … shows its traceback).",
     no_args_is_help=True,
     rich_markup_mode="rich",

@@ -59,7 +59,7 @@ def report(e: BaseException, command: str) -> tuple[str, int]:
     from plmcli.errors import Interrupted, os_error
 
     if isinstance(e, Interrupted):
-        return f"interrupted — {e.message}", 130
+        return f"interrupted — {e.message}", e.exit_code
     if isinstance(e, KeyboardInterrupt):
         return "interrupted — nothing was written", 130
     plm = api.find_plm_error(e)  # datasets wraps ours raised in its generators and workers

@@ -27,6 +27,8 @@ def pretrain(
     max_tokens: Optional[int] = typer.Option(None, help="Stop after this many training tokens."),
     time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time: seconds, or 90s / 10m / 2h."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run at --out (default runs/latest) from its last checkpoint."),
+    auto_resume: bool = typer.Option(False, "--auto-resume", help="Continue the run at --out if it has one, else start it there: "
+                                     "one command that a requeued (preempted) job runs every time."),
     stop_after: Optional[int] = typer.Option(None, help="Stop (with a checkpoint) after N steps without changing the schedule."),
     streaming: bool = typer.Option(False, "--streaming", help="Read, tokenize and pack the --data text files as training goes "
                                    "(corpora too big to tokenize first; objective clm, or mlm/rtd with dynamic token masking). The tokenizer is tokenizer.path, or trained on up to 256 MB "
@@ -45,12 +47,22 @@ def pretrain(
     Example: plm pretrain --recipe gpt2-small --data shards/ --streaming --set train.num_workers=4
 
     Example: plm pretrain --recipe bert-base --compile --set train.num_workers=4
+
+    Example (a cluster job, requeued after a preemption): plm pretrain --recipe bert-base --out runs/bert --auto-resume
+
+    Ctrl-C, SIGTERM and SIGUSR1 (a scheduler's preemption, time limit or warning, e.g. Slurm's
+    --signal=USR1@120) stop at the next optimizer step with a checkpoint of that step and one line saying
+    how to continue; the exit code is 130 after Ctrl-C and 75 after SIGTERM / SIGUSR1 (requeue the job).
+    A second Ctrl-C stops at once. train.save_every_minutes adds checkpoints by time.
     """
     from plmcli import api
 
+    if resume and auto_resume:
+        raise PlmError("--resume and --auto-resume together", "pass one: --auto-resume also starts a run that does not exist yet")
     overrides = [*(overrides or []), "train.compile=true"] if compile_model else overrides
     summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
-                           resume, stop_after, console=stderr(), streaming=streaming, text_column=text_column)
+                           "auto" if auto_resume else resume, stop_after, console=stderr(), streaming=streaming,
+                           text_column=text_column)
     if process()[0]:  # one result for N processes
         return
     if as_json:

@@ -31,27 +31,37 @@ class EpochOrder:
         return epoch, int(self._perm[i])
 
 
+GROUP_SIZE = 256
+"""Samples per length band: the order sorts each window by length, cuts it into bands and shuffles them (a
+corpus of under GROUP_SIZE × GROUP_WINDOW samples gets smaller bands, GROUP_WINDOW to an epoch). The size
+depends on the corpus alone, not on the micro batch, so the order is the same whatever the micro batch,
+process count and accumulation: an optimizer step reads the same samples however its batch is split.
+Micro-batches of up to a band pad within it; larger ones span bands of other lengths."""
 GROUP_WINDOW = 50
-"""Micro-batches per length-sorting window (the megabatch of transformers' group_by_length): wide enough
-that a batch finds rows of its own length, narrow enough that the order stays random across the epoch."""
+"""Bands per length-sorting window (the megabatch of transformers' group_by_length): wide enough that a band
+finds samples of its own length, narrow enough that the order stays random across the epoch."""
 
 
 class LengthGroupedOrder(EpochOrder):
-    """EpochOrder whose micro-batches hold samples of similar length, so dynamic padding pads little.
+    """EpochOrder whose consecutive samples have similar lengths, so dynamic padding pads little.
 
-    Each epoch's permutation is cut into windows of `window` micro-batches; a window is sorted by length
-    (longest first), cut into micro-batches, and those are shuffled by (seed, epoch, window), so the
-    lengths of successive batches stay random. Windows start at the epoch's first micro-batch boundary
-    (global positions are cut every batch_size; an epoch of n % batch_size ≠ 0 samples starts mid-batch),
-    so each sorted batch is one micro-batch of the stream. Still a permutation per epoch and a pure
-    function of (seed, position): resume and any process count read the same batches.
+    Each epoch's permutation is cut into windows of `window` bands of `group` samples; a window is sorted by
+    length (longest first), cut into bands, and those are shuffled by (seed, epoch, window), so the lengths
+    of successive bands stay random. Bands are aligned to multiples of `group` in the stream (an epoch of
+    n % group ≠ 0 samples starts mid-band, and finishes the band the previous epoch began as drawn).
+    Still a permutation per epoch and a pure function of (seed, position): resume and any process count,
+    micro batch or accumulation read the same samples at the same positions.
     """
 
-    def __init__(self, lengths, seed: int, batch_size: int, window: int = GROUP_WINDOW):
+    def __init__(self, lengths, seed: int, group: int = GROUP_SIZE, window: int = GROUP_WINDOW):
         super().__init__(len(lengths), seed, shuffle=True)
-        if batch_size < 1 or window < 1:
-            raise ValueError("batch_size and window must be ≥ 1")
-        self.lengths, self.batch_size, self.window = np.asarray(lengths), batch_size, window
+        if group < 1 or window < 1:
+            raise ValueError("group and window must be ≥ 1")
+        # A small corpus gets smaller bands, so that an epoch still has `window` of them to shuffle (its batches
+        # do not run from longest to shortest every epoch): a power of two, so that micro-batches of a power
+        # of two samples align with them. Still a function of the corpus alone.
+        size = max(1, min(group, len(lengths) // window))
+        self.lengths, self.group, self.window = np.asarray(lengths), 1 << (size.bit_length() - 1), window
 
     def __call__(self, pos: int) -> tuple[int, int]:
         epoch, i = divmod(pos, self.n)
@@ -61,9 +71,9 @@ class LengthGroupedOrder(EpochOrder):
 
     def arrange(self, epoch: int) -> np.ndarray:
         """Epoch `epoch`'s samples in stream order."""
-        B, n = self.batch_size, self.n
+        B, n = self.group, self.n
         perm = np.random.default_rng((self.seed, epoch)).permutation(n)
-        head = min((-epoch * n) % B, n)  # the rest of a micro-batch the previous epoch began: left as drawn
+        head = min((-epoch * n) % B, n)  # the rest of a band the previous epoch began: left as drawn
         out = [perm[:head]]
         for w, lo in enumerate(range(head, n, B * self.window)):
             part = perm[lo : lo + B * self.window]
@@ -86,7 +96,7 @@ class BatchStream(torch.utils.data.Dataset):
         if shuffle and lengths is not None:
             if len(lengths) != num_samples:
                 raise ValueError(f"{len(lengths)} lengths for {num_samples} samples")
-            self.order = LengthGroupedOrder(lengths, seed, batch_size)
+            self.order = LengthGroupedOrder(lengths, seed)
         else:
             self.order = EpochOrder(num_samples, seed, shuffle)
         self.batch_size, self.fetch, self.rank, self.world = batch_size, fetch, rank, world

@@ -18,6 +18,9 @@ class StepOutput:
     """How many predictions `loss` averages (the weight of this micro-batch in a mean)."""
     state: Any = None
     """Carried to the next micro-batch (RNN hidden state, Transformer-XL memory); None if stateless."""
+    parts: dict | None = None
+    """`loss` split by what each part averages over: name (a key of `Objective.loss_counts`) -> that part's
+    weighted mean over this micro-batch, the parts summing to `loss`. None: one part, "loss"."""
 
 
 class Objective:
@@ -82,6 +85,15 @@ class Objective:
 
     def init_state(self):
         return None
+
+    def loss_counts(self, batch: dict) -> dict[str, torch.Tensor]:
+        """For each part of `step`'s loss (StepOutput.parts), how many targets this micro-batch holds: tokens,
+        or examples for a sequence-level part. Read from the batch alone, before any forward, with no host read.
+
+        The loop divides each part's sum by its count over the optimizer step's micro-batches on every
+        process, so a step's loss is a mean per target as one big batch would give it, however the batch
+        is split over accumulation and processes (padding and masking leave micro-batches uneven)."""
+        raise NotImplementedError
 
     def tokens_in(self, batch: dict) -> int:
         return int(batch["input_ids"].numel())

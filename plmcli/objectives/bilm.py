@@ -39,6 +39,9 @@ class BidirectionalLM(CausalLM):
             n = self.tokenizer.get_vocab_size()
             model.set_token_strings([self.tokenizer.id_to_token(i) or "" for i in range(n)])
 
+    def loss_counts(self, batch):
+        return {"loss": torch.tensor(batch["labels"].numel())}  # each direction predicts as many tokens
+
     def step(self, model, batch, state=None):
         x = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1)  # (B, T+1): the whole window
         fwd, bwd = model(x)  # (B, T+1, V) each

@@ -94,6 +94,9 @@ class TruncatedBPTT(Objective):
         tokens = token_stream(corpus_dir, split, self.separator())
         return SegmentStream(tokens, batch_size, self.seq_len, rank, world, train=shuffle, split=split)
 
+    def loss_counts(self, batch):
+        return {"loss": torch.tensor(batch["labels"].numel())}
+
     def step(self, model, batch, state=None):
         # A new epoch restarts the streams, so their history is gone; otherwise keep the values, cut the graph.
         state = None if bool(batch.get("reset", False)) else detach_state(state)

@@ -367,21 +367,29 @@ class Classify(Objective):
         args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         return model(*args, return_lm=True) if with_lm else (model(*args), None)
 
+    def loss_counts(self, batch):
+        counts = {"task": torch.tensor(len(batch["labels"]))}  # examples
+        if self.aux_lm_weight > 0:  # lm_loss's targets: every real token after its row's first
+            mask = batch["attention_mask"]
+            counts["lm"] = mask.reshape(-1, mask.shape[-1])[:, 1:].sum()
+        return counts
+
     def step(self, model, batch, state=None):
         with_lm = self.aux_lm_weight > 0
         logits, lm_logits = self._logits(model, batch, with_lm)
         labels = batch["labels"]
         loss = self._losses(logits, labels).mean()
         count = torch.tensor(float(len(labels)), device=labels.device)
-        metrics = {}
+        metrics, parts = {}, {"task": loss}
         if with_lm:  # L3 = L2 + λ·L1 (Radford et al. 2018, eq. 5)
             lm = lm_loss(lm_logits, batch["input_ids"], batch["attention_mask"])
             metrics.update(task_loss=loss.detach() * count, lm_loss=lm.detach() * count)
-            loss = loss + self.aux_lm_weight * lm
+            parts["lm"] = self.aux_lm_weight * lm
+            loss = loss + parts["lm"]
         metrics["loss"] = loss.detach() * count
         if not self.regression:
             metrics["accuracy"] = (logits.argmax(-1) == labels).sum().float()
-        return StepOutput(loss, metrics, count)
+        return StepOutput(loss, metrics, count, parts=parts)
 
     # -------------------------------------------------------------- evaluation
 

@@ -73,6 +73,9 @@ class CausalLM(Objective):
 
         return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
 
+    def loss_counts(self, batch):
+        return {"loss": (batch["labels"] != -100).sum()}
+
     def step(self, model, batch, state=None):
         labels = batch["labels"]
         # The model takes the loss itself: GPT's fused head never holds the (B, T, V) logits.

@@ -24,7 +24,8 @@ from plmcli.errors import PlmError
 from plmcli.models.bert import Bert
 from plmcli.models.spanbert import SpanBertOutput
 from plmcli.objectives.base import StepOutput
-from plmcli.objectives.mlm import MLM_FORMAT, PAIRS, MaskedLM, MLMConfig, collate_static
+from plmcli.objectives.mlm import (MLM_FORMAT, PAIRS, MaskedLM, MLMConfig, collate_static, sentence_loss,
+                                   span_boundary_loss)
 
 DISTANCE_CLASSES = 3
 """Adjacent, same document, other document."""
@@ -142,6 +143,10 @@ class Ernie2(MaskedLM):
 
     # ------------------------------------------------------------ loss
 
+    def loss_counts(self, batch):
+        return {"mlm": torch.tensor(batch["mlm_labels"].numel()),  # masked tokens; each task's labelled rows
+                **{task: (batch[f"{task}_labels"] >= 0).sum() for task in ("reorder", "distance")}}
+
     def step(self, model, batch, state=None):
         out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch["mlm_positions"])
         labels = batch["mlm_labels"]
@@ -149,7 +154,7 @@ class Ernie2(MaskedLM):
         n = labels.numel()
         mlm = F.cross_entropy(logits, labels) if n else logits.sum() * 0.0
         count = torch.tensor(n, device=labels.device)
-        loss, metrics = mlm, {"mlm_loss": mlm.detach() * count}
+        parts, metrics = {"mlm": mlm}, {"mlm_loss": mlm.detach() * count}
         weights = {"reorder": self.cfg.reorder_weight, "distance": self.cfg.distance_weight}
         for task, task_logits in (("reorder", out.reorder_logits), ("distance", out.distance_logits)):
             if task_logits is None or not self.classes[task]:
@@ -158,28 +163,18 @@ class Ernie2(MaskedLM):
                 raise PlmError(f"the model's {task} head has {task_logits.shape[-1]} classes, objective ernie2's "
                                f"settings need {self.classes[task]}", "keep objective.reorder_segments the same in every phase")
             part, acc = sentence_loss(task_logits.float(), batch[f"{task}_labels"])
-            loss = loss + weights[task] * part
+            parts[task] = weights[task] * part
             metrics |= {f"{task}_loss": part.detach() * count, f"{task}_acc": acc.detach() * count}
         if out.nsp_logits is not None:  # a pooler-and-NSP model: the idle NSP head stays in the graph for DDP
-            loss = loss + 0.0 * out.nsp_logits.sum()
+            parts["mlm"] = parts["mlm"] + 0.0 * out.nsp_logits.sum()
         sbo_logits = out.sbo_logits if isinstance(out, SpanBertOutput) else None
         if sbo_logits is not None:
-            sbo_labels = labels.index_select(0, out.sbo_index)
-            sbo = F.cross_entropy(sbo_logits.float(), sbo_labels) if sbo_labels.numel() else sbo_logits.sum() * 0.0
-            loss = loss + self.cfg.sbo_weight * sbo
+            sbo = span_boundary_loss(sbo_logits, labels.index_select(0, out.sbo_index), count)
+            parts["mlm"] = parts["mlm"] + self.cfg.sbo_weight * sbo
             metrics["sbo_loss"] = sbo.detach() * count
+        loss = sum(parts.values())
         metrics["loss"] = loss.detach() * count
-        return StepOutput(loss, metrics, count)
-
-
-def sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean CE, accuracy) over the rows whose label is ≥ 0 (this task's instances); both 0 when there are
-    none, with the head still in the graph. No host sync: the mean divides by the count on the device."""
-    valid = labels >= 0
-    k = valid.sum().clamp(min=1)
-    ce = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
-    acc = ((logits.argmax(-1) == labels) & valid).sum() / k
-    return (ce * valid).sum() / k, acc
+        return StepOutput(loss, metrics, count, parts=parts)
 
 
 def collate(tbl, pad: int) -> dict:

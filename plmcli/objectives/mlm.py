@@ -396,6 +396,11 @@ class MaskedLM(Objective):
 
     # ------------------------------------------------------------ loss
 
+    def loss_counts(self, batch):
+        nsp = batch.get("nsp_labels")
+        return {"mlm": torch.tensor(batch["mlm_labels"].numel()),  # masked tokens
+                "nsp": (nsp >= 0).sum() if nsp is not None else torch.tensor(0)}  # labelled pairs
+
     def step(self, model, batch, state=None):
         labels = batch["mlm_labels"]  # (N,)
         n = labels.numel()
@@ -405,26 +410,24 @@ class MaskedLM(Objective):
                     mlm_labels=labels if n else None)
         mlm = out.mlm_loss.float() if n else out.mlm_logits.float().sum() * 0.0
         count = torch.tensor(n, device=labels.device)
-        loss, metrics = mlm, {"mlm_loss": mlm.detach() * count}
+        parts, metrics = {"mlm": mlm}, {"mlm_loss": mlm.detach() * count}
         nsp_labels = batch.get("nsp_labels")
         if out.nsp_logits is not None and nsp_labels is not None:
             nsp_logits = out.nsp_logits.float()  # (B, 2)
-            nsp = F.cross_entropy(nsp_logits, nsp_labels, ignore_index=-1)
-            loss = loss + self.cfg.nsp_weight * nsp
-            valid = nsp_labels >= 0
-            acc = ((nsp_logits.argmax(-1) == nsp_labels) & valid).sum() / valid.sum().clamp(min=1)
+            nsp, acc = sentence_loss(nsp_logits, nsp_labels)
+            parts["nsp"] = self.cfg.nsp_weight * nsp
             metrics |= {"nsp_loss": nsp.detach() * count, "nsp_acc": acc.detach() * count}
         elif out.nsp_logits is not None:
             # No pair labels (pairs: none): keep the NSP head in the graph so DDP finds every parameter used.
-            loss = loss + 0.0 * out.nsp_logits.sum()
+            parts["mlm"] = parts["mlm"] + 0.0 * out.nsp_logits.sum()
         sbo_logits = out.sbo_logits if isinstance(out, SpanBertOutput) else None  # (M, V) at the targets the model predicts from span boundaries
         if sbo_logits is not None:
-            sbo_labels = labels.index_select(0, out.sbo_index)
-            sbo = F.cross_entropy(sbo_logits.float(), sbo_labels) if sbo_labels.numel() else sbo_logits.sum() * 0.0
-            loss = loss + self.cfg.sbo_weight * sbo
+            sbo = span_boundary_loss(sbo_logits, labels.index_select(0, out.sbo_index), count)
+            parts["mlm"] = parts["mlm"] + self.cfg.sbo_weight * sbo
             metrics["sbo_loss"] = sbo.detach() * count
+        loss = sum(parts.values())
         metrics["loss"] = loss.detach() * count
-        return StepOutput(loss, metrics, count)
+        return StepOutput(loss, metrics, count, parts=parts)
 
     def tokens_in(self, batch):
         return int(batch.get("num_tokens", batch["input_ids"].numel()))
@@ -434,6 +437,23 @@ class MaskedLM(Objective):
 
 
 @functools.lru_cache(maxsize=8)
+def sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean CE, accuracy) over the rows whose label is ≥ 0 (this task's instances); both 0 when there are
+    none, with the head still in the graph. No host sync: the mean divides by the count on the device."""
+    valid = labels >= 0
+    k = valid.sum().clamp(min=1)
+    ce = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+    acc = ((logits.argmax(-1) == labels) & valid).sum() / k
+    return (ce * valid).sum() / k, acc
+
+
+def span_boundary_loss(logits: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """SpanBERT's SBO loss per masked token: its cross-entropies summed over the span targets it predicts
+    ((M, V) logits, (M,) labels), over the `masked` count, as SpanBERT's criterion sums the SBO and MLM
+    losses of a batch and divides both by its masked tokens."""
+    return F.cross_entropy(logits.float(), labels, reduction="sum") / masked.clamp(min=1)
+
+
 def _random_ids(vocab: int, special: tuple[int, ...]) -> np.ndarray:
     """The ids a 10% "random token" replacement draws from: the vocabulary without the special tokens."""
     return np.setdiff1d(np.arange(vocab), special)

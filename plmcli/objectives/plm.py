@@ -333,6 +333,9 @@ class PermutationLM(Objective):
         perm = permutation_mask(target, func, R, rng, c.perm_size)
         return {"input_ids": x, "token_type_ids": seg, "perm_mask": perm, "target_mapping": mapping, "labels": labels}
 
+    def loss_counts(self, batch):
+        return {"loss": (batch["labels"] != -100).sum()}
+
     def step(self, model, batch, state=None):
         # A new epoch restarts the streams, so the memory is no longer their history.
         mems = None if bool(batch.get("reset", False)) or state is None else [m.detach() for m in state]

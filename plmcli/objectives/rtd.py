@@ -117,14 +117,20 @@ class ReplacedTokenDetection(MaskedLM):
         acc = (((rtd_logits > 0) == replaced) & real).sum() / n_real
         return {"mlm": mlm, "rtd": rtd, "rtd_acc": acc.detach(), "corrupted": corrupted, "replaced": replaced}
 
+    def loss_counts(self, batch):
+        attention = batch.get("attention_mask")
+        return {"mlm": torch.tensor(batch["mlm_labels"].numel()),  # the generator's masked tokens
+                "rtd": attention.sum() if attention is not None else torch.tensor(batch["input_ids"].numel())}  # real tokens
+
     def step(self, model, batch, state=None):
         parts = self.losses(model, batch)
-        loss = self.cfg.gen_weight * parts["mlm"] + self.cfg.disc_weight * parts["rtd"]
+        weighted = {"mlm": self.cfg.gen_weight * parts["mlm"], "rtd": self.cfg.disc_weight * parts["rtd"]}
+        loss = weighted["mlm"] + weighted["rtd"]
         # Metrics are weighted by the masked-token count, so mlm_loss averages per prediction (val_ppl).
         count = torch.tensor(batch["mlm_labels"].numel(), device=loss.device)
         metrics = {"mlm_loss": parts["mlm"].detach() * count, "rtd_loss": parts["rtd"].detach() * count,
                    "rtd_acc": parts["rtd_acc"] * count, "loss": loss.detach() * count}
-        return StepOutput(loss, metrics, count)
+        return StepOutput(loss, metrics, count, parts=weighted)
 
 
 def sample(logits: torch.Tensor, generator: torch.Generator | None = None, block: int = 64) -> torch.Tensor:

@@ -37,10 +37,10 @@ class TranslationConfig:
     label_smoothing: Probability = 0.0
     """Label smoothing ε (Szegedy et al.; Vaswani et al. use 0.1): the target puts ε/V on every token."""
     length_bucketing: bool = True
-    """Shuffle, then sort by length within groups of `bucket_batches` micro-batches (and shuffle those
-    batches), so a batch holds similar lengths and pads little."""
+    """Shuffle, then sort by length within windows of `bucket_batches` bands of up to 256 sentences (and shuffle the
+    bands), so a batch holds similar lengths and pads little, whatever the micro batch."""
     bucket_batches: Size = 50
-    """Micro-batches per sorting group."""
+    """Length bands (up to 256 sentences each, data/batching.py: GROUP_SIZE) per sorting window."""
 
 
 @dataclass
@@ -119,13 +119,16 @@ class Translation(Objective):
                 np.maximum(pc.list_value_length(t["src_ids"]).to_numpy(zero_copy_only=False),
                            pc.list_value_length(t["tgt_ids"]).to_numpy(zero_copy_only=False))
                 for t in ds.iter(batch_size=100_000)])
-            stream.order = LengthGroupedOrder(lengths, seed, batch_size, self.cfg.bucket_batches)
+            stream.order = LengthGroupedOrder(lengths, seed, window=self.cfg.bucket_batches)
         return stream
 
     def tokens_in(self, batch):
         return int((batch["labels"] != -100).sum())
 
     # ------------------------------------------------------------ loss
+
+    def loss_counts(self, batch):
+        return {"loss": (batch["labels"] != -100).sum()}
 
     def step(self, model, batch, state=None):
         logits = model(batch["src_ids"], batch["src_mask"], batch["tgt_in_ids"])  # (B, T, V)
@@ -209,7 +212,7 @@ class Denoising(Translation):
 
         stream = BatchStream(chunks.n, batch_size, fetch, seed, rank, world, shuffle)
         if shuffle and self.cfg.length_bucketing:
-            stream.order = LengthGroupedOrder(chunks.lengths(), seed, batch_size, self.cfg.bucket_batches)
+            stream.order = LengthGroupedOrder(chunks.lengths(), seed, window=self.cfg.bucket_batches)
         return stream
 
 

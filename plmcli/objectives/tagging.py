@@ -368,6 +368,9 @@ class Tagging(Objective):
             return crf.nll(scores, tags, word_mask)
         return F.cross_entropy(scores.float().transpose(1, 2), tags, ignore_index=IGNORE, reduction="none").sum(1)
 
+    def loss_counts(self, batch):
+        return {"loss": batch["first"].sum()}  # words: each is tagged at its first sub-token
+
     def step(self, model, batch, state=None):
         scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"], batch["case"])
         tags, crf = batch["tags"], self._crf(model)

@@ -18,7 +18,7 @@ from plmcli.runs import (RECIPE, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_d
 
 def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
              overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
-             time_budget: float | None = None, resume: bool = False, stop_after: int | None = None,
+             time_budget: float | None = None, resume: bool | str = False, stop_after: int | None = None,
              console=None, streaming: bool = False, text_column: str | None = None) -> dict:
     """plmcli.api.pretrain (see there)."""
     from contextlib import ExitStack
@@ -28,6 +28,8 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     quiet_datasets_off_terminal()
     if max_steps is not None and max_steps < 1:
         raise PlmError(f"--max-steps {max_steps} must be ≥ 1", "e.g. --max-steps 100, or leave it out for the recipe's train.max_steps")
+    if resume == "auto":
+        resume = auto_resume(out)
     restart = False
     if resume:
         r, run_dir, restart, streaming, data = _resumed(out, overrides, streaming, data)
@@ -47,6 +49,16 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     with ExitStack() as held:  # the run's lock, released however this ends
         return pretrain_run(r, names, stages, data, run_dir, resume, restart, streaming, time_budget, stop_after,
                             console, held)
+
+
+def auto_resume(out: str | None) -> bool:
+    """--auto-resume: whether --out holds a run to continue (else a new run starts there), so a requeued job
+    runs one command every time. Every process decides alike: the main one writes the run directory only
+    after the preparation's barriers, which each reaches after deciding."""
+    if not out:
+        raise PlmError("--auto-resume needs --out RUN: the run directory that a requeued job starts, then continues",
+                       "e.g. plm pretrain --recipe bert-base --out runs/bert-base --auto-resume")
+    return (Path(out) / RECIPE).is_file()
 
 
 def _resumed(out: str | None, overrides, streaming: bool, data):

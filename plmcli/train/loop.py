@@ -24,6 +24,7 @@ from plmcli.models.dense import packed_weights
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
 from plmcli.train.optim import build_optimizer
+from plmcli.train.peers import Peers
 from plmcli.train.progress import MetricsLog, TrainProgress
 from plmcli.train.schedule import build_scheduler
 
@@ -54,35 +55,52 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, a
     )
 
 
-class DeferredInterrupt:
-    """While training, a Ctrl-C (SIGINT) only sets `requested`: the loop stops at the next optimizer-step
-    boundary, so a checkpoint never holds part of a step. A second Ctrl-C means "stop now" and raises
-    KeyboardInterrupt at once. Installed only in the main thread (Python runs signal handlers there)."""
+# Signals that ask a run to stop at the next optimizer-step boundary, with a checkpoint of that step:
+# Ctrl-C, and the ones a scheduler sends before it kills a job (Slurm's preemption, scancel, the end of the
+# time limit, Kubernetes, torchrun send SIGTERM; Slurm's `--signal=USR1@SECONDS` warns ahead of time).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+
+class DeferredStop:
+    """While training, a stop signal only sets `requested` (its name): the loop stops at the next
+    optimizer-step boundary, agreed by every process, so a checkpoint never holds part of a step.
+    A second Ctrl-C means "stop now" and raises KeyboardInterrupt at once; a second SIGTERM / SIGUSR1
+    changes nothing (a scheduler's warning is often followed by its SIGTERM). Installed only in the
+    main thread (Python runs signal handlers there)."""
 
     def __init__(self):
-        self.requested = False
-        self.previous = None
+        self.requested: str | None = None
+        self.previous: dict = {}
 
     def _handle(self, signum, frame):
-        if self.requested:
+        if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested = self.requested or signal.Signals(signum).name
 
-    def install(self) -> "DeferredInterrupt":
+    def install(self) -> "DeferredStop":
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
 
     def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
 
 
-def _ignore_sigint(worker_id: int) -> None:
-    """DataLoader workers: a terminal's Ctrl-C reaches the whole process group, and a worker that died of
-    it would break the main process's deferred stop; the main process alone decides when to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers: a terminal's Ctrl-C reaches the whole process group and a scheduler signals every
+    process of the job; a worker that died of it would break the main process's deferred stop, so the
+    main process alone decides when to stop (its workers end with it)."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def draw_seed(seed: int, micro_batch: int) -> int:
+    """The seed of every random draw in one training micro-batch (dropout, ELECTRA's samples, ...): a function
+    of the run's seed and the micro-batch's index over all processes (micro-batch k of rank r is k·world + r),
+    so the weights do not depend on how a global batch is split over processes and accumulation."""
+    return (seed * 0x9E3779B97F4A7C15 + micro_batch) % (1 << 63)
 
 
 def batch_sizes(global_batch: int, micro: int, world: int) -> tuple[int, int]:
@@ -201,10 +219,14 @@ class _Training:
         self.micro, self.accum = batch_sizes(self.t.global_batch_size, self.t.micro_batch_size, self.world)
         self.accelerator = make_accelerator(self.t.mixed_precision, self.t.dist_timeout, self.accum)
         self.loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
+        # train.eval_batches counts batches of the recipe's micro batch (its global batch when that is 0), so
+        # an evaluation scores the same samples on any number of processes: as this launch's micro-batches.
+        ref = self.t.micro_batch_size or self.t.global_batch_size
+        self.eval_limit = -(-self.t.eval_batches * ref // self.micro)
         self.notice = None
         if resume_from is not None:  # checked before anything is built: a refusal costs nothing
             self.loop = ckpt.read_loop_state(resume_from)
-            self.notice = _resumable(self.loop, resume_from, self.accelerator, self.world, self.accum,
+            self.notice = _resumable(self.loop, resume_from, self.accelerator, self.world, self.micro,
                                      self.t.global_batch_size)
 
     def prepare(self, model, corpus_dir) -> None:
@@ -242,10 +264,6 @@ class _Training:
             # In place, not torch.compile(model): its wrapper's state dict prefixes every key with `_orig_mod.`,
             # and model.safetensors would no longer load into the model.
             self.model.compile()
-        if self.rank:
-            # Every process built the model from one seed; from here each draws its own dropout masks
-            # (rank 0 keeps the single-process stream, so a 1-process run is unchanged).
-            torch.manual_seed(t.seed + self.rank)
         if self.resume_from is not None:
             ckpt.load_checkpoint(accelerator, self.resume_from)
             accelerator.step = 0  # accumulate()'s micro-step counter: a checkpoint is always at an optimizer step
@@ -260,7 +278,7 @@ class _Training:
             pin_memory=self.accelerator.device.type == "cuda", persistent_workers=False,
             # Its own generator: creating the iterator would otherwise draw from the global RNG after a
             # resume restored it, shifting every later dropout mask.
-            generator=torch.Generator().manual_seed(t.seed), worker_init_fn=_ignore_sigint,
+            generator=torch.Generator().manual_seed(t.seed), worker_init_fn=_ignore_stop_signals,
         )
         return iter(loader)
 
@@ -275,7 +293,8 @@ class _Training:
         self.batches = self._batches()
         self.state = self.objective.init_state()
         # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
-        self.progress = TrainProgress(console, t.max_steps, self.loop["step"], enabled=self.main, accum=self.accum)
+        self.progress = TrainProgress(console, t.max_steps, self.loop["step"], enabled=self.main, accum=self.accum,
+                                      compiled=t.compile)
         self.progress.begin(self.run_dir, self.recipe, unwrapped, fpt, accelerator.device, self.world,
                             accelerator.mixed_precision)
         if self.notice and self.main:
@@ -288,7 +307,8 @@ class _Training:
         self.check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
         self.model.train()
         self.start = time.perf_counter() - self.loop["elapsed"]
-        self.interrupt = DeferredInterrupt().install()
+        peers = Peers(self.rank, self.world)
+        self.interrupt = DeferredStop().install()
         try:
             while self.reason is None:
                 stop_asked = self.optimizer_step()
@@ -296,6 +316,10 @@ class _Training:
             return self.finish()
         except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step; the last complete checkpoint stays
             raise Interrupted(f"stopped at once (a second Ctrl-C) after step {self.loop['step']}; {self.saved()}") from None
+        except RuntimeError as e:  # another process died: say which, instead of the backend's traceback
+            if peers.failed(e):
+                raise peers.lost(e, self.saved()) from e
+            raise
         finally:
             self.batches = None  # the DataLoader's workers stop here, while a Ctrl-C is still deferred
             self.interrupt.restore()
@@ -315,35 +339,57 @@ class _Training:
         return None
 
     def micro_batches(self) -> tuple[int, object, dict, object]:
-        """The accumulated forward/backward passes of one optimizer step: (tokens, summed loss, metric sums, count)."""
+        """The accumulated forward/backward passes of one optimizer step: (tokens, loss, metric sums, count).
+
+        Each part of the loss is a sum over its targets divided by their count in all of the step's
+        micro-batches on every process, as one big batch would give it (counted from the batches before
+        any forward); every random draw of micro-batch k is seeded by (seed, its global index)."""
         accelerator, objective, model = self.accelerator, self.objective, self.model
+        batches = [next(self.batches) for _ in range(self.accum)]
+        shares = self.loss_shares([objective.loss_counts(b) for b in batches])
+        # The parts are already means over the whole step: undo accumulate()'s 1/accum and DDP's 1/world.
+        scale = self.accum * self.world
         step_tokens, step_loss, step_sums, step_count = 0, 0.0, {}, 0.0
-        for _ in range(self.accum):
-            batch = _to(next(self.batches), accelerator.device)
-            # accumulate(): no gradient all-reduce until the last micro-batch, and the loss scaled
-            # by 1/accum in backward (DeepSpeed does both inside its engine).
+        for batch, share in zip(batches, shares):
+            torch.manual_seed(draw_seed(self.t.seed, self.loop["micro_batches"] * self.world + self.rank))
+            step_tokens += objective.tokens_in(batch)
+            batch = _to(batch, accelerator.device)
+            # accumulate(): no gradient all-reduce until the last micro-batch (DeepSpeed: inside its engine).
             with accelerator.accumulate(model):
                 with accelerator.autocast():
                     out = objective.step(model, batch, self.state)
-                accelerator.backward(out.loss)
+                parts = out.parts if out.parts is not None else {"loss": out.loss}
+                loss = sum(part * share[name] for name, part in parts.items())
+                accelerator.backward(loss * scale)
             self.state = out.state
             self.loop["micro_batches"] += 1
-            self.progress.micro_batch()  # progress: host-side; on a GPU one sync in the whole run, timing the first
-            step_tokens += objective.tokens_in(batch)
-            step_loss = step_loss + out.loss.detach().float()
+            self.progress.micro_batch()  # progress: host-side; on a GPU a sync only around the micro-batches it times
+            step_loss = step_loss + loss.detach().float()
             for name, v in out.metrics.items():
                 step_sums[name] = step_sums.get(name, 0) + v.float()
             step_count = step_count + out.count
         return step_tokens, step_loss, step_sums, step_count
 
-    def optimizer_step(self) -> bool:
-        """One optimizer step (skipped, no update, when its loss or gradient is not finite); whether a Ctrl-C
-        on any process asks to stop after it."""
+    def loss_shares(self, counts: list[dict]) -> list[dict]:
+        """Per micro-batch, each loss part's share of the step: its targets over their count in all of the
+        step's micro-batches on every process (one small all-reduce, no host read)."""
+        names = sorted(counts[0])
+        local = torch.stack([torch.stack([torch.as_tensor(c[n]).float().cpu() for n in names]) for c in counts])
+        local = local.to(self.accelerator.device, non_blocking=True)  # (accum, parts)
+        total = local.sum(0)
+        if self.world > 1:
+            total = self.accelerator.reduce(total, reduction="sum")
+        share = local / total.clamp(min=1)
+        return [{n: share[i, j] for j, n in enumerate(names)} for i in range(len(counts))]
+
+    def optimizer_step(self) -> str | None:
+        """One optimizer step (skipped, no update, when its loss or gradient is not finite); the stop signal
+        (SIGINT, SIGTERM, SIGUSR1) that any process received, to stop after it, or None."""
         t, accelerator, loop, bad, window = self.t, self.accelerator, self.loop, self.bad, self.window
         step_tokens, step_loss, step_sums, step_count = self.micro_batches()
         self.grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
         step_tokens, elapsed, stop_asked, loss, finite = _agree(accelerator, step_tokens, time.perf_counter() - self.start,
-                                                                self.interrupt.requested, step_loss / self.accum,
+                                                                _signal_number(self.interrupt.requested), step_loss,
                                                                 self.grad_norm if self.check_grads else None)
         if finite or accelerator.scaler is not None:
             self.optimizer.step()
@@ -367,11 +413,11 @@ class _Training:
         if bad["run"] and (bad["run"] >= t.max_nonfinite_steps or self.reason):
             raise ckpt.RunStopped(*_diverged(self.recipe, bad, loop["step"], self.saved()))
         self.progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
-        return stop_asked
+        return signal.Signals(stop_asked).name if stop_asked else None
 
-    def after_step(self, stop_asked: bool) -> None:
+    def after_step(self, stop_asked: str | None) -> None:
         """The step's log row, evaluation (best weights) and checkpoint, as the recipe schedules them; then a
-        Ctrl-C's stop."""
+        stop signal's stop."""
         t, loop, reason = self.t, self.loop, self.reason
         if (loop["step"] % t.log_every == 0 or reason) and self.window["sums"]:
             row = _log_row(self.accelerator, loop, self.window, self.scheduler, self.grad_norm, self.fpt, self.peak)
@@ -380,18 +426,21 @@ class _Training:
             self.progress.update(loop["step"], row, self.last_eval)
         if self.val_stream is not None and ((t.eval_every and loop["step"] % t.eval_every == 0) or reason):
             self.last_eval = loop["last_eval"] = evaluate(self.accelerator, self.model, self.objective, self.val_stream,
-                                                          t.eval_batches)
+                                                          self.eval_limit)
             self.log.write({"step": loop["step"], "tokens": loop["tokens"], **self.last_eval})
             self.progress.update(loop["step"], None, self.last_eval)
             # Every process reaches the same verdict (the metrics are reduced over all of them).
             if self.select_metric and (not self.best or self.last_eval[self.select_metric] > self.best[self.select_metric]):
                 self.best = loop["best"] = {"step": loop["step"], **self.last_eval}
                 self.weights()
+        # The agreed clock: every process takes the same decision.
+        due = t.save_every_minutes and loop["elapsed"] - loop.get("saved_elapsed", 0.0) >= 60 * t.save_every_minutes
         # A checkpoint while the loss is not finite would not be a good one to go back to.
-        if ((t.save_every and loop["step"] % t.save_every == 0) or reason or stop_asked) and not self.bad["run"]:
+        if ((t.save_every and loop["step"] % t.save_every == 0) or due or reason or stop_asked) and not self.bad["run"]:
+            loop["saved_elapsed"] = loop["elapsed"]
             self.snapshot()
-        if stop_asked:  # Ctrl-C: this step is complete and (unless its loss was not finite) saved
-            raise Interrupted(f"stopped after step {loop['step']}; {self.saved()}")
+        if stop_asked:  # this step is complete and (unless its loss was not finite) saved
+            raise Interrupted(f"stopped after step {loop['step']} ({stop_asked}); {self.saved()}", stop_asked)
 
     def finish(self) -> dict:
         """The summary, after the last weights are written (unless the best evaluated ones already were)."""
@@ -411,7 +460,8 @@ class _Training:
         if self.sequential:  # streaming seam: every process takes part (the positions are gathered)
             self.loop["data_position"] = self.train_stream.state_dict()
         return ckpt.save_checkpoint(self.accelerator, self.run_dir, self.loop["step"],
-                                    {**self.loop, "world_size": self.world, "global_batch_size": self.t.global_batch_size},
+                                    {**self.loop, "world_size": self.world, "global_batch_size": self.t.global_batch_size,
+                                     "micro_batch_size": self.micro},
                                     self.t.keep_checkpoints, self.continue_with)
 
     def weights(self) -> None:
@@ -428,13 +478,14 @@ class _Training:
         return f"the checkpoint of step {found[-1].name.split('-')[1]} is in {found[-1]}{then}"
 
 
-def _agree(accelerator, tokens: int, elapsed: float, stop_asked: bool, loss, grad_norm):
-    """(tokens, elapsed, stop_asked, mean loss, finite) of this optimizer step, agreed by all processes
-    in the step's one host sync.
+def _agree(accelerator, tokens: int, elapsed: float, stop_asked: int, loss, grad_norm):
+    """(tokens, elapsed, stop signal, loss, finite) of this optimizer step, agreed by all processes in the
+    step's one host sync.
 
-    They must all stop at the same step (max_tokens, time_budget, Ctrl-C) and skip the same non-finite
+    They must all stop at the same step (max_tokens, time_budget, a stop signal) and skip the same non-finite
     steps, or those still training would wait for the others forever: one count of tokens (summed), one
-    clock (the latest), any process's interrupt, and a loss that is finite only if it is on all of them.
+    clock (the latest), any process's stop signal (its number, 0 for none), the loss summed (each process
+    holds its share of the step's per-target mean) and finite only if it is on all of them.
     """
     norm = torch.zeros((), device=accelerator.device) if grad_norm is None else torch.as_tensor(grad_norm).float()
     if accelerator.num_processes == 1:
@@ -444,7 +495,11 @@ def _agree(accelerator, tokens: int, elapsed: float, stop_asked: bool, loss, gra
                        (tokens, elapsed, stop_asked)] + [torch.as_tensor(loss).double().to(accelerator.device), norm.double().to(accelerator.device)])
     rows = accelerator.gather(row[None]).tolist()
     finite = all(math.isfinite(r[3]) and math.isfinite(r[4]) for r in rows)
-    return int(sum(r[0] for r in rows)), max(r[1] for r in rows), any(r[2] for r in rows), sum(r[3] for r in rows) / len(rows), finite
+    return int(sum(r[0] for r in rows)), max(r[1] for r in rows), int(max(r[2] for r in rows)), sum(r[3] for r in rows), finite
+
+
+def _signal_number(name: str | None) -> int:
+    return signal.Signals[name].value if name else 0
 
 
 def _diverged(recipe, bad: dict, step: int, saved: str) -> tuple[str, str]:
@@ -483,26 +538,31 @@ def _ddp_settings(accelerator, model, objective, batch):
     return DistributedDataParallelKwargs(broadcast_buffers=False, find_unused_parameters=unused)
 
 
-def _resumable(loop: dict, path: Path, accelerator, world: int, accum: int, global_batch: int) -> str | None:
+def _resumable(loop: dict, path: Path, accelerator, world: int, micro: int, global_batch: int) -> str | None:
     """Refuse a checkpoint this launch cannot continue; map its data position to this launch.
 
     Micro-batch k of rank r is global micro-batch k·world + r (data/batching.py), so after `step`
     optimizer steps exactly the first step × global_batch samples are consumed, whatever the number of
     processes or the micro batch: this launch continues at its micro-batch step × accum, the very next
-    sample. Only the sharded states of FSDP / DeepSpeed are tied to the process count that wrote them.
+    sample. With the same micro batch, every micro-batch keeps its global index and so its random draws:
+    the run goes on as if it never stopped. Only the sharded states of FSDP / DeepSpeed are tied to the
+    process count that wrote them.
     """
     was_batch, was_world = loop.get("global_batch_size", global_batch), loop.get("world_size", world)
     if was_batch != global_batch:
         raise PlmError(f"checkpoint {path} was trained with global batch {was_batch}, this run has {global_batch}",
                        f"resume with the same global batch: --set train.global_batch_size={was_batch}")
-    loop["micro_batches"] = loop["step"] * accum
-    if was_world == world:
-        return None
-    if sharded(accelerator):
+    loop["micro_batches"] = loop["step"] * global_batch // (micro * world)
+    if was_world != world and sharded(accelerator):
         raise PlmError(f"checkpoint {path} holds {accelerator.distributed_type.value} state sharded over {was_world} "
                        f"processes, and {world} were launched", f"resume with {was_world} processes")
+    was_micro = loop.get("micro_batch_size", micro)
+    if was_world == world and was_micro == micro:
+        return None
+    same = ("the same steps as if it never stopped" if was_micro == micro else
+            f"micro-batches of {micro}, not {was_micro}, so other dropout masks than an uninterrupted run's")
     return (f"resuming a {was_world}-process checkpoint with {world} process{'es' * (world > 1)}: the data continues "
-            f"at sample {loop['step'] * global_batch:,}, where it stopped; dropout masks differ from an uninterrupted run")
+            f"at sample {loop['step'] * global_batch:,}, where it stopped; {same}")
 
 
 def _has_split(corpus_dir, split) -> bool:

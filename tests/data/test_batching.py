@@ -1,9 +1,10 @@
-"""Length-grouped training order: a permutation per epoch, batches of similar lengths, random access."""
+"""Length-grouped training order: a permutation per epoch, bands of similar lengths, random access, the same
+samples at the same positions whatever the micro batch."""
 
 import numpy as np
 import pytest
 
-from plmcli.data.batching import BatchStream, EpochOrder, LengthGroupedOrder
+from plmcli.data.batching import GROUP_SIZE, BatchStream, EpochOrder, LengthGroupedOrder
 
 
 def skewed_lengths(n, seed=0):
@@ -24,7 +25,7 @@ def padding(lengths, batches) -> tuple[int, int]:
 
 @pytest.mark.parametrize("n,B,window", [(1000, 8, 5), (1003, 7, 4), (50, 8, 50), (5, 8, 2), (64, 1, 3)])
 def test_every_sample_once_per_epoch(n, B, window):
-    order = LengthGroupedOrder(skewed_lengths(n), seed=3, batch_size=B, window=window)
+    order = LengthGroupedOrder(skewed_lengths(n), seed=3, group=B, window=window)
     for epoch in range(4):
         picks = [order(p) for p in range(epoch * n, (epoch + 1) * n)]
         assert {e for e, _ in picks} == {epoch}
@@ -32,19 +33,19 @@ def test_every_sample_once_per_epoch(n, B, window):
 
 
 def test_batches_of_a_window_do_not_overlap_in_length_in_every_epoch():
-    """Also in epochs that start mid-batch (n % B != 0): each full micro-batch of the stream is one
-    sorted slice of its window, so two batches of a window never interleave in length."""
+    """Also in epochs that start mid-band (n % B != 0): each full band of the stream is one sorted slice of
+    its window, so two bands of a window never interleave in length."""
     n, B, window = 1003, 8, 5
     lengths = np.random.default_rng(1).permutation(n) + 1  # distinct lengths: the check is exact
-    order = LengthGroupedOrder(lengths, seed=0, batch_size=B, window=window)
+    order = LengthGroupedOrder(lengths, seed=0, group=B, window=window)
     for epoch in range(3):
         head = (-epoch * n) % B
-        start = epoch * n + head  # the epoch's first micro-batch boundary
+        start = epoch * n + head  # the epoch's first band boundary
         for w in range(start, (epoch + 1) * n - B * window + 1, B * window):
             spans = sorted((lengths[[order(p)[1] for p in range(b, b + B)]].min(),
                             lengths[[order(p)[1] for p in range(b, b + B)]].max()) for b in range(w, w + B * window, B))
             assert all(hi < lo for (_, hi), (lo, _) in zip(spans, spans[1:])), (epoch, w)
-            # ... and the window's batches are not left in length order: they are shuffled
+            # ... and the window's bands are not left in length order: they are shuffled
             firsts = [lengths[order(b)[1]] for b in range(w, w + B * window, B)]
             assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)
 
@@ -61,7 +62,7 @@ def test_padding_share_drops_on_skewed_lengths():
     real, total = padding(lengths, batches["grouped"])
     assert real == plain_real == int(lengths.sum())
     assert 1 - plain_real / plain_total == pytest.approx(0.736, abs=1e-3)  # random batches: mostly padding
-    assert 1 - real / total == pytest.approx(0.090, abs=1e-3)  # sorted within 50-batch windows
+    assert 1 - real / total == pytest.approx(0.062, abs=1e-3)  # sorted within windows of 50 bands of 64 (4096 // 50, a power of two)
 
 
 def test_a_pure_function_of_seed_and_position():
@@ -83,3 +84,17 @@ def test_evaluation_reads_in_order_and_plain_streams_are_unchanged():
     assert plain[3] == [order(p) for p in range(24, 32)]
     with pytest.raises(ValueError, match="3 lengths for 20 samples"):
         stream(n, 8, lengths[:3])
+
+
+@pytest.mark.parametrize("n", [1000, 40])
+def test_an_optimizer_step_reads_the_same_samples_however_its_batch_is_split(n):
+    """Global batch 32: one micro-batch of 32, four of 8, or two processes × two of 8 read the same samples in
+    the same order at every step (the bands are GROUP_SIZE samples, not micro-batches)."""
+    lengths = skewed_lengths(n)
+    whole = stream(n, 32, lengths, seed=5)
+    steps = [whole[s] for s in range(3 * n // 32)]  # three epochs
+    quarters = stream(n, 8, lengths, seed=5)
+    assert [sum((quarters[4 * s + j] for j in range(4)), []) for s in range(len(steps))] == steps
+    ranks = [stream(n, 8, lengths, seed=5, rank=r, world=2) for r in (0, 1)]
+    assert [ranks[0][2 * s] + ranks[1][2 * s] + ranks[0][2 * s + 1] + ranks[1][2 * s + 1] for s in range(len(steps))] == steps
+    assert whole.order.group == {1000: 16, 40: 1}[n] and GROUP_SIZE == 256  # bands of a size the corpus sets

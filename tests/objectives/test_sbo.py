@@ -49,8 +49,10 @@ def test_loss_is_mlm_plus_weighted_sbo():
     assert ref.sbo_logits.shape == (4 * 7, 50)
     keep = [r * 9 + k for r in range(4) for k in (0, 1, 2, 3, 4, 5, 6)]
     assert ref.sbo_index.tolist() == keep
-    sbo = F.cross_entropy(ref.sbo_logits, b["mlm_labels"][keep])
+    # Per masked token, as SpanBERT's criterion divides the summed SBO losses: 28 targets over 36 masked.
+    sbo = F.cross_entropy(ref.sbo_logits, b["mlm_labels"][keep], reduction="sum") / 36
     torch.testing.assert_close(out.loss, mlm + 0.5 * sbo)
+    torch.testing.assert_close(out.parts["mlm"], mlm + 0.5 * sbo)
     n = torch.tensor(36.0)
     torch.testing.assert_close(out.metrics["mlm_loss"], mlm * n)
     torch.testing.assert_close(out.metrics["sbo_loss"], sbo * n)

@@ -174,9 +174,10 @@ def test_preparation_waits_outside_the_training_timeout(tmp_path):
     assert "timed out" in res.stdout and "no timeout" not in res.stdout, res.stdout
 
 
-def _two_nodes(tmp_path: Path, caches: tuple[str, str], data: tuple[Path, Path]) -> list[subprocess.CompletedProcess]:
-    """`plm pretrain` of the tiny recipe for a few steps on two torchrun agents (--nnodes 2, one process
-    each) joined by a c10d rendezvous on 127.0.0.1: node i with PLM_CACHE caches[i] and --data data[i]."""
+def _two_nodes(tmp_path: Path, caches: tuple[str, str], data: tuple[Path, Path],
+               args: tuple = ("--max-steps", "3", *DETERMINISTIC)) -> list[subprocess.CompletedProcess]:
+    """`plm pretrain` of the tiny recipe (tmp_path/tiny.yaml) with `args` on two torchrun agents (--nnodes 2,
+    one process each) joined by a c10d rendezvous on 127.0.0.1: node i with PLM_CACHE caches[i] and --data data[i]."""
     port = free_port()
     procs = []
     for i in (0, 1):
@@ -185,7 +186,7 @@ def _two_nodes(tmp_path: Path, caches: tuple[str, str], data: tuple[Path, Path])
                 # both agents run on this machine: say which one hosts the rendezvous store
                 "--rdzv-conf", f"is_host={int(i == 0)}"]
         cmd = [sys.executable, *head, "-m", "plmcli", "pretrain", "--recipe", str(tmp_path / "tiny.yaml"),
-               "--data", str(data[i]), "--out", str(tmp_path / "run"), "--max-steps", "3", *DETERMINISTIC]
+               "--data", str(data[i]), "--out", str(tmp_path / "run"), *args]
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=_env(tmp_path, caches[i], f"writes{i}.log"),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
@@ -249,3 +250,23 @@ def test_a_node_with_other_data_stops_every_process_in_one_line(nodes):
     assert {line.split("): ", 1)[1] for line in errors} == {errors[0].split("): ", 1)[1]}  # the same words on both
     assert sorted(line.split(":")[0] for line in errors) == ["error (process 0 of 2)", "error (process 1 of 2)"]
     assert not (root / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert-static"])
+def test_two_nodes_train_as_one_process_with_accumulation_2(tmp_path, name):
+    """Two nodes of one process each (micro batch 2) end with the weights of one process with micro batch 2 ×
+    accumulation 2, bitwise, dropout on: the same samples per step, each loss part over the step's targets on
+    both nodes, and every dropout mask drawn from (seed, global micro-batch)."""
+    (tmp_path / "tiny.yaml").write_text(RECIPES[name])
+    corpus = tiny_corpus(tmp_path / "c.txt")
+    steps = ["--max-steps", "4"]
+    for res in _two_nodes(tmp_path, ("cache", "cache"), (corpus, corpus), args=steps):
+        assert res.returncode == 0, res.stderr[-3000:]
+    one = subprocess.run([sys.executable, "-m", "plmcli", "pretrain", "--recipe", str(tmp_path / "tiny.yaml"), "--data",
+                          str(corpus), "--out", str(tmp_path / "one"), *steps, "--set", "train.micro_batch_size=2"],
+                         cwd=tmp_path, env=_env(tmp_path, "cache", "one.log"), capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "2 micro-batches each" in one.stderr
+    two, ref = ((tmp_path / d / "model.safetensors").read_bytes() for d in ("run", "one"))
+    assert two == ref

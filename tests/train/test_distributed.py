@@ -26,9 +26,10 @@ from plmcli.train.loop import _resumable
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[2]
-# dropout 0: a process draws its own dropout masks, so only without dropout can 2 processes and
-# 1 process with accumulation 2 take the same steps.
-DETERMINISTIC = ["--set", "model.dropout=0.0"]
+# Dropout stays on (the tiny recipe's 0.1): every random draw of a micro-batch is keyed by its global index,
+# so 2 processes and 1 process with accumulation 2 take the same steps. The same micro batch on both sides,
+# so that train.eval_batches (batches of the micro batch) scores the same samples.
+SPLIT = ["--set", "train.micro_batch_size=2"]
 TIMEOUT_S = 180  # per launch; each takes ~10 s on 2 busy cores
 
 
@@ -56,14 +57,14 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
     (root / "tiny.yaml").write_text(TINY_RECIPE, encoding="utf-8")
     corpus = tiny_corpus(root / "corpus.txt")
-    base = ["--recipe", root / "tiny.yaml", "--data", corpus, *DETERMINISTIC]
+    base = ["--recipe", root / "tiny.yaml", "--data", corpus, *SPLIT]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:  # module scope: conftest's per-test env is not set up yet
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))  # tokenized once here, read by the launches
         api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "ref"),
-                     overrides=["model.dropout=0.0", "train.micro_batch_size=2"])
+                     overrides=["train.micro_batch_size=2"])
     torch.set_num_threads(threads)
     # its own cache: the main process tokenizes while the other waits at the barrier
     two = _launch("accelerate", [*base, "--out", root / "two"], root, cache="cache-two")
@@ -96,8 +97,8 @@ def test_two_processes_take_the_steps_of_one_with_accumulation(runs):
     # Tolerance 1e-6 (relative), and in practice none: rank r's micro-batch k is global micro-batch
     # 2k + r (data/batching.py), the very samples 1 process reads as micro-batches 2k, 2k+1; both scale
     # each loss by 1/2 (a power of two: exact) and add the two gradients once (gloo's sum of two values
-    # is the accumulation's addition). Measured on torch 2.13 CPU: every loss, grad norm, val loss and
-    # weight bitwise equal. The validation rows agree too: eval_batches counts over all processes.
+    # is the accumulation's addition); the dropout masks of global micro-batch j are drawn from (seed, j) on
+    # either side. Measured on torch 2.13 CPU: every loss, grad norm, val loss and weight bitwise equal.
     _assert_same_trajectory(runs["ref"], runs["two"])
     assert [r["step"] for r in _rows(runs["two"]) if "val_loss" in r] == [3, 6]
 
@@ -140,7 +141,8 @@ def test_resume_on_another_process_count_continues_the_data(runs, tmp_path):
     from rich.console import Console
 
     api.pretrain(out=str(one), resume=True, overrides=["train.micro_batch_size=2"], console=Console(file=out, width=200))
-    assert "resuming a 2-process checkpoint with 1 process: the data continues at sample 12, where it stopped" in out.getvalue()
+    assert ("resuming a 2-process checkpoint with 1 process: the data continues at sample 12, where it stopped; the same "
+            "steps as if it never stopped") in out.getvalue()
     _assert_same_trajectory(runs["ref"], one)
 
     other = tmp_path / "other"
@@ -155,13 +157,14 @@ def test_sharded_checkpoint_refuses_another_process_count():
     fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP)
     loop = {"step": 3, "micro_batches": 3, "world_size": 2, "global_batch_size": 4}
     with pytest.raises(PlmError, match="sharded over 2 processes.*resume with 2 processes"):
-        _resumable(dict(loop), Path("ck"), fsdp, world=4, accum=1, global_batch=4)
-    assert _resumable(dict(loop), Path("ck"), fsdp, world=2, accum=1, global_batch=4) is None
+        _resumable(dict(loop), Path("ck"), fsdp, world=4, micro=1, global_batch=4)
+    assert _resumable(dict(loop), Path("ck"), fsdp, world=2, micro=2, global_batch=4) is None
 
 
 def test_a_batch_that_does_not_split_is_one_line_per_process(runs):
     base = runs["base"]
-    res = _launch("torchrun", [*base, "--out", runs["root"] / "bad", "--set", "train.global_batch_size=3"], runs["root"],
+    res = _launch("torchrun", [*base, "--out", runs["root"] / "bad", "--set", "train.global_batch_size=3",
+                                   "--set", "train.micro_batch_size=0"], runs["root"],
                   check=False)
     assert res.returncode != 0
     lines = sorted(line for line in res.stderr.splitlines() if line.startswith("error"))

@@ -113,7 +113,7 @@ def test_sigint_inside_a_step_waits_for_its_end(tiny, tmp_path, monkeypatch):
         api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "cut"), overrides=over)
     assert signal.getsignal(signal.SIGINT) is before
     cut = tmp_path / "cut"
-    assert e.value.message == (f"stopped after step 4; the checkpoint of step 4 is in {cut / 'checkpoints' / 'step-4'}; "
+    assert e.value.message == (f"stopped after step 4 (SIGINT); the checkpoint of step 4 is in {cut / 'checkpoints' / 'step-4'}; "
                                f"continue with `plm pretrain --resume --out {cut}`")
     assert calls["n"] == 8
     loop = json.loads((cut / "checkpoints" / "step-4" / "loop_state.json").read_text())
