@@ -152,7 +152,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
-    """nn.Linear through `linear` (same parameters and names: checkpoints and transformers interop unchanged)."""
+    """nn.Linear through `linear` (same parameters and names: checkpoints and transformers interop unchanged).
+    `activation` (a name in ACTIVATIONS) is applied to the output, fused into the matmul where it can be."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, activation)

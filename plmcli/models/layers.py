@@ -210,11 +210,15 @@ class MultiHeadAttention(nn.Module):
         """Causal attention's output at positions ≥ `start` only, (B, T - start, C): queries from those
         rows, keys and values from all. Scoring needs no more of a model's last layer than this."""
         B, T, C = x.shape
-        w, b = self.qkv.weight, self.qkv.bias
-        q = linear(x[:, start:], w[:C], None if b is None else b[:C])
-        kv = linear(x, w[C:], None if b is None else b[C:])
-        k, v = kv.view(B, T, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 2 × (B, H, T, D)
-        q = q.view(B, T - start, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T - start, D)
+        if type(self.qkv) is Linear:  # plm's own: the query rows of the tail only
+            w, b = self.qkv.weight, self.qkv.bias
+            q = linear(x[:, start:], w[:C], None if b is None else b[:C])
+            kv = linear(x, w[C:], None if b is None else b[C:])
+        else:  # a module put in its place (LoRA, a quantised linear) computes every row, as in forward
+            qkv = self.qkv(x)
+            q, kv = qkv[:, start:, :C], qkv[..., C:]
+        k, v = kv.reshape(B, T, 2, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 2 × (B, H, T, D)
+        q = q.reshape(B, T - start, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T - start, D)
         # query i is position start + i: it sees keys 0 .. start + i (SDPA's is_causal aligns to the top left)
         mask = torch.ones(T - start, T, dtype=torch.bool, device=x.device).tril(start)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -247,7 +251,9 @@ class FeedForward(nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = linear(x, self.fc.weight, self.fc.bias, self.activation)  # the activation fused in where it can be
+        # Called as a module, so its hooks run and a module put in its place (LoRA, float8, a quantised linear)
+        # is what computes: plm's own Linear fuses the activation in where it can; another is activated after.
+        h = self.fc(x, self.activation) if type(self.fc) is Linear else ACTIVATIONS[self.activation](self.fc(x))
         return self.dropout(self.proj(self.inner(h)))
 
 
