@@ -3,7 +3,7 @@
 One prepared script for a session that has a GPU (a few minutes on an H100/H200, each run capped by
 --time-budget): it shows that the GPU path works end to end (bf16 autocast, the one loop, checkpoints)
 and what it delivers, tokens/s and MFU as the loop logs them (MFU needs the device in
-plmcli.train.loop.PEAK_BF16). The data is the sample corpus shipped in plmcli/corpus/ and the
+plmcli.train.peaks.PEAKS). The data is the sample corpus shipped in plmcli/corpus/ and the
 tokenizers are trained on it, so nothing is downloaded. Without CUDA it prints one skip line and exits 0.
 """
 
@@ -48,7 +48,7 @@ def run(args) -> int:
     import torch
 
     from plmcli.config import load_recipe
-    from plmcli.train.loop import peak_flops
+    from plmcli.train.peaks import peak_flops
 
     common.set_threads(args.threads)
     info = common.machine_info()
@@ -106,8 +106,8 @@ def _pct(x: float | None) -> str:
 
 
 def render(args, info: dict, gpu: str, peak: float | None, results: list[dict], cuda: str | None) -> str:
-    peak_text = (f"{peak / 1e12:,.0f} TFLOP/s dense bf16 (plmcli.train.loop.PEAK_BF16)" if peak
-                 else "unknown: this GPU is not in plmcli.train.loop.PEAK_BF16, so no MFU")
+    peak_text = (f"{peak / 1e12:,.0f} TFLOP/s dense bf16 (plmcli.train.peaks.PEAKS)" if peak
+                 else "unknown: this GPU is not in plmcli.train.peaks.PEAKS, so no MFU")
     text = f"""
 GPU: {gpu}, CUDA {cuda}; peak for MFU: {peak_text}.
 

@@ -84,7 +84,7 @@ def preflight() -> dict:
     import torch
 
     from plmcli.train.distributed import use_cpu
-    from plmcli.train.loop import peak_flops
+    from plmcli.train.peaks import peak_flops
 
     if use_cpu():  # before any CUDA call: accelerate would train on the CPU, for minutes, and report it
         raise SystemExit(f"{NAME}: CUDA is available but plm would train on the CPU (ACCELERATE_USE_CPU is "
@@ -229,7 +229,7 @@ def run(args) -> int:
     info = common.machine_info()
     peak = gpu["peak"]
     print(f"{common.machine_line(info)}\nGPU: {gpu['gpu']} ({gpu['memory_gib']:.0f} GiB), CUDA {gpu['cuda']}, bf16 peak "
-          + (f"{peak / 1e12:,.0f} TFLOP/s" if peak else "unknown: not in plmcli.train.loop.PEAK_BF16, so no MFU"))
+          + (f"{peak / 1e12:,.0f} TFLOP/s" if peak else "unknown: not in plmcli.train.peaks.PEAKS, so no MFU"))
     results = []
     with common.isolated_workdir("plm-gpu-mfu-", args.keep) as root:
         for name in args.models:
@@ -325,8 +325,8 @@ def summary_line(r: dict) -> str:
 
 def render(args, info: dict, gpu: dict, results: list[dict]) -> str:
     peak = gpu["peak"]
-    peak_text = (f"{peak / 1e12:,.0f} TFLOP/s dense bf16 (plmcli.train.loop.PEAK_BF16)" if peak
-                 else "unknown (not in plmcli.train.loop.PEAK_BF16), so no MFU")
+    peak_text = (f"{peak / 1e12:,.0f} TFLOP/s dense bf16 (plmcli.train.peaks.PEAKS)" if peak
+                 else "unknown (not in plmcli.train.peaks.PEAKS), so no MFU")
     kernels = (" (and the memory-efficient one: static BERT batches of varying length run unpadded, as jagged "
                "tensors)") if args.bert_data == "static" else ""
     text = f"""

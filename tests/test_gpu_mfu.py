@@ -159,7 +159,7 @@ def test_a_whole_run_on_the_cpu_with_the_gpu_calls_stubbed(gpu_memory, monkeypat
     monkeypatch.setattr(gpu_mfu, "skip_reason", lambda: None)
     monkeypatch.setattr(gpu_mfu, "preflight", lambda: {"gpu": "Stub GPU", "cuda": "0.0", "peak": 1e12, "memory_gib": 1.0})
     monkeypatch.setattr(gpu_mfu, "attention_kernels", lambda flash_only: contextlib.nullcontext())
-    monkeypatch.setattr(loop, "peak_flops", lambda device: 1e12)
+    monkeypatch.setattr(loop, "peak_flops", lambda device, precision: 1e12)
     for fn in ("reset_peak_memory_stats", "empty_cache", "synchronize"):
         monkeypatch.setattr(torch.cuda, fn, lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: gpu_memory)

@@ -24,13 +24,10 @@ from plmcli.models.dense import packed_weights
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
 from plmcli.train.optim import build_optimizer
+from plmcli.train.peaks import peak_flops
 from plmcli.train.peers import Peers
 from plmcli.train.progress import MetricsLog, TrainProgress
 from plmcli.train.schedule import build_scheduler
-
-# Dense bf16 peak FLOP/s per device, for MFU. Matched on torch.cuda.get_device_name().
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
-
 
 def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, accum: int = 1):
     """A fresh Accelerator on this process's process group, accumulating over `accum` micro-batches."""
@@ -124,13 +121,6 @@ def batch_sizes(global_batch: int, micro: int, world: int) -> tuple[int, int]:
         raise PlmError(f"train.global_batch_size {global_batch} is not a multiple of micro batch {micro} × {world} processes",
                        "adjust train.micro_batch_size or train.global_batch_size")
     return micro, global_batch // (micro * world)
-
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
 def _to(batch, device):
@@ -299,7 +289,7 @@ class _Training:
         self.log = MetricsLog(self.run_dir, enabled=self.main)
         unwrapped = accelerator.unwrap_model(self.model)
         fpt = unwrapped.flops_per_token(t.seq_len) if isinstance(unwrapped, CountsFlops) else None
-        self.fpt, self.peak = fpt, peak_flops(accelerator.device)
+        self.fpt, self.peak = fpt, peak_flops(accelerator.device, accelerator.mixed_precision)
         self.batches = self._batches()
         self.state = self.objective.init_state()
         # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
