@@ -154,14 +154,19 @@ def _elsewhere(host: str) -> bool:
     return host not in ("", socket.gethostname())
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host: not gone, and not a zombie its parent has not reaped yet
+    (torchrun's agent holds a dead worker so for a while)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # PermissionError: the process exists, another user's
         pass
-    return True
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc (macOS): kill's answer stands
+        return True
 
 
 def _read_lock(path: Path) -> tuple[str | None, tuple, float] | None:
@@ -275,7 +280,7 @@ class RunLock:
         if holder is None:
             if age < _EMPTY_STALE_S:
                 raise self._held(text)
-        elif _elsewhere(holder[1]) or _alive(holder[0]):
+        elif _elsewhere(holder[1]) or process_alive(holder[0]):
             raise self._held(text, may_delete=True)
         self._set_aside(identity)
 

@@ -374,7 +374,8 @@ class _Training:
         """Per micro-batch, each loss part's share of the step: its targets over their count in all of the
         step's micro-batches on every process (one small all-reduce, no host read)."""
         names = sorted(counts[0])
-        local = torch.stack([torch.stack([torch.as_tensor(c[n]).float().cpu() for n in names]) for c in counts])
+        # The counts come from the batches as the loader gave them (host memory): no device read here.
+        local = torch.stack([torch.stack([torch.as_tensor(c[n]).float() for n in names]) for c in counts])
         local = local.to(self.accelerator.device, non_blocking=True)  # (accum, parts)
         total = local.sum(0)
         if self.world > 1:

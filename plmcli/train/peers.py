@@ -13,7 +13,7 @@ import socket
 
 import torch
 
-from plmcli.train.checkpoint import RunStopped
+from plmcli.train.checkpoint import RunStopped, process_alive
 
 # What a collective's error says when a peer is gone (gloo: "Connection closed by peer", "Connection reset
 # by peer"; NCCL, and any backend at train.dist_timeout: "timed out" / "Timeout").
@@ -41,7 +41,8 @@ class Peers:
     def lost(self, error: BaseException, saved: str) -> RunStopped:
         """The one-line stop of a survivor: which process died (or which hosts may have), and how to go on."""
         here = socket.gethostname()
-        dead = [r for r, (host, pid) in enumerate(self.table) if r != self.rank and host == here and not _alive(pid)]
+        dead = [r for r, (host, pid) in enumerate(self.table)
+                if r != self.rank and host == here and not process_alive(pid)]
         if dead:
             gone = ", ".join(f"process {r} (pid {self.table[r][1]})" for r in dead)
             what = f"{gone} of this {self.world}-process run died"
@@ -54,15 +55,3 @@ class Peers:
                           "its own output says why (out of memory, a node failure, a kill); then run the same "
                           "command again with --resume (or --auto-resume)")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    try:  # a dead child its launcher has not reaped yet (torchrun's agent) is still a pid: a zombie
-        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True

@@ -17,6 +17,7 @@ import pytest
 import torch.distributed
 
 from helpers import TINY_RECIPE, free_port, tiny_corpus
+from plm_process import env_for
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
@@ -52,8 +53,8 @@ BUILT = {"gpt": ["corpora/*/train.*.tokens.bin", "corpora/*/validation.*.tokens.
 
 
 def _env(root: Path, cache: str, log: str) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PLM_RUNS": str(root / "runs"), "PLM_CACHE": str(root / cache),
-            "PLM_WRITE_LOG": str(root / log), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return env_for(root, PLM_CACHE=str(root / cache), PLM_WRITE_LOG=str(root / log),
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
 
 
 def _writes(log: Path) -> list[tuple[str, Path]]:
