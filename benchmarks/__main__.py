@@ -33,6 +33,7 @@ BENCHMARKS = {
     "pretrain-step": "benchmarks.pretrain_step",
     "lstm-step": "benchmarks.lstm_step",
     "lm-head": "benchmarks.lm_head",
+    "input-pipeline": "benchmarks.input_pipeline",
 }
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU benchmarks of issue 21 §4 (gpu-mfu, gpu-varlen) on a lent GPU machine, from the working tree, in one call.
+# The GPU checks of issue 42 item 6 and the GPU benchmarks of issue 21 §4, in one call on a lent GPU machine,
+# from the working tree, in under 9 minutes on an H100.
 #
 # The device image holds PyTorch, transformers, accelerate, tokenizers, typer, rich, pyarrow, ... but not
 # `datasets` (nor its dill and multiprocess), and nothing can be fetched there. So, in two steps:
@@ -8,11 +9,23 @@
 #       the wheels of what the image lacks, at the versions installed here (the tested ones), for its
 #       CPython 3.12, into .whl/ (ignored by git); pyarrow's too, used only if the image's is too old
 #   there, with .whl carried:                  bash benchmarks/gpu_device.sh run [gpu-mfu options]
-#       installs them into /tmp/site when `import datasets` fails, runs gpu-mfu then gpu-varlen, and leaves
-#       BENCHMARKS.md (both sections rewritten) and each benchmark's log in $OUT (default: a new temp dir)
+#       installs them into /tmp/site when `import datasets` fails, then runs, each part its own process under
+#       its own time cap, cheapest and most important first (a part that overruns loses its own figures only):
+#         gpu-check --part syncs          host syncs per optimizer step (goal 0 on steps that do not log)
+#         gpu-check --part fp16           fp16's loss_scale / nonfinite_steps columns, its loss beside bf16's
+#         gpu-check --part workers        bert-mini tokens/s with train.num_workers=0 and auto
+#         gpu-check --part resume         SIGTERM mid-run: exit 75, checkpoint, --resume, weights vs uninterrupted
+#         gpu-check --part checkpointing  gpt2-small peak memory and tokens/s, activation checkpointing on / off
+#         (then gpu-mfu, gpu-varlen and gpu-fsdp as the budget allows)
+#         gpu-mfu                         BERT-base and GPT-2 small MFU (goal 45%), trimmed to 100 timed steps
+#         gpu-varlen                      unpadded vs padded encoder steps
+#       and leaves BENCHMARKS.md (each one's section rewritten, with the GPU, date and command) and each part's
+#       log in $OUT (default: a new temp dir). The parts share one budget (PLM_GPU_BUDGET, default 510 s from
+#       the start, install included): a part gets its cap or what is left, and is skipped under 20 s.
+#       PLM_GPU_PARTS="gpu-mfu gpu-varlen" (log names) runs only those, e.g. to redo what a first call lost.
 #
 # With the device tool: run(command="bash benchmarks/gpu_device.sh run", carry=[".whl"], timeout_s=540), then
-# copy $OUT's BENCHMARKS.md over this checkout's (or its two sections, if BENCHMARKS.md changed here since).
+# copy $OUT's BENCHMARKS.md over this checkout's (or its gpu-* sections, if BENCHMARKS.md changed here since).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -21,6 +34,9 @@ SITE=${PLM_WHEELS_SITE:-/tmp/site}
 PY=${PYTHON:-python3}
 MISSING=(datasets dill multiprocess) # not in the device image
 FALLBACK=pyarrow                     # in the image, maybe older than datasets needs
+# Under the device tool's 540 s, with room for its copying $OUT back; a part that would start later is skipped.
+BUDGET=${PLM_GPU_BUDGET:-510}
+ONLY=${PLM_GPU_PARTS:-}
 
 die() { echo "gpu_device.sh: $*" >&2; exit 2; }
 
@@ -58,17 +74,50 @@ install_missing() {
     "$PY" -c "import datasets" 2>/dev/null || die "datasets still fails to import: $("$PY" -c 'import datasets' 2>&1 | tail -1)"
 }
 
+part() { # NAME CAP ARGS...: "$PY" ARGS, its output also in $out/NAME.log, stopped after CAP s or at the budget's end
+    local name=$1 cap=$2 left status
+    shift 2
+    i=$((i + 1))
+    [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]] && return
+    left=$((BUDGET - SECONDS))
+    ((cap > left)) && cap=$left
+    if ((cap < 20)); then
+        echo "gpu_device.sh: part $i/$N: $name skipped: ${left}s of the ${BUDGET}s budget left" | tee "$out/$name.log"
+        rc=1
+        return
+    fi
+    echo "gpu_device.sh: part $i/$N: $name (at most ${cap}s)"
+    # timeout signals the part's whole process group: a SIGTERM stops plm's training at a step, with a checkpoint
+    timeout --kill-after=10 "$cap" "$PY" "$@" 2>&1 | tee "$out/$name.log"
+    status=${PIPESTATUS[0]}
+    if ((status == 124 || status == 137)); then
+        echo "gpu_device.sh: $name stopped at its ${cap}s cap; its figures are lost, the other parts go on" | tee -a "$out/$name.log"
+        rc=1
+    elif ((status != 0)); then
+        echo "gpu_device.sh: $name failed (exit $status)" | tee -a "$out/$name.log"
+        rc=1
+    fi
+}
+
 run() {
-    local out=${OUT:-$(mktemp -d)} rc=0
+    local out=${OUT:-$(mktemp -d)} rc=0 i=0 N=7
     mkdir -p "$out"
     install_missing
     export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-    nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: both benchmarks will report no CUDA and skip"
+    nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: every part will report no CUDA and skip"
     "$PY" -c "import torch, datasets, pyarrow, transformers, accelerate; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__)"
-    "$PY" -m benchmarks gpu-mfu "$@" 2>&1 | tee "$out/gpu-mfu.log" || rc=1
-    "$PY" -m benchmarks gpu-varlen 2>&1 | tee "$out/gpu-varlen.log" || rc=1
+    # Caps: what each part takes on an H100 (estimated), with room; gpu-mfu and gpu-varlen last, as the budget allows.
+    part gpu-check-syncs 75 -m benchmarks gpu-check --part syncs
+    part gpu-check-fp16 45 -m benchmarks gpu-check --part fp16
+    part gpu-check-workers 55 -m benchmarks gpu-check --part workers
+    part gpu-check-resume 75 -m benchmarks gpu-check --part resume
+    part gpu-check-checkpointing 55 -m benchmarks gpu-check --part checkpointing
+    # 100 timed steps after 20 (not 300 after 50): the MFU settles within a few dozen steps of 32k tokens.
+    part gpu-mfu 140 -m benchmarks gpu-mfu --warmup 20 --steps 100 --log-every 10 --time-budget 45 "$@"
+    part gpu-varlen 50 -m benchmarks gpu-varlen
+    part gpu-fsdp 60 -m benchmarks.gpu_fsdp  # FSDP2 on one GPU: sharded save, resume, phase 2 (if time is left)
     cp BENCHMARKS.md "$out/BENCHMARKS.md"
-    echo "gpu_device.sh: logs and BENCHMARKS.md in $out"
+    echo "gpu_device.sh: logs and BENCHMARKS.md in $out (${SECONDS}s)"
     return $rc
 }
 

@@ -21,7 +21,7 @@ import yaml
 from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneGridConfig, FinetuneModelConfig,
                                     FinetuneOptimConfig, FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction,
                                     MixedPrecision, NonNegative, OptimizerName, Positive, Probability, Rule,
-                                    ScheduleName, Size, TaskOptions, TokenizerConfig)
+                                    ScheduleName, Size, TaskOptions, TokenizerConfig, Workers)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -43,12 +43,20 @@ class TrainConfig:
     time_budget: Optional[Positive] = None
     """Stop after this many seconds of wall time (a checkpoint is written)."""
     mixed_precision: MixedPrecision = "auto"
-    """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
+    """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, fp16 (with loss scaling) on one that does not
+    (V100, T4), fp32 on a CPU."""
+    tf32: bool = True
+    """GPUs: let fp32 matmuls and convolutions use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation;
+    several times the plain fp32 rate on A100 / H100). false: exact fp32."""
     grad_clip: NonNegative = 1.0
     """Clip the global gradient norm to this; 0 disables."""
     max_nonfinite_steps: Size = 10
-    """Stop after this many optimizer steps in a row with a non-finite loss (or gradient norm, when clipping).
-    Each is skipped (no update, the schedule waits) but counts as a step: its data is consumed."""
+    """Stop after this many optimizer steps in a row with a non-finite loss (or gradient norm, when clipping;
+    under fp16, an overflow its loss scaler skipped). Each is skipped (no update; the schedule moves on) but
+    counts as a step: its data is consumed."""
+    min_loss_scale: Positive = 1.0
+    """fp16: stop when the dynamic loss scale falls below this (below 1 the gradients overflow fp16 even
+    unscaled: the run is diverging, and every further step would be skipped)."""
     eval_every: Count = 200
     """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
     eval_batches: Count = 50
@@ -65,10 +73,16 @@ class TrainConfig:
     """Log loss / lr / throughput every N steps."""
     seed: int = 1337
     """Seeds model init, data order, masking and dropout."""
-    num_workers: Count = 0
-    """DataLoader worker processes feeding batches."""
+    num_workers: Workers = "auto"
+    """DataLoader worker processes that build the training batches. auto: none on a CPU-only run (the model
+    needs the cores); with an accelerator, the cores this process may use shared among the node's processes,
+    less one for the training process itself, at most 8 and at least 1."""
     compile: bool = False
     """torch.compile the model (GPU runs)."""
+    activation_checkpointing: bool = False
+    """Keep only each Transformer block's input for backward and recompute the block's activations there (one
+    more forward: ~1/3 more compute per step): a large model, a long seq_len or a bigger micro_batch_size then
+    fits in GPU memory. Turn it on when a step runs out of memory; the gradients are the same."""
     dist_timeout: Size = 1800
     """Multi-process runs: seconds a training collective waits for the other processes before the job fails
     (a dead node). Waiting while the main process prepares the data has its own 24-hour limit."""
@@ -471,12 +485,21 @@ def _coerce(value, tp, where: str):
             value = folded if folded in typing.get_args(tp.__origin__) else value  # else the error shows it as written
         return _coerce(value, tp.__origin__, where)
     if origin is Literal:
-        return _coerce(value, type(typing.get_args(tp)[0]), where)
+        choices = typing.get_args(tp)
+        if isinstance(value, bool) and str(value).lower() not in choices:  # YAML 1.1 reads no / off / yes as booleans
+            value = next((c for c in choices if c in (("yes", "on", "true") if value else ("no", "off", "false"))), value)
+        return _coerce(value, type(choices[0]), where)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(value, args[0], where)
+        refused = []
+        for arm in args:  # the first type that takes the value (a count, else the word auto)
+            try:
+                return _coerce(value, arm, where)
+            except PlmError as e:
+                refused.append(e)
+        raise refused[0]
     if tp is Any:
         return value
     if tp is bool:

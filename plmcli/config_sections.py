@@ -15,7 +15,7 @@ re-exported by plmcli.data.tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,19 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class OrAuto:
+    """A number in `range`, or the word auto: chosen when the run starts (the field's docstring says how)."""
+
+    range: Range
+
+    def holds(self, v, values: dict) -> bool:
+        return v == "auto" or (not isinstance(v, str) and self.range.holds(v, values))
+
+    def __str__(self) -> str:
+        return f"{self.range} or auto"
+
+
+@dataclass(frozen=True)
 class Folded:
     """A choice also read case-blind and without surrounding spaces ("AdamW" is adamw), as the optimizer
     and schedule names were before their fields became choices."""
@@ -77,6 +90,8 @@ Size = Annotated[int, Range(1)]
 """A count or width that must be ≥ 1."""
 Count = Annotated[int, Range(0)]
 """≥ 0, where 0 means none, off, or "take it from elsewhere" (the field's docstring says which)."""
+Workers = Annotated[Union[int, str], OrAuto(Range(0))]
+"""A count of worker processes ≥ 0, or auto (picked from the device and the cores the run has)."""
 Probability = Annotated[float, Range(0, 1, hi_open=True)]
 """Dropout and other rates: 0 ≤ p < 1 (p = 1 would drop or replace everything)."""
 Fraction = Annotated[float, Range(0, 1)]
@@ -241,6 +256,10 @@ class FinetuneTrainConfig:
     """Clip the global gradient norm to this; 0 disables."""
     mixed_precision: MixedPrecision = "auto"
     """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
+    activation_checkpointing: bool = False
+    """Keep only each Transformer block's input for backward and recompute the block's activations there (one
+    more forward: ~1/3 more compute per step): a large backbone, a long max_seq_len or a bigger micro_batch_size
+    then fits in GPU memory. Turn it on when a step runs out of memory; the gradients are the same."""
 
 
 @dataclass

@@ -53,16 +53,21 @@ def table_params(name: str, raw: dict, table: dict) -> int | None:
 
 
 def count_params(recipe) -> int:
-    """Parameter count of the recipe's model (built on the meta device: no memory, no time)."""
+    """Parameter count of the recipe's model (built on the meta device: no memory, no time), at the tokenizer's
+    vocabulary: a `pad_vocab_multiple` adds rows that no token uses (plmcli.models.vocab), a layout for the tensor
+    cores and not capacity, so the count is the one the papers publish and `plm recipes` compares with them."""
     from dataclasses import replace
 
     import torch
 
     from plmcli.models.registry import build_model
+    from plmcli.models.vocab import PadsVocab
 
     cfg = replace(recipe.model)
     if cfg.vocab_size == 0:
         cfg.vocab_size = recipe.tokenizer.vocab_size
+    if isinstance(cfg, PadsVocab):
+        cfg.pad_vocab_multiple = 1
     with torch.device("meta"):
         model = build_model(recipe.family, cfg)
     return sum(p.numel() for p in model.parameters())

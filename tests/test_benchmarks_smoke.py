@@ -246,3 +246,19 @@ def test_varlen_sst2_sets_every_row_against_the_fp32_probe(capsys):
     assert "Large-GEMM probe (64×64 @ 64×64" in out and "Useful FLOPs per real token: 6 × " in out
     rows = [line for line in out.splitlines() if line.startswith(("| plm", "| transformers"))]
     assert len(rows) == 4 and all(line.rstrip().endswith("% |") for line in rows)
+
+
+def test_input_pipeline_sets_each_builder_against_what_an_h100_consumes(capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["input-pipeline", "--cases", "bert-base/dynamic", "gpt2-small/streaming", "--batches", "2", "--repeats", "1",
+                 "--warmup", "1", "--max-bytes", "60000", "--threads", "1", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "| recipe | builder | micro-batch | tokens / batch | per-worker tok/s | H100 tok/s at 45% MFU |" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| bert-base/dynamic |", "| gpt2-small/streaming |"))]
+    assert len(rows) == 2
+    assert rows[0][2] == "64 × 128" and rows[0][3] == "8,192"  # bert-base's micro-batch, every token real
+    for r in rows:  # the verdict is the auto workers' supply against the goal
+        rate, gpu, supply = (float(r[i].replace(",", "").rstrip("×")) for i in (4, 5, 8))
+        assert rate > 0 and gpu > 0 and supply == pytest.approx(8 * rate / gpu, rel=0.01, abs=0.06)
+        assert r[-1].rstrip(" |") == ("yes" if supply >= 2 else "**no**")

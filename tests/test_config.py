@@ -141,3 +141,10 @@ def test_fingerprint_follows_what_the_count_depends_on():
     assert recipe_params.fingerprint({**raw, "description": "other", "train": {"max_steps": 1}}) == fp
     assert recipe_params.fingerprint({**raw, "model": {**raw["model"], "n_layer": 3}}) != fp
     assert recipe_params.fingerprint({**raw, "tokenizer": {**raw["tokenizer"], "vocab_size": 7}}) != fp
+
+
+def test_yaml_no_is_the_word_no_where_a_choice_has_it():
+    """YAML 1.1 reads `no` as False: `--set train.mixed_precision=no` (the hint of an fp16 stop) is the choice no."""
+    assert load_recipe("gpt-mini", ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    with pytest.raises(PlmError, match="optim.schedule = False is not a string"):
+        load_recipe("gpt-mini", ["optim.schedule=no"])

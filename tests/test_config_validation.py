@@ -21,7 +21,7 @@ BAD = [
     ("model.n_head=5", "error: model.d_model 256 is not divisible by model.n_head 5 — pick n_head dividing d_model, "
                        "e.g. --set model.n_head=4"),
     ("train.log_every=0", "error: train.log_every 0 must be ≥ 1 — e.g. --set train.log_every=10"),
-    ("train.num_workers=-1", "error: train.num_workers -1 must be ≥ 0 — e.g. --set train.num_workers=0"),
+    ("train.num_workers=-1", "error: train.num_workers -1 must be ≥ 0 or auto — e.g. --set train.num_workers=auto"),
     ("model.dropout=1.5", "error: model.dropout 1.5 must be in [0, 1) — e.g. --set model.dropout=0.1"),
     ("model.attn_dropout=-0.1", "error: model.attn_dropout -0.1 must be in [0, 1) — e.g. --set model.attn_dropout=0.1"),
     ("model.d_model=-8", "error: model.d_model -8 must be ≥ 1 — e.g. --set model.d_model=768"),

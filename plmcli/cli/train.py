@@ -33,7 +33,7 @@ def pretrain(
     streaming: bool = typer.Option(False, "--streaming", help="Read, tokenize and pack the --data text files as training goes "
                                    "(corpora too big to tokenize first; objective clm, or mlm/rtd with dynamic token masking). The tokenizer is tokenizer.path, or trained on up to 256 MB "
                                    "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
-                                   "--resume continues at the same byte of every file (same processes, train.num_workers, batch)."),
+                                   "--resume continues at the same byte of every file (same processes and micro batch)."),
     compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "
                                        "faster steps after a first step that compiles for a minute or so."),
     text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "

@@ -6,6 +6,9 @@ That makes the data position one integer, so `--resume` skips consumed data in O
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 from typing import Callable, Iterator
 
 import numpy as np
@@ -25,10 +28,28 @@ class EpochOrder:
         epoch, i = divmod(pos, self.n)
         if not self.shuffle:
             return epoch, i
+        return epoch, int(self.permutation(epoch)[i])
+
+    def take(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(epochs, indices) at an array of positions: `self(p)` for each, in array operations (a micro-batch's
+        worth at a time: one Python call per sample was most of a small batch's cost)."""
+        epochs, i = np.divmod(positions, self.n)
+        if not self.shuffle:
+            return epochs, i
+        out = np.empty_like(i)
+        for e in np.unique(epochs).tolist():
+            at = epochs == e
+            out[at] = self.permutation(e)[i[at]]
+        return epochs, out
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s samples in stream order (the last epoch's kept)."""
         if epoch != self._epoch:
-            self._perm = np.random.default_rng((self.seed, epoch)).permutation(self.n)
-            self._epoch = epoch
-        return epoch, int(self._perm[i])
+            self._perm, self._epoch = self.arrange(epoch), epoch
+        return self._perm
+
+    def arrange(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, epoch)).permutation(self.n)
 
 
 GROUP_SIZE = 256
@@ -63,12 +84,6 @@ class LengthGroupedOrder(EpochOrder):
         size = max(1, min(group, len(lengths) // window))
         self.lengths, self.group, self.window = np.asarray(lengths), 1 << (size.bit_length() - 1), window
 
-    def __call__(self, pos: int) -> tuple[int, int]:
-        epoch, i = divmod(pos, self.n)
-        if epoch != self._epoch:
-            self._perm, self._epoch = self.arrange(epoch), epoch
-        return epoch, int(self._perm[i])
-
     def arrange(self, epoch: int) -> np.ndarray:
         """Epoch `epoch`'s samples in stream order."""
         B, n = self.group, self.n
@@ -82,6 +97,25 @@ class LengthGroupedOrder(EpochOrder):
             shuffled = np.random.default_rng((self.seed, epoch, w)).permutation(full)
             out += [part[: full * B].reshape(full, B)[shuffled].reshape(-1), part[full * B :]]
         return np.concatenate(out)
+
+
+def row_generators(prefix: list[int], rows: int) -> list[np.random.Generator]:
+    """np.random.default_rng([*prefix, r]) for each row r < rows, the same generators: numpy converts a list of
+    ints one Python int at a time, so a long prefix (a streamed batch's lane positions) is converted once, into
+    the 32-bit words SeedSequence makes of it (each int little-endian, 0 as one word)."""
+    head = _seed_words(prefix)
+    return [np.random.default_rng(np.array(head + _seed_words([r]), dtype=np.uint32)) for r in range(rows)]
+
+
+def _seed_words(ints) -> list[int]:
+    words = []
+    for v in ints:
+        v = int(v)
+        words.append(v & 0xFFFFFFFF)
+        while v > 0xFFFFFFFF:
+            v >>= 32
+            words.append(v & 0xFFFFFFFF)
+    return words
 
 
 class BatchStream(torch.utils.data.Dataset):
@@ -107,14 +141,15 @@ class BatchStream(torch.utils.data.Dataset):
         return range(g * self.batch_size, (g + 1) * self.batch_size)
 
     def __getitem__(self, k: int):
-        positions = self.positions(k)
+        r = self.positions(k)
+        positions = np.arange(r.start, r.stop)
         if not self.order.shuffle:
             # An evaluation pass reads each sample once: the last batch is short, later ones empty.
-            positions = [p for p in positions if p < self.num_samples]
-            if not positions:
+            positions = positions[positions < self.num_samples]
+            if not len(positions):
                 return None
-        picks = [self.order(p) for p in positions]
-        return self.fetch([e for e, _ in picks], [i for _, i in picks])
+        epochs, indices = self.order.take(positions)
+        return self.fetch(epochs.tolist(), indices.tolist())
 
     def batches_per_epoch(self) -> int:
         """Micro-batches per rank that cover the samples once (the last one may be partial)."""
@@ -197,3 +232,70 @@ class TokenBudgetStream(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return 2**62
+
+
+# ----------------------------------------------------------------------------- loader workers
+
+MAX_AUTO_WORKERS = 8
+"""train.num_workers auto: at most this many per process (beyond it a builder rarely helps, and each holds a copy
+of the stream's Python state)."""
+PREFETCH = 4
+"""Batches each worker builds ahead: the accelerator finds the next ones ready through a slow batch or a pause."""
+
+
+def loader_workers(setting, accelerated: bool, cores: int | None = None, local_processes: int | None = None) -> int:
+    """train.num_workers as a count. auto: none on a CPU-only run, whose model computes on the very cores a worker
+    would take; beside an accelerator, the cores this process may run on shared among the training processes of
+    its node (LOCAL_WORLD_SIZE), less one for the training process itself, at most MAX_AUTO_WORKERS, at least 1.
+    Also none where workers are not forked (macOS, Windows): they would need the streams pickled."""
+    if setting != "auto":
+        return int(setting)
+    if not accelerated or worker_context() is None:
+        return 0
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # no affinity on macOS and Windows: every core
+            cores = os.cpu_count() or 1
+    local = local_processes or int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    return max(1, min(MAX_AUTO_WORKERS, cores // max(1, local) - 1))
+
+
+class WorkerStart:
+    """What every loader worker does first, then `then(worker_id)` (e.g. ignore stop signals).
+
+    The tokenizers' thread pool does not survive a fork: a worker that encodes through it hangs, even where the
+    user asked for TOKENIZERS_PARALLELISM=true, so each worker encodes on its own thread."""
+
+    def __init__(self, then: Callable[[int], None] | None = None):
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        if self.then is not None:
+            self.then(worker_id)
+
+
+def worker_context():
+    """How workers start: forked where the platform forks safely (Linux), so that a stream's memory maps, Arrow
+    tables and closures are inherited as they are, never pickled or copied; elsewhere the platform's default."""
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return None
+
+
+def batch_loader(dataset, workers: int, *, sampler=None, pin_memory: bool = False, worker_init_fn=None,
+                 persistent: bool = False, seed: int = 0) -> torch.utils.data.DataLoader:
+    """A DataLoader over a stream's ready micro-batches (batch_size None): with `workers`, built that many at a time
+    in worker processes, PREFETCH each ahead, handed over in order. `persistent` keeps the workers between two
+    passes of a loader iterated more than once."""
+    extra = {}
+    if workers:
+        # Set before the fork so that the workers inherit it: the tokenizers library warns at every fork otherwise.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        extra = dict(prefetch_factor=PREFETCH, persistent_workers=persistent, multiprocessing_context=worker_context(),
+                     worker_init_fn=WorkerStart(worker_init_fn))
+    # Its own generator: creating the iterator would otherwise draw from the global RNG (its base seed), and after
+    # a resume restored that RNG, every later dropout mask would shift.
+    return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=workers,
+                                       pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **extra)

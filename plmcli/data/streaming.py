@@ -4,10 +4,14 @@ For corpora too big to tokenize up front (hundreds of GB): nothing is written bu
 small validation set. The training bytes (every input file, the last one up to the validation tail)
 are cut into one contiguous stretch per *lane*; a micro-batch row is the next window of T+1 tokens of
 its lane, so rows of one batch come from far-apart places in the corpus. Lanes = processes ×
-loader workers (`train.num_workers`, at least one reader) × micro-batch rows; no two read the same
-bytes. A lane reads lines (see data/text.py), encodes them in the DataLoader worker and keeps the
-tokens of the documents in order, a separator after each document, as `token_stream` lays out a
-tokenized corpus; at the end of its stretch it starts over (the next epoch).
+readers × micro-batch rows; no two read the same bytes. A reader's lanes give one micro-batch at a
+time, and the readers take turns: batch j of a process is the next batch of its reader j mod readers.
+Readers are as many as the run's first launch had loader workers (`train.num_workers`, at least one),
+and a resume keeps them: any number of workers serves them in turn (worker w of n the readers w, w+n,
+...), so the batches do not depend on how many workers build them. A lane reads lines (see
+data/text.py), encodes them where its reader runs and keeps the tokens of the documents in order, a
+separator after each document, as `token_stream` lays out a tokenized corpus; at the end of its
+stretch it starts over (the next epoch).
 
 Exact resume: a lane's position is (epoch, piece, byte offset of the first line whose tokens are not
 yet consumed, tokens of that line already consumed, whether the line before it was blank). Each
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 from collections import deque
 from pathlib import Path
@@ -30,6 +35,7 @@ import numpy as np
 import torch
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.data.batching import batch_loader, loader_workers
 from plmcli.data.store import build_atomically, cache_key, load_meta, tokenizer_settings, write_meta
 from plmcli.data.text import (
     STDIN,
@@ -308,7 +314,7 @@ class Lane:
         return out
 
 
-_FEWER = ("the corpus is too small for this many readers (processes × loader workers × micro-batch rows): "
+_FEWER = ("the corpus is too small for this many readers (processes × readers (train.num_workers) × micro-batch rows): "
           "use fewer processes or train.num_workers, a smaller train.micro_batch_size, or more text")
 
 
@@ -322,20 +328,28 @@ class TextStream(torch.utils.data.IterableDataset):
     sequential = True  # the loop: no random access, a position of its own
 
     def __init__(self, corpus_dir, tokenizer_json: str, sep: int | None, window: int, batch_size: int,
-                 rank: int, world: int, num_workers: int, make_batch, packing: str = "window"):
+                 rank: int, world: int, num_workers, make_batch, packing: str = "window"):
         """Rows of `window` tokens; `make_batch(x, key)` turns a (B, window) tensor into a training batch, `key`
         (ints: the lanes' positions after it) seeds anything random in it, so a resumed run repeats it.
         With `packing` full_sentences / doc_sentences, rows are whole lines up to `window` tokens (Lane.rows)
-        and `make_batch(x, key, lengths=...)` gets them padded with their lengths."""
+        and `make_batch(x, key, lengths=...)` gets them padded with their lengths. `num_workers` (a count, or
+        auto: decided by the first `loader`) sets the readers of a run that does not resume."""
         meta = load_meta(corpus_dir)
         s = meta[KIND]
         self.key, self.tok_json, self.sep, self.W, self.B = meta["key"], tokenizer_json, sep, window, batch_size
-        self.rank, self.world, self.readers, self.make_batch = rank, world, max(1, num_workers), make_batch
+        self.rank, self.world, self.make_batch = rank, world, make_batch
         self.num_workers, self.packing = num_workers, packing
-        lanes = lane_pieces(s["files"], s["sizes"], s["train_end"], world * self.readers * batch_size)
-        per_reader = self.readers * batch_size
-        self.pieces = lanes[rank * per_reader : (rank + 1) * per_reader]
-        self.positions: list = [None] * self.readers  # per reader: its lanes' positions (None: not started)
+        self.text = (s["files"], s["sizes"], s["train_end"])
+        self.readers = None
+        if num_workers != "auto":
+            self.cut(max(1, int(num_workers)))
+
+    def cut(self, readers: int) -> None:
+        """Share this process's lanes among `readers` readers, none of them started."""
+        per_reader = readers * self.B
+        self.pieces = lane_pieces(*self.text, self.world * per_reader)[self.rank * per_reader : (self.rank + 1) * per_reader]
+        self.readers = readers
+        self.positions: list = [None] * readers  # per reader: its lanes' positions (None: not started)
         self.first = 0  # the reader whose batch comes next
 
     def _lanes(self, reader: int):
@@ -356,9 +370,10 @@ class TextStream(torch.utils.data.IterableDataset):
                 budget = self.W + 2 if self.packing == "doc_sentences" else 0
                 rows = [r for lane in lanes for r in lane.rows(self.W, self.packing == "full_sentences", budget)]
                 lengths = [len(r) for r in rows]
-                x = torch.zeros((len(rows), max(lengths)), dtype=torch.long)  # (R, longest row)
-                for i, r in enumerate(rows):
-                    x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+                flat = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=sum(lengths))
+                padded = np.zeros((len(rows), max(lengths)), dtype=np.int64)  # (R, longest row)
+                padded[np.arange(padded.shape[1]) < np.array(lengths)[:, None]] = flat
+                x = torch.from_numpy(padded)
             where = [lane.position() for lane in lanes]
             key = [int(v) for p in where for v in p]
             batch = self.make_batch(x, key) if lengths is None else self.make_batch(x, key, lengths=lengths)
@@ -366,21 +381,29 @@ class TextStream(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
+        n, w = (info.num_workers, info.id) if info else (1, 0)
+        # The loader takes one batch from each worker in turn, so worker w serves every n-th reader from `first`:
+        # batch j comes from reader (first + j) mod readers, as in one process.
+        mine = [self._batches((self.first + w + i * n) % self.readers) for i in range(self.readers // n)]
         try:
-            yield from self._batches((self.first + (info.id if info else 0)) % self.readers)
+            for batches in itertools.cycle(mine):
+                yield next(batches)
         except PlmError as e:
             if info is None:
                 raise
             # A worker's exception reaches the main process as its traceback text; this keeps the one line.
             yield {"_error": [e.message, e.hint]}
 
-    def loader(self) -> Iterator[dict]:
-        """The batches in order, each leaving its reader's position behind for `state_dict`."""
-        if self.num_workers:  # workers fork after the main process may have used the tokenizer's threads
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        dl = torch.utils.data.DataLoader(self, batch_size=None, num_workers=self.num_workers,
-                                         pin_memory=torch.cuda.is_available(), persistent_workers=False,
-                                         generator=torch.Generator().manual_seed(0))  # leaves the global RNG alone
+    def loader(self, workers: int | None = None, pin_memory: bool | None = None, worker_init_fn=None) -> Iterator[dict]:
+        """The batches in order, each leaving its reader's position behind for `state_dict`. `workers` (default:
+        train.num_workers resolved) is lowered to a divisor of the readers: a worker serves whole readers."""
+        cuda = torch.cuda.is_available()
+        workers = loader_workers(self.num_workers, accelerated=cuda) if workers is None else workers
+        if self.readers is None:
+            self.cut(max(1, workers))
+        workers = max(d for d in range(1, min(workers, self.readers) + 1) if self.readers % d == 0) if workers else 0
+        dl = batch_loader(self, workers, pin_memory=cuda if pin_memory is None else pin_memory,
+                          worker_init_fn=worker_init_fn)
         for batch in dl:
             if "_error" in batch:
                 raise PlmError(*batch["_error"])
@@ -404,11 +427,11 @@ class TextStream(torch.utils.data.IterableDataset):
         if state.get("key") != self.key:
             raise PlmError("the streamed input files changed since the checkpoint was written (sizes or times differ)",
                            "resume with the same files, unchanged, or start a new run")
-        was = (len(state["ranks"]), state["readers"], state["rows"])
-        if was != (self.world, self.readers, self.B):
-            raise PlmError(f"the checkpoint streamed with {was[0]} processes × {was[1]} readers × {was[2]} rows, "
-                           f"this run with {self.world} × {self.readers} × {self.B}",
-                           "resume --streaming with the same process count, train.num_workers and micro batch")
+        was = (len(state["ranks"]), state["rows"])
+        if was != (self.world, self.B):
+            raise PlmError(f"the checkpoint streamed with {was[0]} processes × {was[1]} rows, this run with "
+                           f"{self.world} × {self.B}", "resume --streaming with the same process count and micro batch")
+        self.cut(state["readers"])  # the checkpoint's readers, whatever the workers that serve them now
         local = state["ranks"][self.rank]
         self.first, self.positions = local["first"], local["positions"]
 
@@ -446,7 +469,7 @@ def check_streamable(objective_cls, cfg=None) -> None:
 class StreamingObjective:
     """An objective that trains on a TextStream; evaluation and everything else are the wrapped one's."""
 
-    def __init__(self, inner, num_workers: int = 0):
+    def __init__(self, inner, num_workers=0):
         check_streamable(type(inner), inner.cfg)
         self.inner, self.num_workers = inner, num_workers
 

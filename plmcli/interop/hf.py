@@ -66,6 +66,7 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
 
     from plmcli.models.base import ExportsHF, ExportsHFExtras, ExportsHFSequenceClassification, HasHFExportNotes
     from plmcli.models.registry import model_class
+    from plmcli.models.vocab import without_padding
     from plmcli.runs import load_run_tokenizer, resolve_run, run_config
 
     src = resolve_run(run, USAGE)
@@ -76,6 +77,7 @@ def export_hf(run: str | None, out: str, force: bool = False) -> dict:
                        f"families that can: {', '.join(exportable_families())}")
     dest = _check_out(out, force, src)
     model, head, notes = _export_model(src, cfg)
+    model = without_padding(model)  # transformers' models have a row per token: a padded vocabulary is cut back
     hf_config, state_dict = None, None
     if head is not None and isinstance(model, ExportsHFSequenceClassification):
         try:
@@ -164,7 +166,10 @@ def hf_tokenizer_files(tok, run_config: dict, model) -> dict[str, str]:
 def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     """Turn a local transformers directory into a plm run directory `out` (config.json, model.safetensors,
     tokenizer.json) that finetune, eval-ppl and generate read. Returns a report naming the fresh heads:
-    parts our model has that the checkpoint lacks, initialised (seed 0) instead."""
+    parts our model has that the checkpoint lacks, initialised (seed 0) instead.
+
+    The run keeps the checkpoint's shapes (model.pad_vocab_multiple 1): padding rows would be weights the
+    checkpoint never trained, and its config.json and state dict then convert back to transformers unchanged."""
     import torch
     from safetensors.torch import save_model
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models import device as devices
 from plmcli.models.dense import linear
+from plmcli.models.vocab import real_columns
 
 
 def cluster_bounds(vocab_size: int, cutoffs) -> list[int]:
@@ -30,6 +33,21 @@ def cluster_bounds(vocab_size: int, cutoffs) -> list[int]:
     if any(b >= c for b, c in zip(bounds, bounds[1:])):
         raise ValueError(f"cutoffs {list(cutoffs)} must increase strictly and stay below vocab_size {vocab_size}")
     return bounds
+
+
+def cluster_rows(ids: torch.Tensor, bounds: list[int]) -> list[torch.Tensor | None]:
+    """Per cluster [lo, hi) of `bounds`: the flat positions of `ids` that fall in it, ascending (None: none do).
+
+    How many fall in each cluster sizes the tensors that follow; it is counted on the host, from the host's copy of
+    the ids where the batch brought one (models/device.py: values_of), else from a copy read back from the device
+    (one read, where a boolean mask per cluster would make a GPU report its count for each)."""
+    host = devices.values_of(ids)
+    if host is None:
+        host = ids.cpu().numpy()
+    counts = np.bincount(np.searchsorted(bounds, host.ravel(), side="right") - 1, minlength=len(bounds) - 1)
+    flat = ids.flatten()
+    return [torch.nonzero_static((flat >= lo) & (flat < hi), size=int(n)).squeeze(1) if n else None
+            for lo, hi, n in zip(bounds, bounds[1:], counts)]
 
 
 class AdaptiveEmbedding(nn.Module):
@@ -55,12 +73,12 @@ class AdaptiveEmbedding(nn.Module):
         if len(self.layers) == 1:
             x = self.layers[0](ids)
             return self._project(x, 0) * self.scale
-        out = torch.zeros(*ids.shape, self.d_proj, dtype=self.layers[0].weight.dtype, device=ids.device)
-        for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
-            sel = (ids >= lo) & (ids < hi)
-            if sel.any():
-                out[sel] = self._project(self.layers[i](ids[sel] - lo), i).to(out.dtype)
-        return out * self.scale
+        out = torch.zeros(ids.numel(), self.d_proj, dtype=self.layers[0].weight.dtype, device=ids.device)
+        flat = ids.flatten()
+        for i, (lo, rows) in enumerate(zip(self.bounds, cluster_rows(ids, self.bounds))):
+            if rows is not None:
+                out.index_put_((rows,), self._project(self.layers[i](flat.index_select(0, rows) - lo), i).to(out.dtype))
+        return out.view(*ids.shape, self.d_proj) * self.scale
 
     def _project(self, x, i):
         p = self.projs[i]
@@ -71,9 +89,14 @@ class AdaptiveSoftmax(nn.Module):
     """Hidden states (N, d_proj) -> log-probabilities, for all words or for given targets only."""
 
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs=(), div_val: int = 1, init_std: float = 0.02,
-                 tie_to: AdaptiveEmbedding | None = None, tie_projs: bool = True):
+                 tie_to: AdaptiveEmbedding | None = None, tie_projs: bool = True, padded_vocab: int = 0):
+        """`padded_vocab` > vocab_size: a full softmax (no cutoffs) with that many rows, its logits cut back to
+        vocab_size (plmcli.models.vocab); clusters are sized by the words themselves, so they take no padding."""
         super().__init__()
-        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        if padded_vocab > vocab_size and cutoffs:
+            raise ValueError(f"an adaptive softmax (cutoffs {list(cutoffs)}) takes no vocabulary padding")
+        self.vocab_size = vocab_size
+        self.bounds = cluster_bounds(max(vocab_size, padded_vocab), cutoffs)
         self.n_clusters = len(self.bounds) - 2
         dims = [d_embed // div_val**i for i in range(len(self.bounds) - 1)]
         self.weights = nn.ParameterList()
@@ -117,7 +140,7 @@ class AdaptiveSoftmax(nn.Module):
         w, b = self.weights[i], self.biases[i]
         if i == 0 and self.n_clusters:
             w, b = torch.cat([w, self.cluster_weight]), torch.cat([b, self.cluster_bias])
-        return linear(h, w, b)
+        return linear(h, w, b) if self.n_clusters else real_columns(linear(h, w, b), self.vocab_size)
 
     def log_prob(self, h: torch.Tensor) -> torch.Tensor:
         """(N, d_proj) -> (N, V) log-probabilities of every word (evaluation, generation)."""
@@ -135,19 +158,16 @@ class AdaptiveSoftmax(nn.Module):
         head = F.log_softmax(self._logits(h, 0).float(), -1)
         if not self.n_clusters:
             return -head.gather(1, target[:, None]).squeeze(1)
-        nll = torch.zeros(target.shape, dtype=head.dtype, device=h.device)
         in_head = target < self.bounds[1]
-        nll[in_head] = -head[in_head].gather(1, target[in_head, None]).squeeze(1)
-        for i in range(1, self.n_clusters + 1):
-            lo, hi = self.bounds[i], self.bounds[i + 1]
-            sel = (target >= lo) & (target < hi)
-            if not sel.any():
+        nll = -head.gather(1, torch.where(in_head, target, 0)[:, None]).squeeze(1) * in_head
+        for i, rows in enumerate(cluster_rows(target, self.bounds)[1:], start=1):
+            if rows is None:
                 # A zero that still reaches the cluster's weights: DDP waits for a gradient of every
                 # parameter, and a batch without rare words would otherwise leave this cluster out.
                 nll = nll + 0.0 * self._logits(h[:1], i).sum()
                 continue
-            tail = F.log_softmax(self._logits(h[sel], i).float(), -1)
-            word = tail.gather(1, (target[sel] - lo)[:, None]).squeeze(1)
-            nll[sel] = -(head[sel, self.bounds[1] + i - 1] + word)
+            tail = F.log_softmax(self._logits(h.index_select(0, rows), i).float(), -1)
+            word = tail.gather(1, (target.index_select(0, rows) - self.bounds[i])[:, None]).squeeze(1)
+            nll = nll.index_put((rows,), -(head[rows, self.bounds[1] + i - 1] + word))
         return nll
 

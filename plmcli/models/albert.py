@@ -71,7 +71,7 @@ class Albert(MaskedLMEncoder):
         self.cfg = cfg
         C, E = cfg.d_model, cfg.embedding_size
         d_ff = cfg.d_ff or 4 * C
-        self.wte = nn.Embedding(cfg.vocab_size, E)
+        self.wte = nn.Embedding(cfg.padded_vocab, E)
         self.wpe = nn.Embedding(cfg.max_positions, E)
         self.wtt = nn.Embedding(cfg.type_vocab_size, E) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(E, eps=cfg.layer_norm_eps, bias=cfg.bias)
@@ -106,11 +106,15 @@ class Albert(MaskedLMEncoder):
 
     def _layers(self, x, mask, states: list | None = None):
         for i in range(self.cfg.n_layer):
-            x = self.attention[i % len(self.attention)](x, False, mask)
-            x = self.ffn[i % len(self.ffn)](x)
+            x = self.run_block(self.layer, i, x, mask)
             if states is not None:
                 states.append(x)
         return x
+
+    def layer(self, i: int, x, mask):
+        """Layer i: attention[i % n] then ffn[i % n] (one module of each when shared)."""
+        x = self.attention[i % len(self.attention)](x, False, mask)
+        return self.ffn[i % len(self.ffn)](x)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, 6N + 12·L·T·H as for BERT. Sharing saves parameters, not compute:

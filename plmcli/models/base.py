@@ -138,7 +138,8 @@ class WritesArpa(Protocol):
 
 @runtime_checkable
 class ExportsHF(Protocol):
-    """Converts to and from a transformers checkpoint (config dict, state dict)."""
+    """Converts to and from a transformers checkpoint (config dict, state dict). `plm export` converts the model at
+    its tokenizer's vocabulary (plmcli.models.vocab: without_padding), so `to_hf` never sees padding rows."""
 
     def to_hf(self, run_config: dict) -> tuple[dict, dict]: ...
 
@@ -170,6 +171,14 @@ class CountsFlops(Protocol):
     """FLOPs per trained token, for the time estimate and MFU."""
 
     def flops_per_token(self, seq_len: int) -> float: ...
+
+
+@runtime_checkable
+class CheckpointsActivations(Protocol):
+    """A Transformer whose blocks can recompute their activations in backward instead of keeping them
+    (train.activation_checkpointing; plmcli.models.checkpointing): on, training keeps each block's inputs only."""
+
+    def checkpoint_activations(self, on: bool) -> None: ...
 
 
 @runtime_checkable

@@ -21,11 +21,13 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.models.dense import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, NormPosition, bidirectional,
                                    init_weights, require_vocab)
 from plmcli.models.lm_loss import linear_cross_entropy
+from plmcli.models.vocab import PadsVocab, VocabHead
 
 
 LEAVES_POSITIONS = Rule(lambda offset, c: offset < c["max_positions"],
@@ -33,7 +35,7 @@ LEAVES_POSITIONS = Rule(lambda offset, c: offset < c["max_positions"],
 
 
 @dataclass
-class BertConfig:
+class BertConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     max_positions: Size = 512
@@ -109,7 +111,7 @@ class MLMHead(nn.Module):
         self.dense = Linear(cfg.d_model, d_embed, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]
         self.ln = nn.LayerNorm(d_embed, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.decoder = Linear(d_embed, cfg.vocab_size, bias=True)
+        self.decoder = VocabHead(d_embed, cfg.vocab_size, cfg.padded_vocab, bias=True)
 
     def transform(self, h: torch.Tensor) -> torch.Tensor:
         """The decoder's input: dense -> activation -> LayerNorm."""
@@ -121,7 +123,8 @@ class MLMHead(nn.Module):
     def loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of forward(h) (N, V) against labels (N,), without the (N, V) logits kept
         for backward (plmcli.models.lm_loss)."""
-        return linear_cross_entropy(self.transform(h), self.decoder.weight, labels, bias=self.decoder.bias)
+        return linear_cross_entropy(self.transform(h), self.decoder.weight, labels, bias=self.decoder.bias,
+                                    vocab_size=self.decoder.vocab_size)
 
 
 def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> torch.Tensor:
@@ -141,7 +144,7 @@ def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> tor
     return x
 
 
-class MaskedLMEncoder(LanguageModel):
+class MaskedLMEncoder(CheckpointedBlocks, LanguageModel):
     """What objective `mlm` and `plm finetune` call on every BERT-style family (BERT, ALBERT, NEZHA).
 
     A subclass builds `mlm` (an MLMHead) and `nsp` (a 2-way head on the pooled state, or None) and
@@ -203,7 +206,7 @@ class Bert(MaskedLMEncoder):
             raise ValueError(f"max_positions {cfg.max_positions} leaves no room after position_offset {cfg.position_offset}")
         self.cfg = cfg
         d_ff = cfg.d_ff or 4 * cfg.d_model
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.wtt = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         # BERT normalizes the embedding sum: with post-LN blocks every block input is normalized.
@@ -258,7 +261,7 @@ class Bert(MaskedLMEncoder):
 
     def _blocks(self, x, mask, states: list | None = None):
         for block in self.blocks:
-            x = block(x, causal=False, attn_mask=mask)
+            x = self.run_block(block, x, causal=False, attn_mask=mask)
             if states is not None:
                 states.append(x)
         return x

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models import device as devices
+
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
     # GPT-2's "gelu_new": the tanh approximation, as one fused kernel instead of HF's seven ops.
@@ -108,7 +110,7 @@ def _packed_weight(cache: dict, weight: torch.Tensor, x: torch.Tensor) -> torch.
 
 def takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` runs on oneDNN."""
-    return (onednn_enabled() and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
+    return (onednn_enabled() and devices.cpu_kernels(x.device) and x.dtype == weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32) and not x.is_nested and x.dim() >= 2
             and x.shape[-1] > 0  # oneDNN has no inner product over 0 features; F.linear gives the bias
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())

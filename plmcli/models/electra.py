@@ -29,15 +29,17 @@ from plmcli.config_sections import Count, NonNegative, Positive, Probability, Si
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
+from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.models.dense import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import ACTIVATIONS, Activation, Block, Dropout, bidirectional, init_weights, require_vocab
+from plmcli.models.vocab import PadsVocab, VocabHead
 
 PARTS = ("generator", "discriminator")
 
 
 @dataclass
-class ElectraConfig:
+class ElectraConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     max_positions: Size = 512
@@ -96,7 +98,7 @@ class ElectraOutput:
     """Discriminator: (B, T) logits of "this token was replaced"; else None."""
 
 
-class Transformer(nn.Module):
+class Transformer(CheckpointedBlocks, nn.Module):
     """One of ELECTRA's two networks: embeddings_project (where widths differ) + post-LN blocks."""
 
     def __init__(self, cfg: ElectraConfig, embedding_size: int, d_model: int, n_head: int, d_ff: int):
@@ -118,7 +120,7 @@ class Transformer(nn.Module):
 
     def _blocks(self, x, mask, states: list | None = None):
         for block in self.blocks:
-            x = block(x, causal=False, attn_mask=mask)
+            x = self.run_block(block, x, causal=False, attn_mask=mask)
             if states is not None:
                 states.append(x)
         return x
@@ -132,7 +134,7 @@ class GeneratorHead(nn.Module):
         self.dense = Linear(d_model, embedding_size)
         self.act = ACTIVATIONS[cfg.activation]
         self.ln = nn.LayerNorm(embedding_size, eps=cfg.layer_norm_eps)
-        self.decoder = Linear(embedding_size, cfg.vocab_size)
+        self.decoder = VocabHead(embedding_size, cfg.vocab_size, cfg.padded_vocab)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.ln(self.act(self.dense(h))))
@@ -151,7 +153,7 @@ class DiscriminatorHead(nn.Module):
         return self.dense_prediction(self.act(self.dense(h))).squeeze(-1)  # (B, T)
 
 
-class Electra(LanguageModel):
+class Electra(CheckpointedBlocks, LanguageModel):
     traits = Traits(bidirectional=True, replaced_token_detection=True, scoring="pseudo")
     Config = ElectraConfig
     probe_layers = "discriminator.blocks"  # what encode() runs (plmcli.analysis.hidden)
@@ -164,7 +166,7 @@ class Electra(LanguageModel):
         self.cfg = cfg
         E = cfg.embedding_size or cfg.d_model
         g_d, g_h, g_ff = cfg.generator_dims()
-        self.wte = nn.Embedding(cfg.vocab_size, E)
+        self.wte = nn.Embedding(cfg.padded_vocab, E)
         self.wpe = nn.Embedding(cfg.max_positions, E)
         self.wtt = nn.Embedding(cfg.type_vocab_size, E) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(E, eps=cfg.layer_norm_eps)

@@ -16,15 +16,16 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.dense import Linear
+from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
 from plmcli.models.layers import (Activation, Block, Dropout, NormPosition, init_weights, require_vocab,
                                    scale_residual_init)
 from plmcli.models.lm_loss import IGNORE_INDEX, linear_cross_entropy
+from plmcli.models.vocab import PadsVocab, VocabHead
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     max_positions: Size = 1024
@@ -59,7 +60,7 @@ class GPTConfig:
     """Residual projections start at init_std/√(2·n_layer) (GPT-2)."""
 
 
-class GPT(LanguageModel):
+class GPT(CheckpointedBlocks, LanguageModel):
     traits = Traits(causal=True, scoring="window")
     Config = GPTConfig
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
@@ -71,7 +72,7 @@ class GPT(LanguageModel):
             raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         self.cfg = cfg
         d_ff = cfg.d_ff or 4 * cfg.d_model
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(
@@ -80,7 +81,7 @@ class GPT(LanguageModel):
             for _ in range(cfg.n_layer)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.final_norm else nn.Identity()
-        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = VocabHead(cfg.d_model, cfg.vocab_size, cfg.padded_vocab, bias=False)
         init_weights(self, cfg.init_std)
         if cfg.scaled_residual_init:
             scale_residual_init(self.blocks, cfg.init_std, cfg.n_layer)
@@ -103,7 +104,8 @@ class GPT(LanguageModel):
         if states is not None:
             states.append(x)
         for i, block in enumerate(self.blocks):
-            x = block.causal_tail(x, start) if start and i == len(self.blocks) - 1 else block(x, causal=True)
+            last = start and i == len(self.blocks) - 1
+            x = block.causal_tail(x, start) if last else self.run_block(block, x, causal=True)
             if states is not None:
                 states.append(x)
         x = self.ln_f(x)
@@ -134,7 +136,8 @@ class GPT(LanguageModel):
             scored = (labels != IGNORE_INDEX).any(0).nonzero()
             start = int(scored[0]) if len(scored) else 0
         h = self.hidden(input_ids, start=start)
-        return linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, labels[:, start:].flatten())
+        return linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, labels[:, start:].flatten(),
+                                    vocab_size=self.cfg.vocab_size)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward ≈ 3× forward), PaLM's 6N + 12·L·T·C estimate."""

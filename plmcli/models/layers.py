@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli.models import device as devices
 from plmcli.models.dense import ACTIVATIONS, Linear, linear
 
 Activation = Literal[tuple(ACTIVATIONS)]
@@ -56,9 +57,11 @@ def unpadded_attention(device: torch.device) -> bool:
 
     On CUDA jagged SDPA runs flash / memory-efficient variable-length kernels, so the linear layers and
     attention spend nothing on padding (NVIDIA's unpadded BERT); on a CPU it attends row by row and is
-    no faster than padding. Not while record_attention wants (B, H, T, T) maps.
+    no faster than padding. Not while record_attention wants (B, H, T, T) maps. On a CPU whose own kernels are
+    switched off (`devices.cpu_kernels`, a test of the CUDA path) it runs too.
     """
-    return device.type == "cuda" and _recorded is None
+    generic_cpu = device.type == "cpu" and not devices.cpu_kernels(device) and not torch.compiler.is_compiling()
+    return (device.type == "cuda" or generic_cpu) and _recorded is None
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -67,9 +70,19 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     Without a mask SDPA can take its fastest kernels. A padded query row still attends to the real
     tokens, so nothing is NaN.
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    if attention_mask is None or not is_padded(attention_mask):
         return None
     return attention_mask.bool()[:, None, None, :]
+
+
+def is_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether a (..., T) mask (1 = token) pads anything: from the rows' lengths where the host knows them
+    (models/device.py), else read back on a CPU. On a GPU that read would wait for every queued kernel, and
+    attending through a mask that pads nothing changes no result, so there a mask given counts as padding."""
+    lengths = devices.lengths_of(attention_mask)
+    if lengths is not None:
+        return len(lengths) > 0 and int(lengths.min()) < attention_mask.shape[-1]
+    return not devices.cpu_kernels(attention_mask.device) or not bool(attention_mask.all())
 
 
 def bidirectional(layers, x: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -86,27 +99,46 @@ def bidirectional(layers, x: torch.Tensor, attention_mask: torch.Tensor | None,
     extra = () if states is None else (states,)
     if mask is None or not unpadded_attention(x.device):
         return layers(x, mask, *extra)
+    lengths = devices.lengths_of(attention_mask)
     n = 0 if states is None else len(states)
-    out = repad(layers(unpad(x, attention_mask), None, *extra), attention_mask)
+    out = repad(layers(unpad(x, attention_mask, lengths), None, *extra), attention_mask, lengths)
     if states is not None:
-        states[n:] = [repad(h, attention_mask) for h in states[n:]]
+        states[n:] = [repad(h, attention_mask, lengths) for h in states[n:]]
     return out
 
 
-def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def unpad(x: torch.Tensor, attention_mask: torch.Tensor, lengths=None) -> torch.Tensor:
     """(B, T, C) states and their (B, T) attention_mask (1 = token) -> a jagged nested tensor (B, j, C) of
     each row's tokens in order. Block and MultiHeadAttention take it as they take padded input (without
-    attn_mask): Linear, LayerNorm, dropout and residual sums act on the tokens alone."""
+    attn_mask): Linear, LayerNorm, dropout and residual sums act on the tokens alone.
+
+    `lengths`: each row's real tokens as the host counted them (models/device.py: lengths_of). Then nothing is
+    read back from the device: their sum sizes the tokens' tensor, and the longest and shortest row, which
+    SDPA's variable-length kernels need, come with it. Without them the mask is read (a GPU waits for it)."""
     keep = attention_mask.bool()
     offsets = F.pad(keep.sum(1).cumsum(0), (1, 0))
-    return torch.nested.nested_tensor_from_jagged(x[keep], offsets)
+    if lengths is None:
+        return torch.nested.nested_tensor_from_jagged(x[keep], offsets)
+    values = x.flatten(0, 1).index_select(0, token_index(keep, lengths))
+    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=int(lengths.min()),
+                                                  max_seqlen=int(lengths.max()))
 
 
-def repad(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def repad(x: torch.Tensor, attention_mask: torch.Tensor, lengths=None) -> torch.Tensor:
     """The inverse of `unpad`: (B, j, C) jagged -> (B, T, C) with zeros at the padding."""
     keep = attention_mask.bool()
     values = x.values()
-    return values.new_zeros(*keep.shape, values.shape[-1]).index_put((keep,), values)
+    if lengths is None:
+        return values.new_zeros(*keep.shape, values.shape[-1]).index_put((keep,), values)
+    flat = values.new_zeros(keep.numel(), values.shape[-1]).index_copy(0, token_index(keep, lengths), values)
+    return flat.view(*keep.shape, values.shape[-1])
+
+
+def token_index(keep: torch.Tensor, lengths) -> torch.Tensor:
+    """The flat positions (b·T + t, ascending) of a (B, T) boolean mask's True entries, sum(lengths) of them:
+    `nonzero` sized on the host, so a GPU need not report how many there are (nor gather by a boolean mask,
+    which is nonzero again)."""
+    return torch.nonzero_static(keep.flatten(), size=int(lengths.sum())).squeeze(1)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -123,7 +155,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or x.is_nested or p >= 1.0 or torch.compiler.is_compiling():
+    if not devices.cpu_kernels(x.device) or x.is_nested or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     n = x.numel()
     seed = int(torch.randint(0, 2**62, (1,)))
@@ -166,7 +198,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
     an element), scales k, builds the causal mask and guards against all-masked rows on every call; this one
     does less and draws its masks with `dropout`. Recorded attention needs the probabilities explicit too.
     """
-    if not (record and _recorded is not None) and (dropout_p == 0.0 or q.device.type != "cpu"):
+    if not (record and _recorded is not None) and (dropout_p == 0.0 or not devices.cpu_kernels(q.device)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
                                               scale=scale)
     # scaled on the (B, H, T, D) side, the smaller one

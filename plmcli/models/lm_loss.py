@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from plmcli.models import device as devices
 from plmcli.models.dense import linear, takes_onednn
+from plmcli.models.vocab import mask_padding
 
 IGNORE_INDEX = -100
 
@@ -29,7 +31,7 @@ def chunk_rows(vocab_size: int, device: torch.device) -> int:
     Fused head + loss, forward and backward, 2 threads (AMD EPYC): 608 rows × V 30,522 took 224 ms in
     chunks of 128 and 283 ms in chunks of 137; 2,048 rows × V 50,257 1.3 s at 128 and 3.1 s at 20.
     """
-    if device.type == "cuda":
+    if not devices.cpu_kernels(device):
         return max(16, 2**26 // max(1, vocab_size))
     rows = max(128, 2**20 // max(1, vocab_size))
     return 1 << (rows.bit_length() - 1)
@@ -58,7 +60,7 @@ def _nll(p: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, cols: bool) -> 
     On a CPU −log p[y], with logsumexp − logit[y] for the rows where p[y] is too small to log. On a GPU always
     logsumexp − logit[y], cross-entropy's own formula: finding those rows would stop the host every chunk.
     """
-    if p.device.type != "cpu":
+    if not devices.cpu_kernels(p.device):
         return _cross_entropy(logits, y, 0 if cols else 1)
     picked = p.gather(1, y[:, None]).squeeze(1)
     nll = -picked.log()
@@ -71,7 +73,7 @@ def _nll(p: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, cols: bool) -> 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, chunk: int, cols: bool):
+    def forward(ctx, h, weight, bias, targets, chunk: int, cols: bool, vocab: int):
         dt = _compute_dtype(h)
         with torch.autocast(h.device.type, enabled=False):
             hd, wd = h.to(dt), weight.to(dt)
@@ -85,7 +87,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # the first chunk's matmul writes it whole (unless there is no chunk)
             grad_w = (torch.empty if same and len(h) else torch.zeros)(weight.shape, dtype=acc, device=weight.device)
             grad_b = None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device)
-            every = bool(valid.all())  # pretraining: no ignored rows, so no per-row masking passes
+            # pretraining: no ignored rows, so no per-row masking passes. Asked on a CPU only: a GPU would wait for
+            # the answer, and the masking passes give the same numbers.
+            every = devices.cpu_kernels(h.device) and bool(valid.all())
             # Every chunk's logits and probabilities go to the same two buffers: a fresh chunk-sized tensor is
             # paged in by the kernel on first touch, which took as long again as the softmax over it on a CPU.
             V, rows = weight.shape[0], min(chunk, h.shape[0])
@@ -105,6 +109,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     torch.mm(hc, wd.t(), out=out) if bd is None else torch.addmm(bd, hc, wd.t(), out=out)
                 logits = out if same else upcast_buf[: V * len(hc)].view(shape).copy_(out)
+                mask_padding(logits, vocab, 0 if cols else 1)  # a padded vocabulary's extra rows get no mass
                 # One softmax pass gives both the gradient and the loss, −log p[y]: 40% less time over the
                 # chunk than log_softmax then exp (bert-mini's 30,522-word head, AMD EPYC).
                 probs = torch.softmax(logits, dim=0 if cols else 1, out=prob_buf[: V * len(hc)].view(shape))
@@ -141,12 +146,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w, grad_b, count = ctx.saved_tensors
         scale = grad_out / count
         grad_b = None if grad_b is None else grad_b * scale.to(grad_b.dtype)
-        return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), grad_b, None, None, None
+        return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), grad_b, None, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk: int | None = None, bias: torch.Tensor | None = None,
-                         vocab_major: bool | None = None) -> torch.Tensor:
+                         vocab_major: bool | None = None, vocab_size: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of `h @ weight.T (+ bias)` (h: (N, C), weight: (V, C), bias: (V,)) against
     `targets` (N,), skipping targets equal to -100; equal to `F.cross_entropy(F.linear(h, weight, bias), targets)`.
 
@@ -156,17 +161,20 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     (n, V) product h · weightᵀ at these shapes (n ≥ 128 rows, V in the thousands), and softmax over its
     contiguous V axis is as fast. Without a gradient, None picks (n, V) wherever the product runs on oneDNN
     (plmcli.models.dense), for the faster cross-entropy kernel along V.
+    `vocab_size` < V: `weight`'s rows from it on pad the vocabulary (plmcli.models.vocab), their logits masked in
+    every chunk right after its matmul, so the loss and gradients are those of `weight[:vocab_size]`.
     """
     chunk = chunk or chunk_rows(weight.shape[0], h.device)
+    vocab = vocab_size or weight.shape[0]
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad or bias is not None and bias.requires_grad):
-        cols = h.device.type == "cpu" if vocab_major is None else vocab_major
+        cols = devices.cpu_kernels(h.device) if vocab_major is None else vocab_major
         if h.shape[0] <= chunk and not cols:  # the logits fit in one chunk: nothing to save, and torch's
             # own cross-entropy kernels beat the explicit softmax-minus-one-hot steps there (the (V, n)
             # matmuls of the fused path win even so)
-            logits = F.linear(h, weight, bias)
+            logits = mask_padding(F.linear(h, weight, bias), vocab)
             return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets,
                                    ignore_index=IGNORE_INDEX)
-        return _LinearCrossEntropy.apply(h, weight, bias, targets, chunk, cols)
+        return _LinearCrossEntropy.apply(h, weight, bias, targets, chunk, cols, vocab)
     acc = torch.promote_types(_compute_dtype(h), torch.float32)
     # Without a gradient, ignored rows need no logits at all: sliding-window perplexity scores only a
     # stride of each window, so the output layer runs on those rows alone (the copy of h is C per row, not V).
@@ -174,13 +182,14 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     h, targets = h[valid], targets[valid]
     # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
     # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
-    cols = h.device.type == "cpu" and not takes_onednn(h, weight, bias) if vocab_major is None else vocab_major
+    cols = devices.cpu_kernels(h.device) and not takes_onednn(h, weight, bias) if vocab_major is None else vocab_major
     total = torch.zeros((), dtype=acc, device=h.device)
     for s in range(0, h.shape[0], chunk):
         hc, yc = h[s : s + chunk], targets[s : s + chunk]
         if cols:  # the (V, n) layout: 1.4× the (n, V) way at 30-50k words (AMD EPYC, MKL)
             logits = (weight @ hc.t() if bias is None else torch.addmm(bias[:, None], weight, hc.t())).to(acc)
+            mask_padding(logits, vocab, 0)
             total += _cross_entropy(logits, yc, 0).sum()
         else:
-            total += F.cross_entropy(linear(hc, weight, bias).to(acc), yc, reduction="sum")
+            total += F.cross_entropy(mask_padding(linear(hc, weight, bias).to(acc), vocab), yc, reduction="sum")
     return total / max(len(targets), 1)

@@ -37,6 +37,7 @@ from plmcli.models.bert import MaskedLMEncoder, MLMHead
 from plmcli.models.dense import Linear
 from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, dropout, init_weights,
                                    padding_mask, recorded, require_vocab)
+from plmcli.models.vocab import PadsVocab
 
 
 EVEN_HEADS = Rule(lambda n, c: (c["d_model"] // n) % 2 == 0,
@@ -45,7 +46,7 @@ EVEN_HEADS = Rule(lambda n, c: (c["d_model"] // n) % 2 == 0,
 
 
 @dataclass
-class NezhaConfig:
+class NezhaConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     max_positions: Size = 512
@@ -143,7 +144,7 @@ class Nezha(MaskedLMEncoder):
             raise ValueError(f"max_relative_position {cfg.max_relative_position} must be ≥ 1")
         self.cfg = cfg
         C = cfg.d_model
-        self.wte = nn.Embedding(cfg.vocab_size, C)
+        self.wte = nn.Embedding(cfg.padded_vocab, C)
         self.wtt = nn.Embedding(cfg.type_vocab_size, C) if cfg.type_vocab_size else None
         self.ln_emb = nn.LayerNorm(C, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.drop = Dropout(cfg.dropout)
@@ -185,7 +186,7 @@ class Nezha(MaskedLMEncoder):
         if states is not None:
             states.append(x)
         for block in self.blocks:
-            x = block(x, table, index, mask)
+            x = self.run_block(block, x, table, index, mask)
             if states is not None:
                 states.append(x)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, C)

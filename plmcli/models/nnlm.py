@@ -23,10 +23,11 @@ from plmcli.config_sections import Count, NonNegative, Probability, Range, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.dense import Linear
 from plmcli.models.layers import Dropout, require_vocab
+from plmcli.models.vocab import PadsVocab, VocabHead
 
 
 @dataclass
-class NNLMConfig:
+class NNLMConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     order: Annotated[int, Range(2)] = 5
@@ -55,10 +56,11 @@ class NNLM(LanguageModel):
             raise ValueError(f"order must be ≥ 2 (a word predicted from at least one previous word), not {cfg.order}")
         self.cfg = cfg
         d_in = (cfg.order - 1) * cfg.d_embed
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_embed)  # C
+        V, rows = cfg.vocab_size, cfg.padded_vocab
+        self.wte = nn.Embedding(rows, cfg.d_embed)  # C
         self.hidden = Linear(d_in, cfg.d_hidden)  # d + H·x
-        self.lm_head = Linear(cfg.d_hidden, cfg.vocab_size)  # b + U·a
-        self.direct = Linear(d_in, cfg.vocab_size, bias=False) if cfg.direct else None  # W·x
+        self.lm_head = VocabHead(cfg.d_hidden, V, rows)  # b + U·a
+        self.direct = VocabHead(d_in, V, rows, bias=False) if cfg.direct else None  # W·x
         self.drop = Dropout(cfg.dropout)
         nn.init.uniform_(self.wte.weight, -cfg.init_range, cfg.init_range)
         if self.direct is not None:

@@ -31,12 +31,13 @@ from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.dense import Linear
 from plmcli.models.layers import Dropout, require_vocab
+from plmcli.models.vocab import PadsVocab, VocabHead
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
 
 @dataclass
-class RNNConfig:
+class RNNConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     cell: Literal["rnn", "lstm", "gru"] = "lstm"
@@ -72,7 +73,7 @@ class RNNLM(LanguageModel):
         if cfg.n_layer < 1:
             raise ValueError("n_layer must be ≥ 1")
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_embed)
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_embed)
         self.drop_embed = Dropout(cfg.dropout_embed)
         # One multi-layer module: torch's fused kernels; its `dropout` is exactly the between-layer one.
         self.rnn = CELLS[cfg.cell](cfg.d_embed, cfg.d_hidden, num_layers=cfg.n_layer, batch_first=True,
@@ -83,7 +84,7 @@ class RNNLM(LanguageModel):
         if cfg.tie_embeddings and cfg.d_embed != cfg.d_hidden:
             self.proj = Linear(cfg.d_hidden, cfg.d_embed, bias=False)
             d_out = cfg.d_embed
-        self.lm_head = Linear(d_out, cfg.vocab_size)
+        self.lm_head = VocabHead(d_out, cfg.vocab_size, cfg.padded_vocab)
         for p in self.parameters():
             nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
         if cfg.tie_embeddings:

@@ -33,13 +33,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Rule, Size
+from plmcli.models import device as devices
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import Dropout, require_vocab
+from plmcli.models.vocab import PadsVocab, VocabHead, real_columns
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -52,7 +55,7 @@ SPLITS_IN_TWO = Rule(lambda d, c: not c["bidirectional"] or d % 2 == 0,
 
 
 @dataclass
-class Seq2SeqConfig:
+class Seq2SeqConfig(PadsVocab):
     vocab_size: Count = 0
     """Shared source/target vocabulary; 0 = take it from the tokenizer."""
     max_positions: Size = 512
@@ -136,7 +139,7 @@ class Seq2Seq(LanguageModel):
         H, E, L = cfg.d_hidden, cfg.d_embed, cfg.n_layer
         rnn = CELLS[cfg.cell]
         between = cfg.dropout if L > 1 else 0.0
-        self.embed = nn.Embedding(cfg.vocab_size, E)
+        self.embed = nn.Embedding(cfg.padded_vocab, E)
         self.drop = Dropout(cfg.dropout)
         self.encoder = rnn(E, H // 2 if cfg.bidirectional else H, L, batch_first=True, dropout=between,
                            bidirectional=cfg.bidirectional)
@@ -148,9 +151,9 @@ class Seq2Seq(LanguageModel):
         self.combine = Linear(2 * H + (E if self.bahdanau else 0), H, bias=False)
         if cfg.tie_embeddings:
             self.to_embed = Linear(H, E, bias=False) if H != E else nn.Identity()
-            self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+            self.out_bias = nn.Parameter(torch.zeros(cfg.padded_vocab))
         else:
-            self.out = Linear(H, cfg.vocab_size)
+            self.out = VocabHead(H, cfg.vocab_size, cfg.padded_vocab)
         for p in self.parameters():
             nn.init.uniform_(p, -cfg.init_range, cfg.init_range)
         if cfg.tie_embeddings:
@@ -167,7 +170,7 @@ class Seq2Seq(LanguageModel):
     def logits(self, h_tilde: torch.Tensor) -> torch.Tensor:
         h = self.drop(h_tilde)
         if self.cfg.tie_embeddings:
-            return linear(self.to_embed(h), self.embed.weight, self.out_bias)
+            return real_columns(linear(self.to_embed(h), self.embed.weight, self.out_bias), self.cfg.vocab_size)
         return self.out(h)
 
     # ------------------------------------------------------------ encoder
@@ -175,10 +178,7 @@ class Seq2Seq(LanguageModel):
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> dict:
         """(B, S) source, (B, S) bool mask -> the decoder's starting state (every tensor batch-first)."""
         B, S = src_ids.shape
-        lengths = src_mask.sum(1).clamp(min=1)
-        packed = pack_padded_sequence(self.drop(self.embed(src_ids)), lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, final = self.encoder(packed)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=S)  # (B, S, H), zeros at padding
+        memory, final = packed_rnn(self.encoder, self.drop(self.embed(src_ids)), src_mask)  # (B, S, H), zeros at padding
         finals = final if self.lstm else (final,)
         # (L·dirs, B, H/dirs) -> (B, L, H): per layer, the forward and backward final states side by side
         L, dirs = self.cfg.n_layer, 2 if self.cfg.bidirectional else 1
@@ -193,11 +193,7 @@ class Seq2Seq(LanguageModel):
         """(B, S) right-padded ids, (B, S) mask (1 = real token; None: all real) -> (B, S, d_hidden) the encoder's
         states, for transfer. Packed by length, as `encode` reads a source: each row's backward direction starts
         at its own last real token, so no real position sees the padding (whose states are zeros)."""
-        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        lengths = mask.sum(1).clamp(min=1)
-        packed = pack_padded_sequence(self.drop(self.embed(input_ids)), lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.encoder(packed)
-        return pad_packed_sequence(out, batch_first=True, total_length=input_ids.shape[1])[0]
+        return packed_rnn(self.encoder, self.drop(self.embed(input_ids)), attention_mask)[0]
 
     # ------------------------------------------------------------ decoder
 
@@ -263,3 +259,26 @@ class Seq2Seq(LanguageModel):
         """Feed one token per row (B,) -> ((B, V) logits for the next token, new state)."""
         h_tilde, _, state = self._run(tokens[:, None], state)
         return self.logits(h_tilde)[:, 0], state
+
+
+def packed_rnn(rnn: nn.RNNBase, x: torch.Tensor, mask: torch.Tensor | None):
+    """A batch-first RNN over right-padded rows (B, S, E), each read to its own length (mask (B, S): 1 = token;
+    None: every position; at least 1) -> (outputs (B, S, H), zeros at the padding; final states as the RNN gives
+    them, rows in batch order). A backward direction so starts at each row's last real token.
+
+    pack_padded_sequence wants the lengths on the host: they come from the host's own count where the batch
+    brought one (models/device.py), and the rows are sorted by length on the device. Its enforce_sorted=False
+    would sort on the host and copy the order over, and pad_packed_sequence would copy it back, each a copy a
+    GPU finishes its queue for."""
+    B, S = x.shape[:2]
+    host = np.full(B, S, dtype=np.int64) if mask is None else devices.lengths_of(mask)
+    if host is None:  # no count came with the batch: the device's (a GPU waits for it)
+        host = mask.sum(1).cpu().numpy()
+    order = (torch.arange(B, device=x.device) if mask is None
+             else torch.sort(mask.sum(1).clamp(min=1), descending=True, stable=True).indices)
+    back = torch.empty_like(order).scatter_(0, order, torch.arange(B, device=order.device))
+    by_length = np.sort(np.maximum(host, 1))[::-1].copy()  # (B,) descending, as `order` puts the rows
+    out, final = rnn(pack_padded_sequence(x.index_select(0, order), by_length, batch_first=True))
+    out = pad_packed_sequence(out, batch_first=True, total_length=S)[0].index_select(0, back)
+    final = tuple(f.index_select(1, back) for f in final) if isinstance(final, tuple) else final.index_select(1, back)
+    return out, final

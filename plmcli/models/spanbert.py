@@ -28,9 +28,11 @@ from torch import nn
 
 from plmcli.config_sections import Size
 from plmcli.errors import PlmError
+from plmcli.models import device as devices
 from plmcli.models.bert import Bert, BertConfig, BertOutput
 from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import ACTIVATIONS, init_weights
+from plmcli.models.vocab import real_columns
 
 
 @dataclass
@@ -50,6 +52,9 @@ class SpanBertOutput(BertOutput):
     """(M, V) span-boundary predictions of the masked tokens that have one; None without mlm_positions."""
     sbo_index: torch.Tensor | None = None
     """(M,) which of the N mlm_positions each row of sbo_logits predicts (its label is mlm_labels[sbo_index])."""
+    sbo_keep: torch.Tensor | None = None
+    """(M,) True at the rows of sbo_logits that are SBO predictions, False at rows to ignore; None: every row is
+    one. Off a CPU every masked token gets a row (M = N, see span_targets), so no shape waits on the device."""
 
 
 def span_boundaries(positions: torch.Tensor, seq_len: int, max_span: int):
@@ -60,6 +65,14 @@ def span_boundaries(positions: torch.Tensor, seq_len: int, max_span: int):
     span's boundaries x_{s-1} and x_{e+1}, and their offset i − s (p_{i-s+1} is row i − s). A token whose
     span touches the row's edge (no boundary) or lies max_span or more into its span is left out.
     """
+    order, left, right, offset, keep = span_targets(positions, seq_len, max_span)
+    return order[keep], left[keep], right[keep], offset[keep]
+
+
+def span_targets(positions: torch.Tensor, seq_len: int, max_span: int):
+    """span_boundaries with a row for every entry of `positions`: (index, left, right, offset, keep), each (N,),
+    `keep` True where the row is an SBO prediction; elsewhere the boundaries and offset are in range but
+    meaningless. No shape depends on the data, so a GPU need not report how many predictions there are."""
     order = torch.argsort(positions)
     p = positions[order]
     n = p.numel()
@@ -67,11 +80,13 @@ def span_boundaries(positions: torch.Tensor, seq_len: int, max_span: int):
     new[1:] = (p[1:] != p[:-1] + 1) | (p[1:] // seq_len != p[:-1] // seq_len)
     last = torch.ones_like(new)
     last[:-1] = new[1:]  # True where a run ends
-    run = torch.cumsum(new, 0) - 1
-    start, end = p[new][run], p[last][run]  # (N,) first and last masked position of each token's run
+    i = torch.arange(n, device=p.device)
+    first_of_run = torch.where(new, i, 0).cummax(0).values  # the latest run start at or before i
+    last_of_run = torch.where(last, i, n - 1).flip(0).cummin(0).values.flip(0)  # the first run end at or after i
+    start, end = p[first_of_run], p[last_of_run]  # (N,) first and last masked position of each token's run
     offset = p - start
-    ok = (start % seq_len > 0) & (end % seq_len < seq_len - 1) & (offset < max_span)
-    return order[ok], start[ok] - 1, end[ok] + 1, offset[ok]
+    keep = (start % seq_len > 0) & (end % seq_len < seq_len - 1) & (offset < max_span)
+    return order, torch.where(keep, start - 1, start), torch.where(keep, end + 1, end), offset * keep, keep
 
 
 class SBOHead(nn.Module):
@@ -86,7 +101,7 @@ class SBOHead(nn.Module):
         self.fc2 = Linear(C, C, bias=cfg.bias)
         self.ln2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.act = ACTIVATIONS[cfg.activation]
-        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))  # its decoder's own bias; the weight is the MLM decoder's
+        self.bias = nn.Parameter(torch.zeros(cfg.padded_vocab))  # its decoder's own bias; the weight is the MLM decoder's
 
     def forward(self, left: torch.Tensor, right: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
         h = torch.cat([left, right, self.position(offset)], dim=-1)  # (M, 2C + P)
@@ -110,13 +125,15 @@ class SpanBert(Bert):
                 mlm_labels=None) -> SpanBertOutput:
         """BERT's outputs; with mlm_positions, also the SBO logits of the masked tokens (see span_boundaries)."""
         out = super().forward(input_ids, token_type_ids, attention_mask, mlm_positions, mlm_labels)
-        sbo_logits = sbo_index = None
+        sbo_logits = sbo_index = keep = None
         if mlm_positions is not None:
-            sbo_index, left, right, offset = span_boundaries(mlm_positions, input_ids.shape[1], self.cfg.sbo_max_span)
+            sbo_index, left, right, offset, keep = span_targets(mlm_positions, input_ids.shape[1], self.cfg.sbo_max_span)
+            if devices.cpu_kernels(mlm_positions.device):  # a CPU reads the mask at no cost: the head skips the rest
+                sbo_index, left, right, offset, keep = sbo_index[keep], left[keep], right[keep], offset[keep], None
             flat = out.hidden.flatten(0, 1)  # (B·T, C)
             y = self.sbo(flat.index_select(0, left), flat.index_select(0, right), offset)  # (M, C)
-            sbo_logits = linear(y, self.mlm.decoder.weight, self.sbo.bias)  # (M, V)
-        return SpanBertOutput(**vars(out), sbo_logits=sbo_logits, sbo_index=sbo_index)
+            sbo_logits = real_columns(linear(y, self.mlm.decoder.weight, self.sbo.bias), self.cfg.vocab_size)  # (M, V)
+        return SpanBertOutput(**vars(out), sbo_logits=sbo_logits, sbo_index=sbo_index, sbo_keep=keep)
 
     def flops_per_token(self, seq_len: int) -> float:
         """BERT's count plus the SBO head (two layers and a decoder) at the masked share of tokens."""

@@ -25,13 +25,15 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.dense import Linear, linear
+from plmcli.models.checkpointing import CheckpointedBlocks
+from plmcli.models.dense import linear
 from plmcli.models.layers import (Activation, Block, CrossAttention, Dropout, FeedForward, MultiHeadAttention,
                                    NormPosition, require_vocab)
+from plmcli.models.vocab import PadsVocab, VocabHead, real_columns
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(PadsVocab):
     vocab_size: Count = 0
     """Shared source/target vocabulary; 0 = take it from the tokenizer."""
     max_positions: Size = 1024
@@ -105,6 +107,11 @@ class DecoderLayer(nn.Module):
         x = self._sub(x, self.ln_3, self.mlp)
         return x, new_cache
 
+    def teacher_forced(self, x, memory, memory_mask):
+        """forward over the whole prefix x (B, T, C) attending to the encoder's output `memory` (B, S, C): its
+        keys and values are made here, so a checkpointed layer recomputes them instead of keeping them."""
+        return self(x, self.cross_attn.memory_kv(memory), memory_mask)[0]
+
 
 def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
     """`attn` over cached keys/values plus the new positions x (B, T, C), T new tokens (usually 1)."""
@@ -118,7 +125,7 @@ def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
     return attn.resid_dropout(attn.proj(y.transpose(1, 2).reshape(B, T, C))), (k, v)
 
 
-class Transformer(LanguageModel):
+class Transformer(CheckpointedBlocks, LanguageModel):
     traits = Traits(seq2seq=True, scoring="conditional", pair_layout="causal", pooling="mean")
     Config = TransformerConfig
 
@@ -129,8 +136,8 @@ class Transformer(LanguageModel):
             raise ValueError(f"norm_position must be pre or post, not {cfg.norm_position!r}")
         self.cfg = cfg
         d = cfg.d_model
-        self.embed = nn.Embedding(cfg.vocab_size, d)  # target side (and source, and output, when shared)
-        self.src_embed = self.embed if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, d)
+        self.embed = nn.Embedding(cfg.padded_vocab, d)  # target side (and source, and output, when shared)
+        self.src_embed = self.embed if cfg.share_embeddings else nn.Embedding(cfg.padded_vocab, d)
         self.register_buffer("pe", sinusoids(cfg.max_positions, d), persistent=False)
         self.scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
         self.drop = Dropout(cfg.dropout)
@@ -141,7 +148,7 @@ class Transformer(LanguageModel):
         pre = cfg.norm_position == "pre"  # pre-LN stacks end un-normalized: add the final LN
         self.enc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else nn.Identity()
-        self.out = None if cfg.tie_output else Linear(d, cfg.vocab_size, bias=False)
+        self.out = None if cfg.tie_output else VocabHead(d, cfg.vocab_size, cfg.padded_vocab, bias=False)
         self._init_weights()
 
     def _init_weights(self):
@@ -174,7 +181,7 @@ class Transformer(LanguageModel):
         if states is not None:
             states.append(x)
         for block in self.encoder:
-            x = block(x, attn_mask=attn_mask)
+            x = self.run_block(block, x, attn_mask=attn_mask)
             if states is not None:
                 states.append(x)
         x = self.enc_norm(x)
@@ -195,14 +202,14 @@ class Transformer(LanguageModel):
         return states
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return linear(h, self.embed.weight) if self.out is None else self.out(h)
+        return real_columns(linear(h, self.embed.weight), self.cfg.vocab_size) if self.out is None else self.out(h)
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: (B, S) source, (B, S) mask, (B, T) decoder input -> (B, T, V) next-token logits."""
         memory = self.encode_hidden(src_ids, src_mask)
         x = self.embed_tokens(self.embed, tgt_in_ids)
         for layer in self.decoder:
-            x, _ = layer(x, layer.cross_attn.memory_kv(memory), src_mask)
+            x = self.run_block(layer.teacher_forced, x, memory, src_mask)
         return self.logits(self.dec_norm(x))
 
     # ------------------------------------------------------------ incremental decoding

@@ -37,8 +37,10 @@ from torch import nn
 from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Rule, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.models.dense import Linear, linear
 from plmcli.models.layers import Dropout, FeedForward, NormPosition, attend, require_vocab, sinusoid_table
+from plmcli.models.vocab import PadsVocab
 
 
 CLUSTERS = Rule(lambda cut, c: all(0 < a < b for a, b in zip(cut, [*cut[1:], c["vocab_size"] or float("inf")])),
@@ -47,7 +49,7 @@ CLUSTERS = Rule(lambda cut, c: all(0 < a < b for a, b in zip(cut, [*cut[1:], c["
 
 
 @dataclass
-class TransformerXLConfig:
+class TransformerXLConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     n_layer: Size = 16
@@ -96,6 +98,12 @@ class TransformerXLConfig:
     """LayerNorm epsilon."""
     init_std: NonNegative = 0.02
     """Std of the normal init."""
+
+    @property
+    def padded_vocab(self) -> int:
+        """A full softmax's rows, padded; an adaptive one (cutoffs) is cut into clusters sized by the words, and
+        pad_vocab_multiple leaves it as it is (so a recipe's padding stays harmless when cutoffs are set)."""
+        return self.vocab_size if self.cutoffs else super().padded_vocab
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +169,7 @@ class TXLLayer(nn.Module):
         return x + self.ff(self.ln(x)) if self.pre_norm else self.ln(x + self.ff(x))
 
 
-class TransformerXL(LanguageModel):
+class TransformerXL(CheckpointedBlocks, LanguageModel):
     traits = Traits(causal=True, stateful=True, has_memory=True, scoring="memory")
     Config = TransformerXLConfig
     state_batch_dim = 0
@@ -177,14 +185,15 @@ class TransformerXL(LanguageModel):
         self.cfg = cfg
         self.d_head = cfg.d_head or cfg.d_model // cfg.n_head
         d_embed = cfg.d_embed or cfg.d_model
-        self.emb = AdaptiveEmbedding(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
+        self.emb = AdaptiveEmbedding(cfg.padded_vocab, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std)
         self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(TXLLayer(cfg, self.d_head) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_position == "pre" else nn.Identity()
         self.u = nn.Parameter(torch.zeros(cfg.n_head, self.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, self.d_head))
         self.softmax = AdaptiveSoftmax(cfg.vocab_size, d_embed, cfg.d_model, cfg.cutoffs, cfg.div_val, cfg.init_std,
-                                       tie_to=self.emb if cfg.tie_embeddings else None, tie_projs=cfg.tie_projs)
+                                       tie_to=self.emb if cfg.tie_embeddings else None, tie_projs=cfg.tie_projs,
+                                       padded_vocab=cfg.padded_vocab)
         self._init(cfg.init_std)
         # What hidden() reads: the training values, the evaluation ones within evaluation_memory().
         self.mem_len, self.clamp_len, self.same_length = cfg.mem_len, cfg.clamp_len, cfg.same_length
@@ -239,7 +248,7 @@ class TransformerXL(LanguageModel):
         layer_inputs = []
         for i, layer in enumerate(self.layers):
             layer_inputs.append(x)
-            x = layer(x, None if mems is None else mems[i], r, blocked, self.u, self.v)
+            x = self.run_block(layer, x, None if mems is None else mems[i], r, blocked, self.u, self.v)
         x = self.drop(self.ln_f(x))
         if states is not None:
             states.extend([*layer_inputs, x])

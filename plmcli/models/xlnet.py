@@ -29,13 +29,16 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
+from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.models.dense import Linear, linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import Activation, Dropout, FeedForward, attend, init_weights, require_vocab, sinusoid_table
+from plmcli.models.layers import (Activation, Dropout, FeedForward, attend, init_weights, is_padded, require_vocab,
+                                   sinusoid_table)
+from plmcli.models.vocab import PadsVocab, real_columns
 
 
 @dataclass
-class XLNetConfig:
+class XLNetConfig(PadsVocab):
     vocab_size: Count = 0
     """Vocabulary size; 0 = take it from the tokenizer."""
     n_layer: Size = 12
@@ -163,7 +166,7 @@ class XLNetBlock(nn.Module):
         return h, g
 
 
-class XLNet(LanguageModel):
+class XLNet(CheckpointedBlocks, LanguageModel):
     traits = Traits(bidirectional=True, permutation_lm=True, has_memory=True, pair_layout="cls_last", scoring="left_to_right")
     Config = XLNetConfig
     probe_layers = "blocks"  # the content stream h of each block (plmcli.analysis.hidden)
@@ -174,11 +177,11 @@ class XLNet(LanguageModel):
         super().__init__()
         require_vocab(cfg)
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # w: the query stream's input
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(XLNetBlock(cfg) for _ in range(cfg.n_layer))
-        self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))  # the decoder is wte itself
+        self.lm_bias = nn.Parameter(torch.zeros(cfg.padded_vocab))  # the decoder is wte itself
         # The sequence summary finetuning pools with (transformers' summary_use_proj + tanh); no
         # pretraining loss reaches it.
         self.summary = Linear(cfg.d_model, cfg.d_model)
@@ -236,7 +239,7 @@ class XLNet(LanguageModel):
             if states is not None:
                 states.append(h)
             content = content_out or g is None or i < len(self.blocks) - 1
-            h, g = block(h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos, content)
+            h, g = self.run_block(block, h, g, mem, pos, seg_h, seg_g, blocked_h, blocked_g, q_pos, content)
         if new_mems is not None and new_mems[0] is None:
             new_mems = None
         if not content_out and g is not None:
@@ -265,11 +268,11 @@ class XLNet(LanguageModel):
         many leading states become memory (None = all). bi_data: the second half of the batch is read backwards.
         """
         q_pos = target_mapping.argmax(-1) if target_mapping is not None else None
-        key_pad = attention_mask == 0 if attention_mask is not None and not bool(attention_mask.all()) else None
+        key_pad = attention_mask == 0 if attention_mask is not None and is_padded(attention_mask) else None
         h, g, new_mems = self.stack(input_ids, token_type_ids, perm_mask, q_pos, mems, key_pad, reuse_len,
                                     mem_len, bi_data, content_out=q_pos is None)
         out = g if g is not None else h
-        return linear(out, self.wte.weight, self.lm_bias), new_mems
+        return self.lm_logits(out), new_mems
 
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """(B, T) ids -> ((B, T, C) content states, (B, C) pooled): no memory, no permutation.
@@ -281,8 +284,8 @@ class XLNet(LanguageModel):
         rows = torch.arange(B, device=input_ids.device)
         last = attention_mask.sum(1).long() - 1 if attention_mask is not None else torch.full_like(rows, T - 1)
         seg = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.clone()
-        seg[rows, last] = 2
-        key_pad = attention_mask == 0 if attention_mask is not None and not bool(attention_mask.all()) else None
+        seg[rows, last] = seg.new_full((), 2)  # made on seg's device: a Python 2 would become a host tensor first
+        key_pad = attention_mask == 0 if attention_mask is not None and is_padded(attention_mask) else None
         h, _, _ = self.stack(input_ids, seg, key_pad=key_pad, mem_len=0, states=states)
         return h, torch.tanh(self.summary(h[rows, last]))
 
@@ -310,7 +313,11 @@ class XLNet(LanguageModel):
         q_pos = torch.arange(1, W + 1, device=x.device).expand(B, W)
         _, g, new_mems = self.stack(x, torch.zeros_like(x), causal.expand(B, -1, -1), q_pos, mems,
                                     reuse_len=W, mem_len=mem_len, content_out=False)
-        return linear(g, self.wte.weight, self.lm_bias), new_mems
+        return self.lm_logits(g), new_mems
+
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(…, C) states -> (…, V) logits: the LM head is the word embedding, with its own bias."""
+        return real_columns(linear(h, self.wte.weight, self.lm_bias), self.cfg.vocab_size)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token of a pretraining step (forward + backward = 3× forward, 2 per multiply-add),

@@ -49,7 +49,7 @@ class BidirectionalLM(CausalLM):
         fwd_loss = F.cross_entropy(fwd[:, :-1].reshape(-1, V).float(), x[:, 1:].reshape(-1))  # t predicts t+1
         bwd_loss = F.cross_entropy(bwd[:, 1:].reshape(-1, V).float(), x[:, :-1].reshape(-1))  # t predicts t-1
         loss = fwd_loss + bwd_loss
-        count = torch.tensor(batch["labels"].numel(), device=x.device)
+        count = x.new_full((), batch["labels"].numel())  # filled on the device, not copied from the host
         metrics = {"loss": loss.detach() * count, "fwd_loss": fwd_loss.detach() * count,
                    "bwd_loss": bwd_loss.detach() * count, "avg_loss": (loss.detach() / 2) * count}
         return StepOutput(loss, metrics, count)

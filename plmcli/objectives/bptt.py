@@ -30,6 +30,7 @@ import torch
 
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
+from plmcli.models.device import host_values
 from plmcli.objectives.base import Objective, StepOutput
 
 
@@ -61,8 +62,12 @@ class SegmentStream(torch.utils.data.Dataset):
             return None  # an evaluation pass reads each segment once
         start = seg * self.bptt_len
         end = min(start + self.bptt_len, self.stream_len - 1)
-        x = torch.from_numpy(np.array(self.data[:, start : end + 1], dtype=np.int64))  # (B, t+1)
-        return {"input_ids": x[:, :-1], "labels": x[:, 1:], "reset": seg == 0}
+        window = np.array(self.data[:, start : end + 1], dtype=np.int64)  # (B, t+1)
+        x = torch.from_numpy(window)
+        # Contiguous, and the window as ints too, which stay on the host: an adaptive softmax and adaptive input
+        # count the words of each cluster there (models/adaptive.py) instead of asking the device.
+        return {"input_ids": x[:, :-1].contiguous(), "labels": x[:, 1:].contiguous(), "reset": seg == 0,
+                "tokens": window.tolist()}
 
     def batches_per_epoch(self) -> int:
         return self.num_segments
@@ -103,7 +108,10 @@ class TruncatedBPTT(Objective):
         labels = batch["labels"]
         # The model scores the labels itself: an adaptive softmax (Transformer-XL) computes only the
         # clusters the targets fall in, which logits for the whole vocabulary would not allow.
-        nll, state = model(batch["input_ids"], state, labels=labels)  # (B, T)
+        window = np.asarray(batch.get("tokens", []))  # the host's copy of the (B, t+1) window, when it came
+        ids_host, labels_host = (window[:, :-1], window[:, 1:]) if window.ndim == 2 else (None, None)
+        with host_values(batch["input_ids"], ids_host), host_values(labels, labels_host):
+            nll, state = model(batch["input_ids"], state, labels=labels)  # (B, T)
         loss = nll.mean()
-        count = torch.tensor(labels.numel(), device=labels.device)
+        count = labels.new_full((), labels.numel())  # filled on the device, not copied from the host
         return StepOutput(loss, {"loss": loss.detach() * count}, count, state)

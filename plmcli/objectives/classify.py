@@ -38,6 +38,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import Frame, causal_frame, encode_framed, encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
+from plmcli.models import device as devices
 from plmcli.models.base import HasHidden, HasLMHead, HasStateLogits, HasTaskHead, traits_of
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.heads import (ConvPooling, TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
@@ -202,7 +203,11 @@ def lm_loss(lm_logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: to
     T = input_ids.shape[-1]
     ids, mask = input_ids.reshape(-1, T), attention_mask.reshape(-1, T).bool()
     keep = mask[:, 1:]
-    return F.cross_entropy(lm_logits[:, :-1][keep].float(), ids[:, 1:][keep])
+    if devices.cpu_kernels(lm_logits.device):  # a CPU reads the mask at no cost, and then skips the padding's softmax
+        return F.cross_entropy(lm_logits[:, :-1][keep].float(), ids[:, 1:][keep])
+    # the padding as ignored targets: selecting the real ones would make a GPU report how many there are
+    return F.cross_entropy(lm_logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].masked_fill(~keep, -100).flatten(),
+                           ignore_index=-100)
 
 
 class Classify(Objective):
@@ -340,7 +345,8 @@ class Classify(Objective):
             as_t = lambda a: torch.from_numpy(a.astype(np.int64).reshape(shape))  # noqa: E731
             return {"input_ids": as_t(x), "token_type_ids": as_t(types), "attention_mask": as_t(mask),
                     "labels": torch.from_numpy(labels[idx]), "group": torch.from_numpy(group[idx].astype(np.int64)),
-                    "index": torch.from_numpy(idx), "rows": R, "num_tokens": int(lens.sum())}
+                    "index": torch.from_numpy(idx), "rows": R, "num_tokens": int(lens.sum()),
+                    "lengths": lens.tolist()}  # for row_lengths in _logits: stays on the host as a list of ints
 
         # Training batches of similar lengths: dynamic padding then pads little (evaluation reads in order).
         lengths = np.diff(off)[: n * R].reshape(n, R).max(1)
@@ -365,7 +371,8 @@ class Classify(Objective):
     def _logits(self, model, batch, with_lm: bool = False):
         """(task logits (B, num_labels), next-token logits of the rows or None)."""
         args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        return model(*args, return_lm=True) if with_lm else (model(*args), None)
+        with devices.row_lengths(batch["attention_mask"], batch.get("lengths")):  # the backbone reads no lengths back
+            return model(*args, return_lm=True) if with_lm else (model(*args), None)
 
     def loss_counts(self, batch):
         counts = {"task": torch.tensor(len(batch["labels"]))}  # examples
@@ -379,7 +386,7 @@ class Classify(Objective):
         logits, lm_logits = self._logits(model, batch, with_lm)
         labels = batch["labels"]
         loss = self._losses(logits, labels).mean()
-        count = torch.tensor(float(len(labels)), device=labels.device)
+        count = torch.full((), float(len(labels)), device=labels.device)  # filled on the device, not copied
         metrics, parts = {}, {"task": loss}
         if with_lm:  # L3 = L2 + λ·L1 (Radford et al. 2018, eq. 5)
             lm = lm_loss(lm_logits, batch["input_ids"], batch["attention_mask"])

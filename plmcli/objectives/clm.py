@@ -64,11 +64,8 @@ class CausalLM(Objective):
             return offsets[e]
 
         def fetch(epochs, indices):
-            rows = []
-            for e, i in zip(epochs, indices):
-                start = offset(e) + i * T
-                rows.append(np.asarray(tokens[start : start + T + 1], dtype=np.int64))
-            x = torch.from_numpy(np.stack(rows))
+            starts = np.array([offset(e) for e in epochs], dtype=np.int64) + np.asarray(indices, dtype=np.int64) * T
+            x = torch.from_numpy(np.asarray(tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64))  # (B, T+1)
             return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
 
         return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)

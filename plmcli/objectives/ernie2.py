@@ -22,6 +22,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.sentence_tasks import FORMAT, MAX_SEGMENTS, check, num_classes
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert
+from plmcli.models.device import row_lengths
 from plmcli.models.spanbert import SpanBertOutput
 from plmcli.objectives.base import StepOutput
 from plmcli.objectives.mlm import (MLM_FORMAT, PAIRS, MaskedLM, MLMConfig, collate_static, sentence_loss,
@@ -148,12 +149,14 @@ class Ernie2(MaskedLM):
                 **{task: (batch[f"{task}_labels"] >= 0).sum() for task in ("reorder", "distance")}}
 
     def step(self, model, batch, state=None):
-        out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch["mlm_positions"])
+        with row_lengths(batch.get("attention_mask"), batch.get("lengths")):  # the encoder reads no lengths back
+            out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
+                        batch["mlm_positions"])
         labels = batch["mlm_labels"]
         logits = out.mlm_logits.float()
         n = labels.numel()
         mlm = F.cross_entropy(logits, labels) if n else logits.sum() * 0.0
-        count = torch.tensor(n, device=labels.device)
+        count = labels.new_full((), n)  # filled on the device, not copied from the host
         parts, metrics = {"mlm": mlm}, {"mlm_loss": mlm.detach() * count}
         weights = {"reorder": self.cfg.reorder_weight, "distance": self.cfg.distance_weight}
         for task, task_logits in (("reorder", out.reorder_logits), ("distance", out.distance_logits)):
@@ -169,7 +172,7 @@ class Ernie2(MaskedLM):
             parts["mlm"] = parts["mlm"] + 0.0 * out.nsp_logits.sum()
         sbo_logits = out.sbo_logits if isinstance(out, SpanBertOutput) else None
         if sbo_logits is not None:
-            sbo = span_boundary_loss(sbo_logits, labels.index_select(0, out.sbo_index), count)
+            sbo = span_boundary_loss(sbo_logits, labels.index_select(0, out.sbo_index), count, out.sbo_keep)
             parts["mlm"] = parts["mlm"] + self.cfg.sbo_weight * sbo
             metrics["sbo_loss"] = sbo.detach() * count
         loss = sum(parts.values())

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.config_sections import Count, Fraction, NonNegative, Range, Rule, Size
-from plmcli.data.batching import BatchStream, TokenBudgetStream
+from plmcli.data.batching import BatchStream, TokenBudgetStream, row_generators
 from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
 from plmcli.data.packing import PACKINGS
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
+from plmcli.models.device import row_lengths
 from plmcli.models.spanbert import SpanBertOutput
 from plmcli.objectives.base import Objective, StepOutput
 
@@ -355,6 +356,7 @@ class MaskedLM(Objective):
             batch["num_tokens"] = int(np.sum(lengths))
             if np.min(lengths) < T:
                 batch["attention_mask"] = torch.from_numpy((np.arange(T) < np.asarray(lengths)[:, None]).astype(np.int64))
+                batch["lengths"] = np.asarray(lengths).tolist()  # for step's row_lengths: host ints, not a tensor
         return batch
 
     # ------------------------------------------------------------ plm pretrain --streaming (data/streaming.py)
@@ -387,7 +389,7 @@ class MaskedLM(Objective):
             ids = np.full((len(L), int(L.max())), self._id("pad"), dtype=np.int64)
             for r, n in enumerate(lengths):
                 ids[r, 0], ids[r, 1 : n + 1], ids[r, n + 1] = self._id("cls"), x[r, :n].numpy(), self._id("sep")
-            rngs = [np.random.default_rng([seed, _MASK_TAG, *key, r]) for r in range(len(L))]
+            rngs = row_generators([seed, _MASK_TAG, *key], len(L))
             return self._masked(ids, None, rngs, self.vocab_size or int(ids.max()) + 1, L)
         ids = np.empty((x.shape[0], self.seq_len), dtype=np.int64)
         ids[:, 0], ids[:, 1:-1], ids[:, -1] = self._id("cls"), x.numpy(), self._id("sep")
@@ -406,10 +408,11 @@ class MaskedLM(Objective):
         n = labels.numel()
         # With masked tokens the model fuses its decoder with the loss (the (N, V) logits are never kept);
         # a batch without any keeps the head in the graph at zero loss, so DDP finds every parameter used.
-        out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch["mlm_positions"],
-                    mlm_labels=labels if n else None)
+        with row_lengths(batch.get("attention_mask"), batch.get("lengths")):  # the encoder reads no lengths back
+            out = model(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"),
+                        batch["mlm_positions"], mlm_labels=labels if n else None)
         mlm = out.mlm_loss.float() if n else out.mlm_logits.float().sum() * 0.0
-        count = torch.tensor(n, device=labels.device)
+        count = labels.new_full((), n)  # filled on the device, not copied from the host
         parts, metrics = {"mlm": mlm}, {"mlm_loss": mlm.detach() * count}
         nsp_labels = batch.get("nsp_labels")
         if out.nsp_logits is not None and nsp_labels is not None:
@@ -422,7 +425,7 @@ class MaskedLM(Objective):
             parts["mlm"] = parts["mlm"] + 0.0 * out.nsp_logits.sum()
         sbo_logits = out.sbo_logits if isinstance(out, SpanBertOutput) else None  # (M, V) at the targets the model predicts from span boundaries
         if sbo_logits is not None:
-            sbo = span_boundary_loss(sbo_logits, labels.index_select(0, out.sbo_index), count)
+            sbo = span_boundary_loss(sbo_logits, labels.index_select(0, out.sbo_index), count, out.sbo_keep)
             parts["mlm"] = parts["mlm"] + self.cfg.sbo_weight * sbo
             metrics["sbo_loss"] = sbo.detach() * count
         loss = sum(parts.values())
@@ -436,7 +439,6 @@ class MaskedLM(Objective):
 # ---------------------------------------------------------------- helpers
 
 
-@functools.lru_cache(maxsize=8)
 def sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean CE, accuracy) over the rows whose label is ≥ 0 (this task's instances); both 0 when there are
     none, with the head still in the graph. No host sync: the mean divides by the count on the device."""
@@ -447,16 +449,24 @@ def sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Ten
     return (ce * valid).sum() / k, acc
 
 
-def span_boundary_loss(logits: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+def span_boundary_loss(logits: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor,
+                       keep: torch.Tensor | None = None) -> torch.Tensor:
     """SpanBERT's SBO loss per masked token: its cross-entropies summed over the span targets it predicts
-    ((M, V) logits, (M,) labels), over the `masked` count, as SpanBERT's criterion sums the SBO and MLM
-    losses of a batch and divides both by its masked tokens."""
-    return F.cross_entropy(logits.float(), labels, reduction="sum") / masked.clamp(min=1)
+    ((M, V) logits, (M,) labels; `keep` (M,): only the rows it marks, SpanBertOutput.sbo_keep), over the `masked`
+    count, as SpanBERT's criterion sums the SBO and MLM losses of a batch and divides both by its masked tokens."""
+    if keep is None:
+        return F.cross_entropy(logits.float(), labels, reduction="sum") / masked.clamp(min=1)
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    return torch.where(keep, ce, 0.0).sum() / masked.clamp(min=1)
 
 
+@functools.lru_cache(maxsize=8)
 def _random_ids(vocab: int, special: tuple[int, ...]) -> np.ndarray:
-    """The ids a 10% "random token" replacement draws from: the vocabulary without the special tokens."""
-    return np.setdiff1d(np.arange(vocab), special)
+    """The ids a 10% "random token" replacement draws from: the vocabulary without the special tokens (kept: a
+    set difference over the vocabulary cost a large-vocabulary batch more than its masking)."""
+    out = np.setdiff1d(np.arange(vocab), special)
+    out.flags.writeable = False
+    return out
 
 
 class _NoBatches:
@@ -505,6 +515,7 @@ def collate_static(tbl, pad: int) -> dict:
             batch["token_type_ids"] = torch.from_numpy(types)
     if lengths.min(initial=T) < T:
         batch["attention_mask"] = torch.from_numpy((np.arange(T) < lengths[:, None]).astype(np.int64))
+        batch["lengths"] = lengths.tolist()  # for step's row_lengths: ints stay on the host, a tensor would not
     per_row = pc.list_value_length(tbl["masked_lm_positions"]).to_numpy(zero_copy_only=False).astype(np.int64)
     pos = pc.list_flatten(tbl["masked_lm_positions"]).to_numpy(zero_copy_only=False).astype(np.int64)
     batch["mlm_positions"] = torch.from_numpy(np.repeat(np.arange(B, dtype=np.int64) * T, per_row) + pos)

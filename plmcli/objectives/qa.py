@@ -39,6 +39,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
+from plmcli.models.device import row_lengths
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.heads import TaskHead, encoder_problem
 
@@ -329,7 +330,8 @@ class SpanQA(Objective):
             return {"input_ids": torch.from_numpy(x), "token_type_ids": torch.from_numpy(types.astype(np.int64)),
                     "attention_mask": torch.from_numpy(mask.astype(np.int64)),
                     "start_positions": torch.from_numpy(sp[idx]), "end_positions": torch.from_numpy(ep[idx]),
-                    "index": torch.from_numpy(idx), "num_tokens": int(lens.sum())}
+                    "index": torch.from_numpy(idx), "num_tokens": int(lens.sum()),
+                    "lengths": lens.tolist()}  # for row_lengths in _logits: stays on the host as a list of ints
 
         stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=np.diff(off))
         stream.windows = d
@@ -352,10 +354,16 @@ class SpanQA(Objective):
     def loss_counts(self, batch):
         return {"loss": torch.tensor(len(batch["start_positions"]))}  # windows
 
+    @staticmethod
+    def _logits(model, batch) -> torch.Tensor:
+        """(B, T, 2) start and end logits of the batch's windows."""
+        with row_lengths(batch["attention_mask"], batch.get("lengths")):  # the encoder reads no lengths back
+            return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
     def step(self, model, batch, state=None):
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        logits = self._logits(model, batch)
         loss = self._losses(logits, batch["start_positions"], batch["end_positions"]).mean()
-        count = torch.tensor(float(len(logits)), device=logits.device)
+        count = torch.full((), float(len(logits)), device=logits.device)  # filled on the device, not copied
         return StepOutput(loss, {"loss": loss.detach() * count}, count)
 
     # -------------------------------------------------------------- evaluation
@@ -366,7 +374,7 @@ class SpanQA(Objective):
         with torch.no_grad():
             for batch in eval_batches(stream, max_batches, device):
                 with autocast():
-                    out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                    out = self._logits(model, batch)
                 full = torch.full((len(out), self.seq_len, 2), NEG, device=device)
                 full[:, :out.shape[1]] = out.float()
                 logits.append(full)

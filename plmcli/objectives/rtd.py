@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from plmcli.config_sections import NonNegative, Positive
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
+from plmcli.models.device import row_lengths
 from plmcli.objectives.base import StepOutput
 from plmcli.objectives.mlm import PAIRS, MaskedLM, MLMConfig
 
@@ -123,11 +124,12 @@ class ReplacedTokenDetection(MaskedLM):
                 "rtd": attention.sum() if attention is not None else torch.tensor(batch["input_ids"].numel())}  # real tokens
 
     def step(self, model, batch, state=None):
-        parts = self.losses(model, batch)
+        with row_lengths(batch.get("attention_mask"), batch.get("lengths")):  # the encoders read no lengths back
+            parts = self.losses(model, batch)
         weighted = {"mlm": self.cfg.gen_weight * parts["mlm"], "rtd": self.cfg.disc_weight * parts["rtd"]}
         loss = weighted["mlm"] + weighted["rtd"]
         # Metrics are weighted by the masked-token count, so mlm_loss averages per prediction (val_ppl).
-        count = torch.tensor(batch["mlm_labels"].numel(), device=loss.device)
+        count = batch["mlm_labels"].new_full((), batch["mlm_labels"].numel())  # filled on the device, not copied
         metrics = {"mlm_loss": parts["mlm"].detach() * count, "rtd_loss": parts["rtd"].detach() * count,
                    "rtd_acc": parts["rtd_acc"] * count, "loss": loss.detach() * count}
         return StepOutput(loss, metrics, count, parts=weighted)

@@ -26,6 +26,7 @@ from plmcli.config_sections import Fraction, Positive, Probability, Size
 from plmcli.data.batching import BatchStream, LengthGroupedOrder
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
+from plmcli.models.device import row_lengths
 from plmcli.objectives.base import Objective, StepOutput
 
 MASK_LENGTHS = ("span-poisson", "token")
@@ -111,7 +112,7 @@ class Translation(Objective):
 
         def fetch(epochs, indices):
             tbl = ds[list(indices)]
-            return collate(tbl["src_ids"].to_pylist(), tbl["tgt_ids"].to_pylist(), pad, start, eos, L)
+            return collate_flat(*_flat_column(tbl["src_ids"]), *_flat_column(tbl["tgt_ids"]), pad, start, eos, L)
 
         stream = BatchStream(len(ds), batch_size, fetch, seed, rank, world, shuffle)
         if shuffle and self.cfg.length_bucketing:
@@ -131,7 +132,8 @@ class Translation(Objective):
         return {"loss": (batch["labels"] != -100).sum()}
 
     def step(self, model, batch, state=None):
-        logits = model(batch["src_ids"], batch["src_mask"], batch["tgt_in_ids"])  # (B, T, V)
+        with row_lengths(batch["src_mask"], batch.get("src_lengths")):  # an RNN encoder packs without a read back
+            logits = model(batch["src_ids"], batch["src_mask"], batch["tgt_in_ids"])  # (B, T, V)
         labels = batch["labels"].flatten()
         logp = F.log_softmax(logits.flatten(0, 1).float(), -1)
         nll = F.nll_loss(logp, labels, ignore_index=-100)
@@ -145,19 +147,50 @@ class Translation(Objective):
 def collate(srcs: list, tgts: list, pad: int, start: int, eos: int, max_len: int) -> dict:
     """Sources and targets (token lists) -> a padded batch. Each side is cut to max_len-1 tokens + eos:
     src_ids = source + eos, tgt_in_ids = start + target, labels = target + eos (-100 at padding)."""
-    src = [list(s[: max_len - 1]) + [eos] for s in srcs]
-    tgt = [list(t[: max_len - 1]) for t in tgts]
-    S, T = max(map(len, src)), max(len(t) + 1 for t in tgt)
-    src_ids = torch.full((len(src), S), pad, dtype=torch.long)
-    src_mask = torch.zeros((len(src), S), dtype=torch.bool)
-    tgt_in = torch.full((len(tgt), T), pad, dtype=torch.long)
-    labels = torch.full((len(tgt), T), -100, dtype=torch.long)
-    for i, (s, t) in enumerate(zip(src, tgt)):
-        src_ids[i, : len(s)] = torch.tensor(s)
-        src_mask[i, : len(s)] = True
-        tgt_in[i, : len(t) + 1] = torch.tensor([start] + t)
-        labels[i, : len(t) + 1] = torch.tensor(t + [eos])
-    return {"src_ids": src_ids, "src_mask": src_mask, "tgt_in_ids": tgt_in, "labels": labels}
+    return collate_flat(*_flat(srcs), *_flat(tgts), pad, start, eos, max_len)
+
+
+def _flat_column(col) -> tuple[np.ndarray, np.ndarray]:
+    """An Arrow list column -> (its values flat, each row's length)."""
+    import pyarrow.compute as pc
+
+    return (pc.list_flatten(col).to_numpy(zero_copy_only=False),
+            pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def _flat(rows: list) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists or arrays -> (their values end to end, each one's length)."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    flat = np.concatenate([np.asarray(r, dtype=np.int64).reshape(-1) for r in rows]) if rows else np.zeros(0, np.int64)
+    return flat, lengths
+
+
+def _cut(values: np.ndarray, lengths: np.ndarray, width: int, keep: np.ndarray, fill: int, at: int = 0) -> np.ndarray:
+    """(B, width) filled with `fill`, row b holding the first keep[b] of its `lengths[b]` values from column `at`."""
+    starts = np.cumsum(lengths) - lengths
+    pos = np.arange(width - at)
+    inside = pos < keep[:, None]  # (B, width - at)
+    out = np.full((len(lengths), width), fill, dtype=np.int64)
+    out[:, at:][inside] = values[(starts[:, None] + pos)[inside]]
+    return out
+
+
+def collate_flat(src: np.ndarray, src_len: np.ndarray, tgt: np.ndarray, tgt_len: np.ndarray, pad: int, start: int,
+                 eos: int, max_len: int) -> dict:
+    """`collate` of rows given flat (values, lengths per row), as Arrow list columns hold them: built with array
+    operations, not a tensor per row (a transformer-base micro-batch is 128 pairs)."""
+    rows = np.arange(len(src_len))
+    ls, lt = np.minimum(src_len, max_len - 1), np.minimum(tgt_len, max_len - 1)
+    S, T = int(ls.max()) + 1, int(lt.max()) + 1
+    src_ids = _cut(np.asarray(src, dtype=np.int64), src_len, S, ls, pad)
+    src_ids[rows, ls] = eos
+    tgt_in = _cut(np.asarray(tgt, dtype=np.int64), tgt_len, T, lt, pad, at=1)
+    tgt_in[:, 0] = start
+    labels = np.where(np.arange(T) <= lt[:, None], np.roll(tgt_in, -1, axis=1), -100)
+    labels[rows, lt] = eos
+    return {"src_ids": torch.from_numpy(src_ids), "src_mask": torch.from_numpy(np.arange(S) <= ls[:, None]),
+            "tgt_in_ids": torch.from_numpy(tgt_in), "labels": torch.from_numpy(labels),
+            "src_lengths": (ls + 1).tolist()}  # for the step's row_lengths: ints stay on the host, a tensor would not
 
 
 # ---------------------------------------------------------------- denoising
@@ -206,8 +239,8 @@ class Denoising(Translation):
                 a, b, bounds = chunks[i]
                 original = np.asarray(tokens[a:b], dtype=np.int64)
                 rng = np.random.default_rng((seed, e, int(i), _NOISE_TAG))
-                srcs.append(add_noise(original, bounds, self.cfg, rng, mask_id, ordinary).tolist())
-                tgts.append(original.tolist())
+                srcs.append(add_noise(original, bounds, self.cfg, rng, mask_id, ordinary))
+                tgts.append(original)
             return collate(srcs, tgts, pad, start, eos, L)
 
         stream = BatchStream(chunks.n, batch_size, fetch, seed, rank, world, shuffle)

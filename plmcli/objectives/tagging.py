@@ -50,6 +50,7 @@ from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.crf import LinearChainCRF, bio_constraints
+from plmcli.models.device import row_lengths
 from plmcli.objectives.base import Objective, StepOutput, eval_batches
 from plmcli.objectives.classify import CAUSAL, transfer_tokens
 from plmcli.objectives.heads import TaskHead, state_width, states_problem
@@ -108,16 +109,18 @@ class TokenClassifier(TaskHead):
     def hidden_layers(self, traits) -> int:
         return traits.head_layers if traits.tag_window else 0
 
-    def forward(self, input_ids, attention_mask, first, case=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids, attention_mask, first, case=None,
+                words: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids, mask, the flags of the sub-token that carries each word's tag (`first`: the first
         sub-token, or the last in the causal layout) and, for a window tagger, each word's `word_case` at that
         sub-token (None: unknown, 0) -> (tag scores (B, W, K), word mask (B, W)).
 
-        Words are packed to the left in sentence order (W = most words in a row of the batch).
+        Words are packed to the left in sentence order (W = most words in a row of the batch). `words`: W as the
+        host knows it (the batch's tags are (B, W)); None: counted from `first`, which a GPU waits to report.
         """
         hidden, _ = self.states(input_ids, None, attention_mask)  # (B, T, C)
         n_words = first.sum(1)  # (B,)
-        W = int(n_words.max())
+        W = int(n_words.max()) if words is None else words
         # A stable sort of "not first" puts each row's first-sub-token positions first, in order.
         where = torch.argsort((~first.bool()).to(torch.int32), dim=1, stable=True)[:, :W]  # (B, W)
         h = hidden.gather(1, where[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, W, C)
@@ -346,7 +349,8 @@ class Tagging(Objective):
             tags[word_mask] = lab[f]  # both row-major: row b's words in order
             return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(mask.astype(np.int64)),
                     "first": torch.from_numpy(f), "case": torch.from_numpy(case), "tags": torch.from_numpy(tags),
-                    "index": torch.from_numpy(idx), "num_tokens": int(lens.sum())}
+                    "index": torch.from_numpy(idx), "num_tokens": int(lens.sum()),
+                    "lengths": lens.tolist()}  # for row_lengths in _scores: stays on the host as a list of ints
 
         stream = BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=np.diff(off))
         stream.arrays = d  # sentences and windows, for joining predictions back into sentences
@@ -371,8 +375,15 @@ class Tagging(Objective):
     def loss_counts(self, batch):
         return {"loss": batch["first"].sum()}  # words: each is tagged at its first sub-token
 
+    @staticmethod
+    def _scores(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's (tag scores (B, W, K), word mask (B, W)), told W and the rows' lengths by the host."""
+        with row_lengths(batch["attention_mask"], batch.get("lengths")):  # the encoder reads no lengths back
+            return model(batch["input_ids"], batch["attention_mask"], batch["first"], batch["case"],
+                         words=batch["tags"].shape[1])
+
     def step(self, model, batch, state=None):
-        scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"], batch["case"])
+        scores, word_mask = self._scores(model, batch)
         tags, crf = batch["tags"], self._crf(model)
         count = word_mask.sum().float()
         loss = self._losses(crf, scores, tags, word_mask).sum() / count.clamp(min=1)
@@ -390,7 +401,7 @@ class Tagging(Objective):
         with torch.no_grad():
             for batch in eval_batches(stream, max_batches, device):
                 with autocast():
-                    scores, word_mask = model(batch["input_ids"], batch["attention_mask"], batch["first"], batch["case"])
+                    scores, word_mask = self._scores(model, batch)
                 scores = scores.float()
                 preds = crf.decode(scores, word_mask) if crf is not None else scores.argmax(-1).masked_fill(~word_mask, -1)
                 out["preds"].append(F.pad(preds, (0, self.seq_len - preds.shape[1]), value=-1))

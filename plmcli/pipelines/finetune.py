@@ -307,7 +307,8 @@ def _loop_recipe(cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: 
                           micro_batch_size=t.micro_batch_size, max_steps=total,
                           eval_every=t.eval_every or steps_per_epoch, eval_batches=0, save_every=0, keep_checkpoints=1,
                           log_every=t.log_every or max(1, min(50, steps_per_epoch // 4)), seed=t.seed,
-                          grad_clip=t.grad_clip, mixed_precision=t.mixed_precision),
+                          grad_clip=t.grad_clip, mixed_precision=t.mixed_precision,
+                          activation_checkpointing=t.activation_checkpointing),
         optim=OptimConfig(name=o.name, lr=o.lr, weight_decay=o.weight_decay, schedule=o.schedule, warmup_steps=warmup),
     )
 

@@ -142,6 +142,7 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     from plmcli.data.corpus import default_cache_dir
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.models.base import Fits
+    from plmcli.models.checkpointing import apply_activation_checkpointing
     from plmcli.models.registry import build_model, model_class
     from plmcli.objectives.registry import objective_class
     from plmcli.train.distributed import built_once, main_builds_first
@@ -175,6 +176,8 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     torch.manual_seed(r.train.seed)
     model = build_model(r.family, r.model)
     objectives[0].check_model(model)
+    # the loop sets it per phase; a family without blocks (n-grams and word2vec never reach the loop) refuses here
+    apply_activation_checkpointing(model, any(st.train.activation_checkpointing for st in stages))
     # Every phase's training data (make-mlm-data instances, cached) before the run directory exists, so a
     # corpus that cannot make them leaves no run behind (nor runs/latest pointing at one).
     data_dirs = []

@@ -105,9 +105,39 @@ def read_loop_state(path: Path) -> dict:
 
 
 def load_checkpoint(accelerator, path: Path) -> dict:
-    """accelerate's load_state on every process; each restores its own RNG from random_states_<rank>."""
+    """accelerate's load_state on every process; each restores its own RNG from random_states_<rank>.
+
+    An FSDP checkpoint (torch.distributed.checkpoint directories) loads onto any number of processes,
+    each reading its own shards of the saved tensors; one written under another backend is refused.
+    """
+    wrote, runs = checkpoint_backend(path), running_backend(accelerator)
+    if wrote != runs:
+        raise PlmError(f"checkpoint {path} holds {_BACKENDS[wrote][0]} state, and this launch runs {_BACKENDS[runs][0]}",
+                       f"resume it under the launch that wrote it ({_BACKENDS[wrote][1]})")
     accelerator.load_state(str(path))
     return read_loop_state(path)
+
+
+# backend: (its state in words, the launch that runs it)
+_BACKENDS = {"fsdp": ("FSDP-sharded", "plm's fsdp.yaml: plm recipes accelerate fsdp"),
+             "deepspeed": ("DeepSpeed ZeRO", "plm's deepspeed-zero2.yaml or deepspeed-zero3.yaml"),
+             "ddp": ("whole (one process or DDP)", "torchrun, or plm's ddp.yaml")}
+
+
+def checkpoint_backend(path: Path) -> str:
+    """Who wrote checkpoint `path`, from the files accelerate's save_state leaves: 'fsdp' (pytorch_model_fsdp_0/,
+    or pytorch_model_fsdp.bin for a full state dict), 'deepspeed' (the engine's pytorch_model/) or 'ddp'."""
+    path = Path(path)
+    if any(path.glob("pytorch_model_fsdp*")):
+        return "fsdp"
+    return "deepspeed" if (path / "pytorch_model").is_dir() else "ddp"
+
+
+def running_backend(accelerator) -> str:
+    """'fsdp', 'deepspeed' or 'ddp' (every other launch keeps whole tensors): what this launch's save_state writes."""
+    from accelerate.utils import DistributedType
+
+    return {DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}.get(accelerator.distributed_type, "ddp")
 
 
 def write_json(path: Path, obj, continue_with: str | None = None) -> None:

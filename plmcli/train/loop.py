@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import signal
-import threading
 import time
 import warnings
 from contextlib import nullcontext
@@ -20,13 +19,17 @@ import torch
 from plmcli.data.batching import CountFrom
 from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
+from plmcli.models.checkpointing import apply_activation_checkpointing
 from plmcli.models.dense import packed_weights
 from plmcli.train import checkpoint as ckpt
-from plmcli.train.distributed import DIST_TIMEOUT, configure_backend, process_state, save_weights, sharded, tied_names, use_cpu
-from plmcli.train.optim import build_optimizer
+from plmcli.train.distributed import (DIST_TIMEOUT, check_resume_world, configure_backend, full_norm, process_state,
+                                      save_weights, sharded, tied_names, use_cpu)
+from plmcli.train.health import StepHealth, loss_scale
+from plmcli.train.optim import build_optimizer, skips_on_device
 from plmcli.train.peaks import peak_flops
 from plmcli.train.peers import Peers
 from plmcli.train.progress import MetricsLog, TrainProgress
+from plmcli.train.signals import DeferredStop, ignore_stop_signals, signal_number
 from plmcli.train.schedule import build_scheduler
 
 def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, accum: int = 1):
@@ -37,10 +40,7 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, a
 
     cpu = use_cpu()
     cuda = torch.cuda.is_available() and not cpu
-    if mixed_precision == "auto":
-        mixed_precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "no"
-    if mixed_precision == "fp16" and not cuda:
-        raise PlmError("train.mixed_precision=fp16 needs a GPU", "use --set train.mixed_precision=bf16 (or no) on a CPU")
+    mixed_precision = resolve_precision(mixed_precision, cuda, cuda and torch.cuda.is_bf16_supported())
     process_state(dist_timeout_s)  # the process group, unless pretrain / finetune already made it
     # Several runs in one process (tests, notebooks, phases) each get a fresh precision setting.
     AcceleratorState._reset_state()
@@ -52,45 +52,14 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, a
     )
 
 
-# Signals that ask a run to stop at the next optimizer-step boundary, with a checkpoint of that step:
-# Ctrl-C, and the ones a scheduler sends before it kills a job (Slurm's preemption, scancel, the end of the
-# time limit, Kubernetes, torchrun send SIGTERM; Slurm's `--signal=USR1@SECONDS` warns ahead of time).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
-
-
-class DeferredStop:
-    """While training, a stop signal only sets `requested` (its name): the loop stops at the next
-    optimizer-step boundary, agreed by every process, so a checkpoint never holds part of a step.
-    A second Ctrl-C means "stop now" and raises KeyboardInterrupt at once; a second SIGTERM / SIGUSR1
-    changes nothing (a scheduler's warning is often followed by its SIGTERM). Installed only in the
-    main thread (Python runs signal handlers there)."""
-
-    def __init__(self):
-        self.requested: str | None = None
-        self.previous: dict = {}
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = self.requested or signal.Signals(signum).name
-
-    def install(self) -> "DeferredStop":
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
-        return self
-
-    def restore(self) -> None:
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-        self.previous = {}
-
-
-def _ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers: a terminal's Ctrl-C reaches the whole process group and a scheduler signals every
-    process of the job; a worker that died of it would break the main process's deferred stop, so the
-    main process alone decides when to stop (its workers end with it)."""
-    for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
+def resolve_precision(requested: str, cuda: bool, bf16: bool) -> str:
+    """train.mixed_precision as accelerate takes it. auto: bf16 where the GPU has it; else seed 004's mixed
+    precision, fp16 compute with fp32 master weights and dynamic loss scaling (V100, T4); fp32 on a CPU."""
+    if requested == "auto":
+        return ("bf16" if bf16 else "fp16") if cuda else "no"
+    if requested == "fp16" and not cuda:
+        raise PlmError("train.mixed_precision=fp16 needs a GPU", "use --set train.mixed_precision=bf16 (or no) on a CPU")
+    return requested
 
 
 def draw_seed(seed: int, micro_batch: int) -> int:
@@ -198,8 +167,9 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     Interrupted; `continue_with` is the command its message (and a write failure's) gives to continue.
     A Ctrl-C after the last step has nothing left to stop: the run ends as it would have, weights written.
     An optimizer step whose loss (or, with clipping, gradient norm) is not finite is skipped: it
-    counts as a step (its data is consumed, so a resume stays exact) but neither the weights nor the
-    schedule move; train.max_nonfinite_steps of them in a row stop the run (checkpoint.RunStopped).
+    counts as a step (its data is consumed and the schedule moves on, so a resume stays exact) but neither
+    the weights nor the optimizer's state move; train.max_nonfinite_steps of them in a row stop the run
+    (checkpoint.RunStopped), as does fp16's loss scale falling below train.min_loss_scale.
     """
     run = _Training(recipe, objective, Path(run_dir), resume_from, stop_after, select_metric, continue_with)
     run.prepare(model, corpus_dir)
@@ -218,6 +188,8 @@ class _Training:
         self.world, self.rank = dist.num_processes, dist.process_index
         self.micro, self.accum = batch_sizes(self.t.global_batch_size, self.t.micro_batch_size, self.world)
         self.accelerator = make_accelerator(self.t.mixed_precision, self.t.dist_timeout, self.accum)
+        if self.accelerator.device.type == "cuda":  # set either way: a run must not inherit the last one's choice
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.t.tf32
         self.loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
         # train.eval_batches counts batches of the recipe's micro batch (its global batch when that is 0), so
         # an evaluation scores the same samples on any number of processes: as this launch's micro-batches.
@@ -232,6 +204,7 @@ class _Training:
     def prepare(self, model, corpus_dir) -> None:
         """Optimizer, schedule, streams and the accelerate-wrapped model, in the order that fixes the RNG's draws."""
         t, o, accelerator, objective = self.t, self.o, self.accelerator, self.objective
+        apply_activation_checkpointing(model, t.activation_checkpointing)  # before DDP wraps and compile traces it
         optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
         # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
         self.scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio,
@@ -270,17 +243,18 @@ class _Training:
 
     def _batches(self):
         """The training micro-batches from the loop's data position on."""
+        from plmcli.data.batching import batch_loader, loader_workers
+
         t, loop, stream = self.t, self.loop, self.train_stream
+        device = self.accelerator.device.type
+        # Batches are built in worker processes ahead of the step (DESIGN §5), the same whatever their number.
+        workers, pin = loader_workers(t.num_workers, accelerated=device != "cpu"), device == "cuda"
         if self.sequential and "data_position" in loop:
             stream.load_state_dict(loop["data_position"])
-        loader = stream.loader() if self.sequential else torch.utils.data.DataLoader(
-            stream, batch_size=None, sampler=CountFrom(loop["micro_batches"]), num_workers=t.num_workers,
-            pin_memory=self.accelerator.device.type == "cuda", persistent_workers=False,
-            # Its own generator: creating the iterator would otherwise draw from the global RNG after a
-            # resume restored it, shifting every later dropout mask.
-            generator=torch.Generator().manual_seed(t.seed), worker_init_fn=_ignore_stop_signals,
-        )
-        return iter(loader)
+        if self.sequential:
+            return iter(stream.loader(workers, pin_memory=pin, worker_init_fn=ignore_stop_signals))
+        return iter(batch_loader(stream, workers, sampler=CountFrom(loop["micro_batches"]), pin_memory=pin,
+                                 worker_init_fn=ignore_stop_signals, seed=t.seed))
 
     def run(self, console) -> dict:
         """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
@@ -303,11 +277,11 @@ class _Training:
         # A finished run resumed reports what it reported then: its last evaluation and logged loss.
         self.last_eval, self.reason = self.loop.get("last_eval", {}), self.stop_reason()
         self.best = self.loop.get("best") or {}
-        self.bad = {"run": 0, "first": 0, "loss": None}  # the current streak of skipped non-finite steps
+        self.health = StepHealth(accelerator.device, self.loop["step"], self.loop.get("nonfinite_steps", 0))
         self.check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
         self.model.train()
         self.start = time.perf_counter() - self.loop["elapsed"]
-        peers = Peers(self.rank, self.world)
+        self.peers = peers = Peers(self.rank, self.world, t.dist_timeout)
         self.interrupt = DeferredStop().install()
         try:
             while self.reason is None:
@@ -384,37 +358,80 @@ class _Training:
         return [{n: share[i, j] for j, n in enumerate(names)} for i in range(len(counts))]
 
     def optimizer_step(self) -> str | None:
-        """One optimizer step (skipped, no update, when its loss or gradient is not finite); the stop signal
-        (SIGINT, SIGTERM, SIGUSR1) that any process received, to stop after it, or None."""
-        t, accelerator, loop, bad, window = self.t, self.accelerator, self.loop, self.bad, self.window
+        """One optimizer step; the stop signal (SIGINT, SIGTERM, SIGUSR1) that any process received, to stop
+        after it, or None.
+
+        A step whose loss (or, with clipping, gradient norm) is not finite on any process is skipped on the
+        device: the optimizer gets the flag as `found_inf` (GradScaler's contract with torch's fused kernels)
+        and leaves weights, moments and step count as they were; under fp16 the scaler skips an overflowing
+        step the same way and halves its scale. The schedule moves on: a step's learning rate is a function of
+        its number, which the host knows without asking the device. Nothing here reads a device value."""
+        t, accelerator, loop, window = self.t, self.accelerator, self.loop, self.window
         step_tokens, step_loss, step_sums, step_count = self.micro_batches()
-        self.grad_norm = accelerator.clip_grad_norm_(self.model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
-        step_tokens, elapsed, stop_asked, loss, finite = _agree(accelerator, step_tokens, time.perf_counter() - self.start,
-                                                                _signal_number(self.interrupt.requested), step_loss,
-                                                                self.grad_norm if self.check_grads else None)
-        if finite or accelerator.scaler is not None:
-            self.optimizer.step()
-            if not accelerator.optimizer_step_was_skipped:
-                self.scheduler.step()
+        self.grad_norm = full_norm(accelerator.clip_grad_norm_(self.model.parameters(), t.grad_clip)) if t.grad_clip > 0 else None
+        skipped, loss = self.nonfinite(step_loss)
+        scale = loss_scale(accelerator.scaler)
+        before = None if scale is None else scale.clone()
+        self.step_unless(skipped)
+        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if before is not None:  # the scaler backs its scale off exactly when it skipped the step
+            skipped = loss_scale(accelerator.scaler) < before
+        self.health.update(skipped, loss, loss_scale(accelerator.scaler))
+        for name, v in step_sums.items():
+            window["sums"][name] = window["sums"].get(name, 0) + v.masked_fill(skipped, 0.0)
+        window["count"] = window["count"] + torch.as_tensor(step_count).masked_fill(skipped, 0.0)
+        step_tokens, elapsed, stop_asked = self.peers.agree(step_tokens, time.perf_counter() - self.start,
+                                                            signal_number(self.interrupt.requested))
         loop["step"] += 1
-        if finite:
-            bad["run"] = 0
-            for name, v in step_sums.items():
-                window["sums"][name] = window["sums"].get(name, 0) + v
-            window["count"] = window["count"] + step_count
-        else:
-            bad.update(run=bad["run"] + 1, first=bad["first"] if bad["run"] else loop["step"],
-                       loss=bad["loss"] if bad["run"] else loss)
-            loop["nonfinite_steps"] = loop.get("nonfinite_steps", 0) + 1
         loop["tokens"] += step_tokens
         window["tokens"] += step_tokens
         loop["elapsed"] = elapsed
         self.reason = self.stop_reason()
-        if bad["run"] and (bad["run"] >= t.max_nonfinite_steps or self.reason):
-            raise ckpt.RunStopped(*_diverged(self.recipe, bad, loop["step"], self.saved()))
+        # At the run's end the counts are read exactly: a run may not end on a skipped step as if it trained.
+        self.check_health(self.health.read() if self.reason else self.health.arrived())
         self.progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
         return signal.Signals(stop_asked).name if stop_asked else None
+
+    def nonfinite(self, step_loss) -> tuple[torch.Tensor, torch.Tensor]:
+        """(skip this step, the step's loss over every process), both on the device."""
+        bad = ~torch.isfinite(step_loss)
+        if self.check_grads:  # the clipped norm is of the gradients all processes share
+            bad = bad | ~torch.isfinite(self.grad_norm)
+        both = torch.stack([torch.as_tensor(step_loss).float(), bad.float()])
+        if self.world > 1:  # a NaN on one process skips the step on all of them (on the device: no host read)
+            both = self.accelerator.reduce(both, reduction="sum")
+        return both[1] > 0, both[0]
+
+    def step_unless(self, skipped: torch.Tensor) -> None:
+        """optimizer.step(), unless `skipped`: decided by the optimizer on the device where it can (fused AdamW,
+        Adam, SGD, and LAMB take `found_inf`); fp16's scaler sets that itself; otherwise read on the host."""
+        inner = self.optimizer.optimizer
+        if self.accelerator.scaler is not None or self.accelerator.state.deepspeed_plugin is not None:
+            self.optimizer.step()
+        elif skips_on_device(inner):
+            inner.found_inf = skipped.float()
+            try:
+                self.optimizer.step()
+            finally:
+                del inner.found_inf
+        elif not bool(skipped):  # a device with no fused kernel: one sync a step
+            self.optimizer.step()
+
+    def check_health(self, health: dict | None) -> None:
+        """Stop a run whose steps keep being skipped (train.max_nonfinite_steps in a row, or one at its end) or
+        whose fp16 loss scale collapsed below train.min_loss_scale, naming the last good checkpoint."""
+        if health is None:
+            return
+        t, step = self.t, health["step"]
+        if health["run"] and (health["run"] >= t.max_nonfinite_steps or self.reason):
+            raise ckpt.RunStopped(*_diverged(self.recipe, health, step, self.saved()))
+        if self.accelerator.scaler is not None and health["scale"] and health["scale"] < t.min_loss_scale:
+            raise ckpt.RunStopped(
+                f"fp16 loss scale collapsed to {health['scale']:g} at step {step} (below train.min_loss_scale "
+                f"{t.min_loss_scale:g}): the gradients overflow fp16 even unscaled; no model.safetensors was written",
+                f"use --set train.mixed_precision=bf16 where the GPU has it (else no), or a lower optim.lr "
+                f"(now {self.o.lr:g}); {self.saved()}")
 
     def after_step(self, stop_asked: str | None) -> None:
         """The step's log row, evaluation (best weights) and checkpoint, as the recipe schedules them; then a
@@ -422,6 +439,11 @@ class _Training:
         t, loop, reason = self.t, self.loop, self.reason
         if (loop["step"] % t.log_every == 0 or reason) and self.window["sums"]:
             row = _log_row(self.accelerator, loop, self.window, self.scheduler, self.grad_norm, self.fpt, self.peak)
+            health = self.health.read()
+            if health["nonfinite_steps"] or self.accelerator.scaler is not None:
+                row["nonfinite_steps"] = health["nonfinite_steps"]
+            if self.accelerator.scaler is not None:
+                row["loss_scale"] = health["scale"]
             self.log.write(row)
             loop["train_loss"] = row.get("loss", loop.get("train_loss"))
             self.progress.update(loop["step"], row, self.last_eval)
@@ -437,7 +459,8 @@ class _Training:
         # The agreed clock: every process takes the same decision.
         due = t.save_every_minutes and loop["elapsed"] - loop.get("saved_elapsed", 0.0) >= 60 * t.save_every_minutes
         # A checkpoint while the loss is not finite would not be a good one to go back to.
-        if ((t.save_every and loop["step"] % t.save_every == 0) or due or reason or stop_asked) and not self.bad["run"]:
+        if ((t.save_every and loop["step"] % t.save_every == 0) or due or reason or stop_asked) and \
+                not self.health.read()["run"]:
             loop["saved_elapsed"] = loop["elapsed"]
             self.snapshot()
         if stop_asked:  # this step is complete and (unless its loss was not finite) saved
@@ -448,7 +471,8 @@ class _Training:
         loop = self.loop
         summary = {"steps": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 2),
                    "stop_reason": self.reason, "train_loss": loop.get("train_loss"), **self.last_eval}
-        if loop.get("nonfinite_steps"):
+        loop["nonfinite_steps"] = self.health.read()["nonfinite_steps"]
+        if loop["nonfinite_steps"]:
             summary["nonfinite_steps"] = loop["nonfinite_steps"]
         if self.select_metric and self.best:
             summary["best"] = self.best
@@ -458,6 +482,7 @@ class _Training:
         return summary
 
     def snapshot(self):
+        self.loop["nonfinite_steps"] = self.health.read()["nonfinite_steps"]
         if self.sequential:  # streaming seam: every process takes part (the positions are gathered)
             self.loop["data_position"] = self.train_stream.state_dict()
         return ckpt.save_checkpoint(self.accelerator, self.run_dir, self.loop["step"],
@@ -477,30 +502,6 @@ class _Training:
             return "no checkpoint was written yet" + (f"; `{self.continue_with}` starts it again from step 0"
                                                       if self.continue_with else "")
         return f"the checkpoint of step {found[-1].name.split('-')[1]} is in {found[-1]}{then}"
-
-
-def _agree(accelerator, tokens: int, elapsed: float, stop_asked: int, loss, grad_norm):
-    """(tokens, elapsed, stop signal, loss, finite) of this optimizer step, agreed by all processes in the
-    step's one host sync.
-
-    They must all stop at the same step (max_tokens, time_budget, a stop signal) and skip the same non-finite
-    steps, or those still training would wait for the others forever: one count of tokens (summed), one
-    clock (the latest), any process's stop signal (its number, 0 for none), the loss summed (each process
-    holds its share of the step's per-target mean) and finite only if it is on all of them.
-    """
-    norm = torch.zeros((), device=accelerator.device) if grad_norm is None else torch.as_tensor(grad_norm).float()
-    if accelerator.num_processes == 1:
-        loss, norm = torch.stack([torch.as_tensor(loss).float().to(norm.device), norm]).tolist()
-        return tokens, elapsed, stop_asked, loss, math.isfinite(loss) and math.isfinite(norm)
-    row = torch.stack([torch.as_tensor(float(v), dtype=torch.float64, device=accelerator.device) for v in
-                       (tokens, elapsed, stop_asked)] + [torch.as_tensor(loss).double().to(accelerator.device), norm.double().to(accelerator.device)])
-    rows = accelerator.gather(row[None]).tolist()
-    finite = all(math.isfinite(r[3]) and math.isfinite(r[4]) for r in rows)
-    return int(sum(r[0] for r in rows)), max(r[1] for r in rows), int(max(r[2] for r in rows)), sum(r[3] for r in rows), finite
-
-
-def _signal_number(name: str | None) -> int:
-    return signal.Signals[name].value if name else 0
 
 
 def _diverged(recipe, bad: dict, step: int, saved: str) -> tuple[str, str]:
@@ -546,17 +547,15 @@ def _resumable(loop: dict, path: Path, accelerator, world: int, micro: int, glob
     optimizer steps exactly the first step × global_batch samples are consumed, whatever the number of
     processes or the micro batch: this launch continues at its micro-batch step × accum, the very next
     sample. With the same micro batch, every micro-batch keeps its global index and so its random draws:
-    the run goes on as if it never stopped. Only the sharded states of FSDP / DeepSpeed are tied to the
-    process count that wrote them.
+    the run goes on as if it never stopped. Only DeepSpeed's partitioned state is tied to the process count
+    that wrote it.
     """
     was_batch, was_world = loop.get("global_batch_size", global_batch), loop.get("world_size", world)
     if was_batch != global_batch:
         raise PlmError(f"checkpoint {path} was trained with global batch {was_batch}, this run has {global_batch}",
                        f"resume with the same global batch: --set train.global_batch_size={was_batch}")
     loop["micro_batches"] = loop["step"] * global_batch // (micro * world)
-    if was_world != world and sharded(accelerator):
-        raise PlmError(f"checkpoint {path} holds {accelerator.distributed_type.value} state sharded over {was_world} "
-                       f"processes, and {world} were launched", f"resume with {was_world} processes")
+    check_resume_world(accelerator, path, was_world, world)  # DeepSpeed only: FSDP's DCP shards reshard on load
     was_micro = loop.get("micro_batch_size", micro)
     if was_world == world and was_micro == micro:
         return None
@@ -578,9 +577,11 @@ def _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak) -> dict
     vec = accelerator.reduce(torch.stack([window["sums"][k] for k in keys] + [torch.as_tensor(window["count"]).float()
                                           .to(accelerator.device)]), reduction="sum")
     dt = max(time.perf_counter() - window["t0"], 1e-9)
+    vec = vec.tolist()  # a logging step: the one place the host waits for the device's sums
+    # Skipped steps add nothing: a window of only skipped steps has no mean to log.
+    means = {k: vec[i] / vec[-1] for i, k in enumerate(keys)} if vec[-1] else {}
     row = {"step": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 3),
-           "lr": scheduler.get_last_lr()[0], **{k: (vec[i] / vec[-1]).item() for i, k in enumerate(keys)},
-           "tok_per_s": window["tokens"] / dt}
+           "lr": scheduler.get_last_lr()[0], **means, "tok_per_s": window["tokens"] / dt}
     if grad_norm is not None:
         row["grad_norm"] = float(grad_norm)
     if fpt and peak:

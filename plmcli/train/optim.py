@@ -63,12 +63,19 @@ class Lamb(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
 
+    # GradScaler hands a step its scale and overflow flag as tensors (optimizer.grad_scale / found_inf), and the
+    # loop its own non-finite flag, instead of reading them on the host: the step never waits for the device.
+    _step_supports_amp_scaling = True
+    grad_scale: torch.Tensor | None = None
+    found_inf: torch.Tensor | None = None
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grad_scale, found_inf = self.grad_scale, self.found_inf  # set by GradScaler or the loop around a step
 
         for group in self.param_groups:
             params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
@@ -79,9 +86,9 @@ class Lamb(torch.optim.Optimizer):
                     raise RuntimeError("Lamb does not support sparse gradients")
                 state = self.state[p]
                 if not state:
-                    # step lives on the CPU as a float tensor, like torch's own Adam, so that
-                    # Optimizer.load_state_dict leaves it where it is
-                    state["step"] = torch.tensor(0.0)
+                    # On the parameter's device, as torch's fused Adam keeps it: the bias correction of a
+                    # step that may be skipped (found_inf) is then computed there, with no host read.
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 params.append(p)
@@ -90,30 +97,64 @@ class Lamb(torch.optim.Optimizer):
                 exp_avg_sqs.append(state["exp_avg_sq"])
                 steps.append(state["step"])
             if params:
-                _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group)
+                _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group, grad_scale, found_inf)
         return loss
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        # torch's loader leaves `step` where it was saved (the CPU, or a checkpoint from before it moved).
+        for p, state in self.state.items():
+            if "step" in state:
+                state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
 
-def _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group) -> None:
+
+def _lamb_group(params, grads, exp_avgs, exp_avg_sqs, steps, group, grad_scale=None, found_inf=None) -> None:
+    """One LAMB step of a parameter group. `grad_scale`: gradients are still multiplied by it (fp16 loss
+    scaling); `found_inf` (0-dim tensor, 1 = a gradient was not finite): the step is skipped on the device —
+    weights, moments and step count stay as they were."""
     beta1, beta2 = group["betas"]
     lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
     max_trust = group["max_trust_ratio"]
-
-    torch._foreach_add_(steps, 1.0)
-    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = β1·m + (1-β1)·g
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+    if grad_scale is not None:
+        grads = torch._foreach_div(grads, grad_scale.to(grads[0].device))
+    if found_inf is None:
+        torch._foreach_add_(steps, 1.0)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = β1·m + (1-β1)·g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        keep = None
+    else:
+        # keep = 0 turns every update into the identity; a non-finite gradient is zeroed first, since 0·nan is nan.
+        # Only list ⊗ list and list × 0-dim-tensor foreach ops: a 0-dim tensor where torch expects a Python
+        # scalar (lerp's weight, add's other) would be read on the host.
+        skip = found_inf.to(grads[0].device).bool()
+        keep = (~skip).to(grads[0].dtype)
+        grads = [torch.where(skip, torch.zeros((), dtype=g.dtype, device=g.device), g) for g in grads]
+        torch._foreach_add_(steps, [keep.to(t.dtype) for t in steps])
+        dm = torch._foreach_sub(grads, exp_avgs)  # m += (1-β1)·keep·(g - m)
+        torch._foreach_mul_(dm, keep)
+        torch._foreach_add_(exp_avgs, dm, alpha=1.0 - beta1)
+        dv = torch._foreach_mul(exp_avg_sqs, beta2 - 1.0)  # v += keep·((β2-1)·v + (1-β2)·g²)
+        torch._foreach_addcmul_(dv, grads, grads, value=1.0 - beta2)
+        torch._foreach_mul_(dv, keep)
+        torch._foreach_add_(exp_avg_sqs, dv)
+        del dm, dv
 
     # Parameters in a group may have been added at different times, so each keeps its own step.
+    if group["bias_correction"]:
+        # In float64: 1 - 0.999^t in float32 keeps only ~4 digits at small t (cancellation).
+        bc1 = [1.0 - torch.pow(beta1, t.double()) for t in steps]
+        bc2 = [1.0 - torch.pow(beta2, t.double()) for t in steps]
+    else:
+        bc1 = bc2 = [torch.ones((), device=t.device) for t in steps]
     updates = []
-    for m, v, step in zip(exp_avgs, exp_avg_sqs, steps):
-        t = step.item()  # a CPU scalar: no device sync
-        bc1 = 1.0 - beta1**t if group["bias_correction"] else 1.0
-        bc2 = 1.0 - beta2**t if group["bias_correction"] else 1.0
-        denom = (v / bc2).sqrt_().add_(eps)
-        updates.append((m / bc1).div_(denom))
+    for m, v, b1, b2 in zip(exp_avgs, exp_avg_sqs, bc1, bc2):
+        denom = (v / b2).sqrt_().add_(eps)
+        updates.append((m / b1).div_(denom))
     if weight_decay != 0.0:
         torch._foreach_add_(updates, params, alpha=weight_decay)
+    if keep is not None:
+        torch._foreach_mul_(updates, keep)
     # .get: groups restored from a state_dict saved before this option existed lack the key.
     if not group.get("layer_adaptation", True):
         torch._foreach_add_(params, updates, alpha=-lr)
@@ -160,9 +201,10 @@ def build_optimizer(
     """The optimizer `name` (one of OPTIMIZERS) over model's trainable parameters.
 
     Two groups: ndim ≥ 2 parameters get `weight_decay`, biases and norm gains get none.
-    `fused=None` picks torch's fused AdamW/Adam kernel when every parameter is on CUDA or the CPU (torch ≥ 2.4
+    `fused=None` picks torch's fused AdamW/Adam/SGD kernel when every parameter is on CUDA or the CPU (torch ≥ 2.4
     has both: one pass over each tensor, where the multi-tensor (foreach) kernel makes about ten; on the CPU
-    it halved the optimizer's share of a small GPT step) and the foreach one otherwise.
+    it halved the optimizer's share of a small GPT step) and the foreach one otherwise. The fused kernels
+    (and LAMB) also skip a non-finite step on the device (`skips_on_device`).
     """
     key = name.lower().strip()
     if key not in OPTIMIZERS:
@@ -190,6 +232,13 @@ def build_optimizer(
             for g in groups:
                 g["layer_adaptation"] = g["params"][0].ndim >= 2
             return Lamb(groups, lr=lr, betas=tuple(betas), eps=eps)
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, foreach=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, **kernel)
     except (ValueError, RuntimeError) as e:
         raise PlmError(f"cannot build optimizer {key!r}: {e}", "check the optim section of the recipe") from e
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` honours a `found_inf` tensor set on it (skipping the update on the device, as
+    GradScaler asks of torch's fused kernels): fused AdamW / Adam / SGD, and LAMB. The foreach kernels (a
+    device with no fused kernel) do not: the loop then reads the flag on the host, one sync a step."""
+    return isinstance(optimizer, Lamb) or bool(optimizer.defaults.get("fused"))

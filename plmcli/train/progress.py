@@ -132,7 +132,8 @@ class TrainProgress:
         self.micro = 0  # micro-batches done in the current optimizer step
         self.seen = 0  # micro-batches done in this session
         self.warmup = WARMUP_COMPILED if compiled else WARMUP
-        self.t_steady: float | None = None  # when the warm-up micro-batches ended (device work included)
+        self.t_steady = None  # when the warm-up micro-batches ended (device work included): a time or a GPU event
+        self.t_end = None  # when the steady window ended, until its estimate is printed
         self.first_step: tuple[int, float] | None = None  # (step, time) when this session's first step ended
         self.last_step: tuple[int, float] | None = None
         self.per_step: float | None = None  # the estimate, seconds per optimizer step
@@ -219,12 +220,16 @@ class TrainProgress:
         self._print(f"hint: {p['name']} is far too big for {self._device_name()} "
                     f"({says.format(duration(self.per_step * (self.total - self.start)))}): try {ways}")
 
-    def _sync(self) -> None:
-        """Wait for the kernels queued on a GPU (launched is not done): only at the steady window's two ends."""
+    def _mark(self):
+        """Now, as the device sees it: on a GPU an event queued behind the work launched so far (a host clock
+        would have to wait for that work to count it), else the host clock."""
         if self.device is not None and self.device.type == "cuda":
             import torch
 
-            torch.cuda.synchronize(self.device)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return self.clock()
 
     def micro_batch(self) -> None:
         """One micro-batch done: the bar shows k of accum; after the warm-up ones, STEADY timed ones refine the
@@ -234,18 +239,27 @@ class TrainProgress:
         self.micro += 1
         self.seen += 1
         if self.per_step is not None and self.seen in (self.warmup, self.warmup + STEADY):
-            self._steady_window()
+            if self.seen == self.warmup:
+                self.t_steady = self._mark()
+            else:
+                self.t_end = self._mark()
+        self._steady_window()
         if self.live and self.accum > 1:
             self.progress.update(self.task, micro=f"micro-batch {self.micro}/{self.accum}", eta=self.eta())
 
     def _steady_window(self) -> None:
-        """At the end of the warm-up: start the clock; STEADY micro-batches later: the refined estimate and its hint."""
-        self._sync()
-        now = self.clock()
-        if self.seen == self.warmup:
-            self.t_steady = now
+        """Once the steady window's end has been reached on the device (a GPU event is polled, never waited
+        for): the refined estimate and its hint."""
+        if self.t_end is None:
             return
-        mean = (now - self.t_steady) / STEADY
+        if isinstance(self.t_end, float):
+            took = self.t_end - self.t_steady
+        elif self.t_end.query():
+            took = self.t_steady.elapsed_time(self.t_end) / 1000
+        else:
+            return
+        self.t_end = None
+        mean = took / STEADY
         self.per_step = mean * self.accum
         left = self.total - self.start
         self._print(f"estimate: ~{duration(self.per_step)} per optimizer step, ~{duration(self.per_step * left)} "

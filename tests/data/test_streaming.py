@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -175,18 +176,23 @@ def test_stop_and_resume_feeds_the_same_batches_without_rereading(setup, tmp_pat
 
 
 def test_resume_with_loader_workers(setup, tmp_path, fed):
-    """Two DataLoader workers alternate batches; a resume after an odd number restarts at the right one."""
+    """Two readers, one per DataLoader worker, alternate batches; a resume after an odd number restarts at the
+    right one, with the workers or without (the main process then serves both readers in turn)."""
     recipe, corpus = setup
     over = ["train.num_workers=2"]
     api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "full"), overrides=over, streaming=True)
     full = list(fed)
     fed.clear()
     api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "half"), overrides=over, streaming=True, stop_after=3)
+    shutil.copytree(tmp_path / "half", tmp_path / "other")
     assert _position(tmp_path / "half", 3)["ranks"][0]["first"] == 1  # reader 1 owes the next batch
     api.pretrain(out=str(tmp_path / "half"), resume=True)
     assert fed == full and len(set(full)) == 6
-    with pytest.raises(PlmError, match="same process count, train.num_workers"):
-        api.pretrain(out=str(tmp_path / "half"), resume=True, overrides=["train.num_workers=0", "train.max_steps=9"])
+    fed[:] = full[:3]
+    api.pretrain(out=str(tmp_path / "other"), resume=True, overrides=["train.num_workers=0"])
+    assert fed == full
+    with pytest.raises(PlmError, match="same process count and micro batch"):
+        api.pretrain(out=str(tmp_path / "other"), resume=True, overrides=["train.micro_batch_size=2", "train.max_steps=9"])
 
 
 def test_streaming_refusals(setup, tmp_path):
