@@ -431,3 +431,23 @@ def wikitext_articles(path: Path) -> list[str]:
     if article:
         docs.append("\n".join(article))
     return docs
+
+
+def tiny_corpus(path: Path, n_docs: int = 30) -> Path:
+    """A tiny corpus of 30 three-line documents that trains in a second or two (tests, CPU smoke runs)."""
+    words = "the cat sat on a mat while dogs ran far away from home and back again".split()
+    docs = []
+    for d in range(n_docs):
+        lines = [" ".join(words[(d + i + j) % len(words)] for j in range(6 + i % 3)) for i in range(3)]
+        docs.append("\n".join(lines))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (torchrun, accelerate launch)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.common import free_port, tiny_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = """\
@@ -37,19 +38,6 @@ phases:
   - {name: long, max_steps: 3, set: {train.seq_len: 16, train.global_batch_size: 2}}
 """
 REL = 1e-4  # GPU kernels may sum in another order under FSDP's all-gather / reduce-scatter (on CPUs: 2.4e-7)
-
-
-def corpus(path: Path) -> Path:
-    words = "the cat sat on a mat while dogs ran far away from home and back again".split()
-    docs = ["\n".join(" ".join(words[(d + i + j) % len(words)] for j in range(6 + i % 3)) for i in range(3)) for d in range(30)]
-    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(root: Path, processes: int | None, *args) -> None:
@@ -92,7 +80,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu_fsdp.") as tmp:
         root = Path(tmp)
         (root / "phased.yaml").write_text(RECIPE, encoding="utf-8")
-        base = ["--recipe", root / "phased.yaml", "--data", corpus(root / "c.txt")]
+        base = ["--recipe", root / "phased.yaml", "--data", tiny_corpus(root / "c.txt")]
         launch(root, None, *base, "--out", root / "ref")
         launch(root, first, *base, "--out", root / "fsdp", "--stop-after", 2)
         ck = root / "fsdp" / "phases" / "short" / "checkpoints" / "step-2"

@@ -2,8 +2,9 @@
 
 import contextlib
 import math
-import socket
 from pathlib import Path
+
+from benchmarks.common import free_port, tiny_corpus  # noqa: F401 (the tests' fixtures too)
 
 TINY_RECIPE = """\
 extends: gpt-mini
@@ -13,23 +14,6 @@ data: {val_fraction: 0.2}
 train: {seq_len: 16, global_batch_size: 4, max_steps: 6, eval_every: 3, eval_batches: 2, save_every: 3, log_every: 1}
 optim: {lr: 3.0e-3, warmup_steps: 2, schedule: cosine}
 """
-
-
-def tiny_corpus(path: Path, n_docs: int = 30) -> Path:
-    words = "the cat sat on a mat while dogs ran far away from home and back again".split()
-    docs = []
-    for d in range(n_docs):
-        lines = [" ".join(words[(d + i + j) % len(words)] for j in range(6 + i % 3)) for i in range(3)]
-        docs.append("\n".join(lines))
-    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return path
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (torchrun, accelerate launch)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_recipe(path: Path) -> Path:
