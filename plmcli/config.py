@@ -177,27 +177,37 @@ def shipped_recipes() -> list[str]:
     return sorted(p.name[:-5] for p in recipe_dir().iterdir() if p.name.endswith(".yaml"))
 
 
-def _read_raw(name_or_path: str, seen: tuple = ()) -> dict:
+def _read_raw(name_or_path: str, seen: tuple = (), folder: Path | None = None) -> dict:
+    """A recipe's YAML with its `extends` chain merged in. A recipe file's `extends` path is looked up from that
+    file's own folder (as the file means it), wherever plm runs; `seen` holds the chain so far (each file by its
+    resolved path, so ./c.yaml and c.yaml are one recipe)."""
     path = Path(name_or_path)
+    if folder is not None and not path.is_absolute() and (name_or_path.endswith((".yaml", ".yml"))
+                                                          or (folder / path).is_file()):
+        path = folder / path
     if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
         if not path.is_file():
-            raise PlmError(f"recipe file '{name_or_path}' does not exist", "check the path, or name a shipped recipe (plm recipes)")
-        text, label = path.read_text(encoding="utf-8"), str(path)
+            raise PlmError(f"recipe file '{path}' does not exist", "check the path, or name a shipped recipe (plm recipes)")
+        text, label, key = path.read_text(encoding="utf-8"), str(path), str(path.resolve())
     else:
         res = recipe_dir() / f"{name_or_path}.yaml"
         if not res.is_file():
             close = difflib.get_close_matches(name_or_path, shipped_recipes(), n=4, cutoff=0.5)
             hint = f"did you mean {', '.join(close)}?" if close else "run `plm recipes` to list them, or pass a .yaml path"
             raise PlmError(f"unknown recipe '{name_or_path}'", hint)
-        text, label = res.read_text(encoding="utf-8"), name_or_path
+        text, label, key = res.read_text(encoding="utf-8"), name_or_path, name_or_path
+    if key in [k for k, _ in seen]:
+        chain = " → ".join([lbl for _, lbl in seen] + [label])
+        raise PlmError(f"recipe {seen[0][1]} extends itself ({chain})", "break the cycle of `extends`")
     raw = _yaml_mapping(text, f"recipe {label}", SECTIONS)
     _reject_unknown(raw, TOP_KEYS, "recipe")
     raw.setdefault("name", path.stem if label == str(path) else name_or_path)
     base = raw.pop("extends", None)
     if base:
-        if base in seen:
-            raise PlmError(f"recipe {label} extends itself through {base}", "break the cycle of `extends`")
-        parent = _read_raw(base, seen + (label,))
+        if not isinstance(base, str):
+            raise PlmError(f"recipe {label}: extends must name one recipe or .yaml file, not {base!r}",
+                           "e.g. extends: bert-mini")
+        parent = _read_raw(base, seen + ((key, label),), path.parent if label == str(path) else None)
         parent.pop("description", None)
         raw = _merge(parent, raw)
     return raw

@@ -201,9 +201,15 @@ def load_run_tokenizer(path: Path, cfg: dict | None = None):
     from plmcli.data.tokenizers import load_tokenizer
 
     try:
-        return load_tokenizer(Path(path) / TOKENIZER)
+        tok = load_tokenizer(Path(path) / TOKENIZER)
     except PlmError as e:
         raise PlmError(e.message, _rewrite_hint(path, cfg)) from e
+    # A tokenizer.json swapped for a bigger one would index past the embedding (an IndexError deep in a forward).
+    vocab = ((cfg or {}).get("model") or {}).get("vocab_size")
+    if isinstance(vocab, int) and 0 < vocab < tok.get_vocab_size():
+        raise PlmError(f"run {path}: its tokenizer.json has {tok.get_vocab_size():,} tokens but the model only "
+                       f"{vocab:,} (model.vocab_size)", "put back the tokenizer.json the run was trained with")
+    return tok
 
 
 def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it"):

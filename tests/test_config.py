@@ -148,3 +148,23 @@ def test_yaml_no_is_the_word_no_where_a_choice_has_it():
     assert load_recipe("gpt-mini", ["train.mixed_precision=no"]).train.mixed_precision == "no"
     with pytest.raises(PlmError, match="optim.schedule = False is not a string"):
         load_recipe("gpt-mini", ["optim.schedule=no"])
+
+
+def test_extends_is_looked_up_from_the_recipe_s_own_folder_and_cycles_are_one_line(tmp_path, monkeypatch):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "base.yaml").write_text("extends: gpt-mini\ntrain: {max_steps: 3}\n")
+    (sub / "child.yaml").write_text("extends: base.yaml\n")
+    (sub / "c.yaml").write_text("extends: ./c.yaml\n")
+    (sub / "a.yaml").write_text("extends: b.yaml\n")
+    (sub / "b.yaml").write_text("extends: ./a.yaml\n")
+    (tmp_path / "base.yaml").write_text("extends: bert-mini\n")  # the folder plm runs in must not win
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("sub/child.yaml").train.max_steps == 3
+    with pytest.raises(PlmError, match=r"recipe sub/c.yaml extends itself \(sub/c.yaml → sub/c.yaml\)"):
+        load_recipe("sub/c.yaml")
+    with pytest.raises(PlmError, match=r"extends itself \(sub/a.yaml → sub/b.yaml → sub/a.yaml\)"):
+        load_recipe("sub/a.yaml")
+    (sub / "d.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(PlmError, match=f"recipe file '{sub / 'missing.yaml'}' does not exist"):
+        load_recipe(str(sub / "d.yaml"))

@@ -204,3 +204,16 @@ def test_a_failed_build_without_init_restores_torch_init():
     torch.manual_seed(0)
     again = build_model("gpt", GPTConfig(vocab_size=11, max_positions=8, n_layer=1, n_head=2, d_model=8))
     assert torch.equal(built.wte.weight, again.wte.weight) and float(built.wte.weight.detach().std()) > 0.01  # initialised
+
+
+def test_a_tokenizer_bigger_than_the_model_is_one_line_for_every_command(runs, tmp_path):
+    """tokenizer.json swapped for one with more tokens than the model's embedding: was an IndexError in eval-ppl."""
+    from tokenizers import Tokenizer
+
+    r = copy(runs, tmp_path)
+    tok = Tokenizer.from_file(str(r / "tokenizer.json"))
+    tok.add_tokens([f"extra{i}" for i in range(300)])
+    tok.save(str(r / "tokenizer.json"))
+    for name, args in commands(r, tmp_path, runs / "prompt.txt").items():
+        assert_clean_error(run(*args), f"its tokenizer.json has {tok.get_vocab_size():,} tokens but the model only",
+                           "put back the tokenizer.json")

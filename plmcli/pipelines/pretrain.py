@@ -26,8 +26,11 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     from plmcli.config import load_recipe
 
     quiet_datasets_off_terminal()
-    if max_steps is not None and max_steps < 1:
-        raise PlmError(f"--max-steps {max_steps} must be ≥ 1", "e.g. --max-steps 100, or leave it out for the recipe's train.max_steps")
+    # 0 is a value, not "unset": every bound is checked as given (None alone means the recipe's own).
+    for flag, value, example in (("--max-steps", max_steps, "100"), ("--max-tokens", max_tokens, "1000000"),
+                                 ("--stop-after", stop_after, "10"), ("--time-budget", time_budget, "2h")):
+        if value is not None and value <= 0:
+            raise PlmError(f"{flag} {value:g} must be > 0", f"e.g. {flag} {example}, or leave it out")
     if resume == "auto":
         resume = auto_resume(out)
     restart = False
