@@ -217,3 +217,9 @@ def test_a_tokenizer_bigger_than_the_model_is_one_line_for_every_command(runs, t
     for name, args in commands(r, tmp_path, runs / "prompt.txt").items():
         assert_clean_error(run(*args), f"its tokenizer.json has {tok.get_vocab_size():,} tokens but the model only",
                            "put back the tokenizer.json")
+
+
+def test_eval_ppl_of_only_whitespace_is_one_line(runs, tmp_path):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n\n \t\n", encoding="utf-8")
+    assert_clean_error(run("eval-ppl", blank, "--model", runs / "gpt"), f"{blank}: no words to score")

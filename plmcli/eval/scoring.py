@@ -63,5 +63,9 @@ def score(model, files: list[str], tok, cfg: dict, *, max_length: int | None = N
     are left out, so a protocol only ever receives the options it takes."""
     given = {k: v for k, v in options.items() if v is not None}
     with packed_weights():  # the weights stay as they are for the whole pass
-        return scorer(model)(model, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
-                             device=device, **given)
+        res = scorer(model)(model, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
+                            device=device, **given)
+    if res.get("words") == 0:  # only whitespace: a "perplexity" of the end-of-text tokens alone means nothing
+        raise PlmError(f"{', '.join(map(str, files))}: no words to score (the text is empty or only whitespace)",
+                       "pass a file with text in it")
+    return res

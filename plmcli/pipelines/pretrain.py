@@ -23,7 +23,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     """plmcli.api.pretrain (see there)."""
     from contextlib import ExitStack
 
-    from plmcli.config import load_recipe
+    from plmcli.config import load_recipe, raw_recipe
 
     quiet_datasets_off_terminal()
     # 0 is a value, not "unset": every bound is checked as given (None alone means the recipe's own).
@@ -36,6 +36,10 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
     restart = False
     if resume:
         r, run_dir, restart, streaming, data = _resumed(out, overrides, streaming, data)
+        # --auto-resume repeats the first command, --recipe included: the same recipe is fine, another one is not
+        if recipe and raw_recipe(recipe).get("name") != r.name:
+            raise PlmError(f"--resume continues {run_dir}, trained from recipe {r.name}; --recipe {recipe} would be "
+                           "ignored", f"drop --recipe to continue it, or start a new run in another --out")
     else:
         if not recipe:
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")

@@ -94,3 +94,13 @@ def test_bad_step_counts_are_refused(tmp_path, args, needle):
     assert err.startswith("error: ") and "\n" not in err and needle in err, err
     assert "warmup" not in err and "total_steps" not in err
     assert not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()  # refused before any tokenizing
+
+
+def test_resume_with_another_recipe_is_refused_and_the_same_one_continues(tmp_path):
+    recipe, corpus = tiny_recipe(tmp_path / "tiny.yaml"), tiny_corpus(tmp_path / "corpus.txt")
+    run = tmp_path / "run"
+    api.pretrain(str(recipe), [str(corpus)], str(run), stop_after=2)
+    res = runner.invoke(app, ["pretrain", "--resume", "--out", str(run), "--recipe", "bert-mini"])
+    assert res.exit_code == 2 and "trained from recipe tiny; --recipe bert-mini would be ignored" in res.stderr, res.output
+    s = api.pretrain(str(recipe), out=str(run), resume=True)  # the same recipe, as --auto-resume repeats it
+    assert s["steps"] == 6
