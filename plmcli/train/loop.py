@@ -260,7 +260,7 @@ class _Training:
         """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
         t, accelerator = self.t, self.accelerator
         self.main = accelerator.is_main_process
-        self.log = MetricsLog(self.run_dir, enabled=self.main)
+        self.log = MetricsLog(self.run_dir, enabled=self.main, step=self.loop["step"])  # a resume redoes later steps
         unwrapped = accelerator.unwrap_model(self.model)
         fpt = unwrapped.flops_per_token(t.seq_len) if isinstance(unwrapped, CountsFlops) else None
         self.fpt, self.peak = fpt, peak_flops(accelerator.device, accelerator.mixed_precision)

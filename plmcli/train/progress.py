@@ -307,10 +307,13 @@ class TrainProgress:
 class MetricsLog:
     """Appends to metrics.jsonl (so a resumed run continues the same file) and mirrors to TensorBoard."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True):
+    def __init__(self, run_dir: Path, enabled: bool = True, step: int = 0):
         self.enabled = enabled
         self.last: dict = {}
-        self.file = open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8") if enabled else None
+        path = Path(run_dir) / "metrics.jsonl"
+        if enabled and path.is_file():
+            _cut_back(path, step)
+        self.file = open(path, "a", encoding="utf-8") if enabled else None
         self.tb = None
         if enabled:
             try:
@@ -339,3 +342,20 @@ class MetricsLog:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+
+
+def _cut_back(path: Path, step: int) -> None:
+    """Drop the rows of steps after `step`, where a resumed run starts again: a run killed after its last
+    checkpoint logged steps it now redoes, and their rows would come twice (a plot would zigzag). A row that
+    is not whole JSON (cut off by the kill) goes too. Written to a temp file and renamed."""
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or row.get("step", 0) <= step:
+            keep.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
+    tmp.replace(path)

@@ -104,3 +104,17 @@ def test_resume_with_another_recipe_is_refused_and_the_same_one_continues(tmp_pa
     assert res.exit_code == 2 and "trained from recipe tiny; --recipe bert-mini would be ignored" in res.stderr, res.output
     s = api.pretrain(str(recipe), out=str(run), resume=True)  # the same recipe, as --auto-resume repeats it
     assert s["steps"] == 6
+
+
+def test_resume_cuts_metrics_back_to_the_checkpoint(tmp_path):
+    """A run killed after its last checkpoint logged steps that the resume redoes: their rows go (and a row cut off
+    by the kill), so metrics.jsonl's steps never go back (plm plot would zigzag)."""
+    recipe, corpus = tiny_recipe(tmp_path / "tiny.yaml"), tiny_corpus(tmp_path / "corpus.txt")
+    run = tmp_path / "run"
+    api.pretrain(str(recipe), [str(corpus)], str(run), stop_after=3)
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:  # what the killed run logged after step 3
+        f.write('{"step": 4, "loss": 9.0}\n{"step": 5, "loss": 9.0}\n{"step": 6, "lo')
+    api.pretrain(out=str(run), resume=True)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6] and 9.0 not in [r["loss"] for r in rows if "loss" in r]
