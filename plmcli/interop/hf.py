@@ -237,6 +237,13 @@ def _load_state(model, state_dict: dict, src: Path) -> list[str]:
     ours = model.state_dict()
     loaded = {ours[k].data_ptr() for k in state_dict}
     fresh = [k for k in missing if ours[k].data_ptr() not in loaded]
+    # Heads may be fresh (a bare encoder has none); a model whose own layers are fresh would be a random one.
+    params = {k for k, _ in model.named_parameters()}
+    lost = [k for k in fresh if k in params]
+    if params and len(lost) > len(params) / 2:
+        raise PlmError(f"the weights in {src} are not a {type(model).__name__}'s: {len(lost)} of its {len(params)} "
+                       f"parameters found no match (e.g. {lost[0]})", "pass the directory save_pretrained wrote for "
+                       "this config.json, whose tensors carry its model_type's names")
     return list(dict.fromkeys(k.rsplit(".", 1)[0] for k in fresh))
 
 
@@ -253,7 +260,14 @@ def _read_json(path: Path) -> dict:
 def _read_weights(src: Path) -> dict:
     """The checkpoint's tensors: model.safetensors (or its shards), else pytorch_model.bin (weights only)."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file as read_safetensors
+
+    def load_file(path):
+        try:
+            return read_safetensors(path)
+        except Exception as e:  # SafetensorError of a truncated or foreign file
+            raise PlmError(f"{path} could not be read as safetensors ({str(e).splitlines()[0][:200]}): "
+                           "truncated or damaged", "download or save the model again (save_pretrained)") from e
 
     def load_bin(path):
         try:

@@ -398,3 +398,22 @@ def test_help_has_examples():
     for cmd in ("export", "import"):
         res = run(cmd, "--help")
         assert res.exit_code == 0 and "Example" in res.output
+
+
+def test_import_refuses_truncated_weights_and_another_model_s_tensors(corpus, tmp_path):
+    """A truncated model.safetensors (was: SafetensorError: incomplete metadata) and a GPT-2's weights under a BERT
+    config.json (was: exit 0, every tensor fresh, a random model) are one line each."""
+    from helpers import assert_clean_error, run
+
+    _hf_checkpoint(tmp_path / "bert", "bert", corpus)
+    gpt2, _ = _hf_checkpoint(tmp_path / "gpt2", "gpt2", corpus)
+    weights = tmp_path / "bert" / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:40])
+    assert_clean_error(run("import", tmp_path / "bert", "--out", tmp_path / "a"), f"{weights} could not be read as "
+                       "safetensors", "truncated or damaged")
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous().clone() for k, v in gpt2.state_dict().items()}, str(weights))
+    assert_clean_error(run("import", tmp_path / "bert", "--out", tmp_path / "b"), "are not a", "found no match")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
