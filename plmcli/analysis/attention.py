@@ -208,7 +208,7 @@ def attention(run: str | None, text: str | None = None, text_pair: str | None = 
 
     tok = load_tokenizer(path / "tokenizer.json")
     model = load_encoder(path, cfg).eval()
-    L = max_seq_len or model.max_positions
+    L = model.max_positions if max_seq_len is None else max_seq_len  # 0 is a value (refused below), not the default
     if not 4 <= L <= model.max_positions:
         raise PlmError(f"--max-seq-len {L} is outside 4..{model.max_positions} (the model's positions)",
                        f"use --max-seq-len ≤ {model.max_positions}")

@@ -238,6 +238,10 @@ def classification_rows(cfg: ZeroShotConfig, task, examples, encode, prefix: lis
     conts = verbalisers(cfg, task)
     pair = any(e.text_b is not None for e in examples)
     template = cfg.prompt or ("{text} {text_b}" if pair else "{text}")
+    fill(template, {"text": "", "text_b": ""}, "prompt")  # its own errors first (a field the examples lack)
+    if "{text}" not in template.replace("{{", ""):  # every example would get the same prompt: nothing to classify
+        raise PlmError(f"prompt {template!r} has no {{text}}: every example would be scored on the same words",
+                       "put {text} where the example goes, e.g. --prompt 'Review: {text}'")
     enc_conts = [encode(c) for c in conts]
     rows = []
     for e in examples:

@@ -345,6 +345,7 @@ def test_bad_input(runs, tmp_path):
     assert_clean_error(run("attention", runs["bert"], "--out", out), "no text given", "--corpus")
     assert_clean_error(run("attention", runs["gpt"], "a b", "--text-pair", "c d", "--out", out), "causal LM", "encoder run")
     assert_clean_error(run("attention", runs["bert"], "a b", "--max-seq-len", 2, "--out", out), "--max-seq-len")
+    assert_clean_error(run("attention", runs["bert"], "a b", "--max-seq-len", 0, "--out", out), "--max-seq-len 0")
     (tmp_path / "empty.txt").write_text("\n  \n")
     assert_clean_error(run("attention", runs["bert"], "--corpus", tmp_path / "empty.txt", "--out", out), "no non-blank lines")
     other = tmp_path / "other"

@@ -150,6 +150,7 @@ def test_config_file_over_the_shipped_one(tmp_path):
     (["--verbalizer", "happy= Great", "--verbalizer", "positive= x"], ["verbaliser for 'happy', which is no label"]),
     (["--verbalizer", "nothing"], ["--verbalizer 'nothing' is not LABEL=TEXT"]),
     (["--prompt", "{review} then"], ["names {review}", "use {text}, {text_b}"]),
+    (["--prompt", "Review:"], ["prompt 'Review:' has no {text}", "--prompt 'Review: {text}'"]),
     (["--score", "max"], ["zero-shot.score 'max' is not one of sum, mean", "e.g. --score=sum"]),
     (["--split", "test"], ["sst2 has no test split here", "--split train or dev"]),
     (["--data", "x.txt"], ["--data is lambada's text file"]),
