@@ -221,6 +221,10 @@ def test_finetune_bad_inputs(files, tmp_path):
     assert_clean_error(run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "gpt",
                            "--aux-lm-weight", "-1"), "--aux-lm-weight -1.0")
     assert_clean_error(run("finetune", "--task", "sst3", "--from", tmp_path / "gpt"), "unknown task")
+    assert_clean_error(run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "gpt", "--crf"),
+                       "--crf (task.crf) applies to tagging tasks, and sst2 is not one")  # was: ignored
+    assert_clean_error(run("finetune", "--task", "sst2", "--data-dir", sample, "--from", tmp_path / "gpt",
+                           "--doc-stride", "64"), "--doc-stride (task.doc_stride) applies to qa tasks")
     assert_clean_error(run("finetune", "--task", "cola", "--data-dir", sample, "--from", tmp_path / "gpt"))
 
 

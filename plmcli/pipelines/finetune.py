@@ -137,6 +137,7 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
         raise PlmError("this finetune config has a grid section, and run_finetune runs one finetune",
                        "run it with plmcli.api.finetune (or plm finetune), or empty the grid section")
     t = get_task(cfg.task.name, cfg.task_options())
+    _check_task_options(t, cfg.task)
     run, run_cfg, run_label, out_dir = _source_and_out(cfg.model.from_run, out, t, eval_only)
     if eval_only:
         _restore_finetuned(t, run_cfg, run_label)
@@ -504,6 +505,23 @@ def with_features(model, obj, m) -> None:
     configure_features(model, m.features, m.freeze, m.elmo_at_output)
     if (m.freeze or m.features != "last") and isinstance(obj, Classify):
         obj.aux_lm_weight = 0.0
+
+
+# Task options only one kind of task reads (objective -> options): set for another task they would be ignored.
+TASK_OPTIONS = {"tagging": ("crf",), "qa": ("doc_stride", "max_query_len", "max_answer_len", "n_best")}
+
+
+def _check_task_options(task, section) -> None:
+    """Refuse an option the task would silently ignore (--crf on sst2)."""
+    from plmcli.config_sections import TaskOptions
+
+    defaults = TaskOptions()
+    for objective, names in TASK_OPTIONS.items():
+        for name in names:
+            if task.objective != objective and getattr(section, name) != getattr(defaults, name):
+                flag = "--" + name.replace("_", "-")
+                raise PlmError(f"{flag} (task.{name}) applies to {objective} tasks, and {task.name} is not one",
+                               f"drop {flag}, or finetune a task it applies to")
 
 
 def _check_arguments(given: dict) -> None:
