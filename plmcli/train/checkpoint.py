@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +38,9 @@ def writing(what: str, tmp: Path, continue_with: str | None = None):
             tmp.unlink(missing_ok=True)
         # torch.save reports a failed write as a RuntimeError of its zip writer, without the errno.
         torch_write = isinstance(e, RuntimeError) and any(w in str(e) for w in ("inline_container", "PytorchStreamWriter"))
-        if not (isinstance(e, OSError) or torch_write):
+        # safetensors reports one as its own SafetensorError wrapping Rust's IoError (with the errno as `code: N`).
+        safetensors_write = type(e).__name__ == "SafetensorError" and "IoError" in str(e)
+        if not (isinstance(e, OSError) or torch_write or safetensors_write):
             raise
         reason = _write_failure(e, tmp.parent)
         then = f", then continue with `{continue_with}`" if continue_with else ", then run it again"
@@ -51,6 +54,9 @@ def _write_failure(e: BaseException, where: Path) -> str:
              errno.EFBIG: "file too large (over the file size limit, ulimit -f)"}
     if isinstance(e, OSError) and e.errno in known:
         return known[e.errno]
+    code = re.search(r"code: (\d+)", str(e))
+    if code and int(code.group(1)) in known:
+        return known[int(code.group(1))]
     import resource
 
     if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:

@@ -68,7 +68,15 @@ def test_later_checkpoint_write_fails_previous_one_resumes(reference):
     assert sha256(run / "model.safetensors") == want
 
 
-def test_weights_write_fails_no_space(tmp_path, monkeypatch):
+def _safetensors_error(code: int, kind: str, message: str):
+    """What safetensors raises when its write fails: its own error around Rust's IoError."""
+    from safetensors import SafetensorError
+
+    return SafetensorError(f'Error while serializing: IoError(Os {{ code: {code}, kind: {kind}, message: "{message}" }})')
+
+
+@pytest.mark.parametrize("raised", ["oserror", "safetensors"])
+def test_weights_write_fails_no_space(tmp_path, monkeypatch, raised):
     recipe, corpus = tiny_recipe(tmp_path / "tiny.yaml"), tiny_corpus(tmp_path / "corpus.txt")
     api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "full"))
     run = tmp_path / "run"
@@ -76,6 +84,8 @@ def test_weights_write_fails_no_space(tmp_path, monkeypatch):
 
     def full_disk(model, filename, *a, **k):
         open(filename, "wb").write(b"partial")
+        if raised == "safetensors":  # as a real full disk reports it (was a traceback: "this is a bug in plm")
+            raise _safetensors_error(errno.ENOSPC, "StorageFull", "No space left on device")
         raise OSError(errno.ENOSPC, "No space left on device", filename)
 
     monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
