@@ -78,3 +78,24 @@ def test_the_check_leaves_nothing_and_passes_writable_places(tmp_path):
     assert not any((tmp_path / "existing").iterdir())
     with pytest.raises(PlmError, match="is a file, not a directory"):
         check_writable(tmp_path / "lm.arpa" / "x")
+
+
+def test_stale_temp_dirs_of_the_same_out_are_removed_and_a_live_writer_s_kept(tmp_path):
+    """An interrupted tokenize (kill -9) leaves a hidden .OUT.tmp-PID-* beside OUT that nothing removed: the next
+    write of the same OUT removes those whose process is gone."""
+    import os
+    import subprocess
+    import sys
+
+    from plmcli.data.store import temp_beside
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dest = tmp_path / "tok"
+    stale = tmp_path / f".tok.tmp-{int(gone.stdout)}-abc"
+    live = tmp_path / f".tok.tmp-{os.getpid()}-def"
+    other = tmp_path / f".tok2.tmp-{int(gone.stdout)}-ghi"  # another OUT's: not ours to judge
+    for d in (stale, live, other):
+        d.mkdir()
+    tmp = temp_beside(dest)
+    assert not stale.exists() and live.is_dir() and other.is_dir()
+    assert tmp.name.startswith(f".tok.tmp-{os.getpid()}-")

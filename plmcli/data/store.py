@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import glob
 import json
 import math
 import os
@@ -175,9 +176,16 @@ def write_json(dest, obj) -> None:
 
 def temp_beside(dest: Path) -> Path:
     """An empty temp dir next to `dest` (same filesystem, so the final rename is atomic), with the
-    permissions a plain mkdir would give: mkdtemp's 0700 would hide the output from other users."""
+    permissions a plain mkdir would give: mkdtemp's 0700 would hide the output from other users.
+
+    Its name holds this process's pid: the temp dirs of `dest` that an interrupted run left (Ctrl-C twice,
+    kill -9), whose process is gone, are removed here; a live writer's are left alone."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    for stale in dest.parent.glob(f".{glob.escape(dest.name)}.tmp-*"):
+        pid = stale.name[len(dest.name) + 6:].split("-", 1)[0]
+        if stale.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)
@@ -234,3 +242,18 @@ def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict |
                 raise plm from None
             raise
     return meta
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host: not gone, and not a zombie its parent has not reaped yet
+    (torchrun's agent holds a dead worker so for a while)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: the process exists, another user's
+        pass
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc (macOS): kill's answer stands
+        return True

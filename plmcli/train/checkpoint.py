@@ -10,6 +10,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from plmcli.data.store import process_alive
 from plmcli.errors import PlmError
 from plmcli.runs import LOCK, LOOP_STATE, checkpoint_dir, list_checkpoints  # noqa: F401  (a run's layout lives in runs)
 
@@ -188,21 +189,6 @@ def _elsewhere(host: str) -> bool:
     import socket
 
     return host not in ("", socket.gethostname())
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host: not gone, and not a zombie its parent has not reaped yet
-    (torchrun's agent holds a dead worker so for a while)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: the process exists, another user's
-        pass
-    try:
-        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):  # no /proc (macOS): kill's answer stands
-        return True
 
 
 def _read_lock(path: Path) -> tuple[str | None, tuple, float] | None:

@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from plmcli.train.checkpoint import RunStopped, process_alive
+from plmcli.data.store import process_alive
+from plmcli.train.checkpoint import RunStopped
 
 # What a collective's error says when a peer is gone (gloo: "Connection closed by peer", "Connection reset
 # by peer"; NCCL, and any backend at train.dist_timeout: "timed out" / "Timeout").
