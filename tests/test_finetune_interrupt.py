@@ -145,3 +145,7 @@ def test_kill_9_leaves_an_out_every_reader_refuses(gpt, tmp_path):
         assert res.stderr.strip() == f"error: {out} is an unfinished finetune (no metrics.json: it was interrupted or " \
                                      "killed) — run the finetune again", res.stderr
     assert not (tmp_path / "again").exists() and not (tmp_path / "hf").exists()
+    # the same command starts it again in OUT (it refused with "already exists ... delete it" before)
+    res = run(*finetune_args(gpt, out, "--max-steps", 2))
+    assert res.exit_code == 0, res.output
+    assert (out / "metrics.json").is_file() and "unfinished" not in run("eval-ppl", text, "--model", out).output

@@ -162,6 +162,8 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
     state.wait_for_everyone()
     made_dir = not out_dir.exists()
     if state.is_main_process:
+        if unfinished_finetune(out_dir):  # what a killed finetune left: it does not resume, so it starts again
+            discard(out_dir, made=False)
         out_dir.mkdir(parents=True, exist_ok=True)
     label = "the --eval-only run" if eval_only else f"the {t.name} finetune"
     with _finished_or_discarded(out_dir, made_dir, state.is_main_process, label):
@@ -200,9 +202,20 @@ def _source_and_out(from_run: str | None, out: str | None, t, eval_only: bool):
     run_label = from_run or f"runs/latest ({run.name})"
     what = "eval" if eval_only else t.name
     out_dir = Path(out) if out else runs_root() / f"{run.name}-{what}-{time.strftime('%Y%m%d-%H%M%S')}"
-    # every process checks, before any work
-    check_new_run_dir(out_dir, "output directory", "choose another --out, or delete it")
+    # every process checks, before any work; a finetune killed in OUT (kill -9: no metrics.json) starts again there,
+    # as the message of a reader that refuses it says
+    if not unfinished_finetune(out_dir):
+        check_new_run_dir(out_dir, "output directory", "choose another --out, or delete it")
     return run, cfg, run_label, out_dir
+
+
+def unfinished_finetune(out_dir: Path) -> bool:
+    """Whether `out_dir` holds a finetune that never finished (its config.json, no metrics.json)."""
+    try:
+        cfg = json.loads((out_dir / RUN_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "finetune" in cfg and not (out_dir / FINISHED_FINETUNE).exists()
 
 
 def _restore_finetuned(t, cfg: dict, run_label: str) -> None:
