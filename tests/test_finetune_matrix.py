@@ -431,6 +431,7 @@ def test_no_cell_is_refused_in_one_line(tmp_path, tokenizer, family, kind):
         assert f"{QA_WHY[family]} ({family}); finetuning on squad needs an encoder run" in msg, msg
     elif family == "gpt":  # GPT-style transfer reads one token per row
         assert f"is a causal LM (gpt); finetuning on conll2003 needs {NEED_TOK}" in msg, msg
+        assert "gpt-mini" not in msg and "--recipe bert-mini`" in msg  # the hint names runs that can, only
     else:
         need = NEED_TOK if kind == "tagging" else NEED_SEQ
         assert f"{WHY[family]} ({family}); " in msg and f" needs {need} — " in msg, msg

@@ -478,13 +478,21 @@ def _check_backbone(family: str, run_label: str, task) -> None:
     from plmcli.models.registry import model_class
     from plmcli.objectives.registry import objective_class
 
-    problem = objective_class(task.objective).backbone_problem(model_class(family))
+    from plmcli.config import raw_recipe, shipped_recipes
+
+    objective = objective_class(task.objective)
+    problem = objective.backbone_problem(model_class(family))
     if problem:
         what = f"{task.suite} finetuning" if task.suite else f"finetuning on {task.name}"
         clause, _, need = problem.partition("; it needs ")
+        # the small shipped recipes whose family this task can finetune (not a fixed list: CoNLL takes no GPT)
+        fits = sorted((n for n in shipped_recipes() if n.endswith("-mini")
+                       and not objective.backbone_problem(model_class(raw_recipe(n)["model"]["family"]))),
+                      key=lambda n: (n != "bert-mini", n))  # BERT first: the one most tasks take
         raise PlmError(f"run {run_label} {clause} ({family}); {what} needs {need or 'another kind of run'}",
-                       "pretrain one with `plm pretrain --recipe bert-mini` (or gpt-mini, lstm-ptb-small, txl-mini, "
-                       "transformer-mini, seq2seq-attn-mini; elmo-mini for ELMo features)")
+                       f"pretrain one with `plm pretrain --recipe {fits[0]}`" +
+                       (f" (or {', '.join(fits[1:6])})" if len(fits) > 1 else "") if fits else
+                       "no shipped recipe can: see the README's finetune table")
 
 
 def _with_dropout(cfg: dict, dropout: float | None, run_label: str) -> dict:
