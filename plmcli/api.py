@@ -330,9 +330,14 @@ def zero_shot(run: str | None = None, task: str | None = None, config: str | Non
     cfg = zero_shot_config(config, dict(task=task, data_dir=data_dir, data=data, split=split, prompt=prompt,
                                         verbalizers=verbalizers, option=option, score=score, max_examples=max_examples))
     cfg = replace(cfg, data_dir=sample_data_dir(cfg.data_dir))
+    if predictions:  # before the scoring, not after it
+        from plmcli.data.outdir import check_writable
+
+        check_writable(predictions, "--predictions")
     quiet_datasets_off_terminal()
     res = score_zero_shot(run, cfg, max_length=max_length, batch_size=batch_size)
     if predictions:
+        Path(predictions).parent.mkdir(parents=True, exist_ok=True)  # a new folder is made, as --out's are
         write_text(predictions, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in res["predictions"]))
         res["predictions_file"] = predictions
     return res

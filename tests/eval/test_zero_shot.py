@@ -60,7 +60,7 @@ def sst_dir(root: Path) -> Path:
 
 
 def test_sst2_zero_shot_equals_the_hand_computation(gpt, tmp_path):
-    preds_file = tmp_path / "preds.jsonl"
+    preds_file = tmp_path / "new" / "folder" / "preds.jsonl"  # made (was: "cannot read" a temp file, after scoring)
     res = run("zero-shot", gpt[0], "--task", "sst2", "--data-dir", sst_dir(tmp_path / "glue"), "--max-length", "64",
               "--json", "--predictions", preds_file)
     assert res.exit_code == 0, res.output
@@ -143,6 +143,13 @@ def test_config_file_over_the_shipped_one(tmp_path):
     assert c.score == "mean" and c.split == "dev" and c.option == " {option}"
     assert zero_shot_config(None, {"task": "race"}).score == "mean"
     assert zero_shot_config(None, {"task": "mnli"}).verbalizers == {}  # no shipped config: the label names
+
+
+def test_predictions_where_nothing_can_be_written_fail_before_scoring(gpt, tmp_path):
+    (tmp_path / "file").write_text("x")
+    res = run("zero-shot", gpt[0], "--task", "sst2", "--data-dir", sst_dir(tmp_path / "glue"),
+              "--predictions", tmp_path / "file" / "preds.jsonl")
+    assert_clean_error(res, "is a file, not a directory", "choose a writable --predictions")
 
 
 @pytest.mark.parametrize("args, needles", [
