@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 
 from helpers import run, tiny_corpus, tiny_recipe
 from plmcli import api
@@ -120,9 +121,18 @@ def test_each_process_prefixes_its_line(monkeypatch):
     assert one_line(run("pretrain", "--recipe", "gpt-mini"), 130) == "interrupted (process 1 of 2) — nothing was written"
 
 
-def test_usage_errors_stay_typers():
-    res = run("eval-ppl")  # missing argument: click's usage message, exit 2
-    assert res.exit_code == 2 and "Missing argument" in res.output
+@pytest.mark.parametrize("args, line", [
+    (["eval-ppl"], "error: missing argument 'files' — see `plm eval-ppl --help`"),
+    (["pretrain", "--max-step", "3"], "error: plm pretrain has no option --max-step — did you mean --max-steps or --max-tokens?"),
+    (["pretrain", "--max-steps", "x"], "error: invalid value for '--max-steps': "),
+    (["generate", "--zzzz"], "error: plm generate has no option --zzzz — "),
+])
+def test_usage_errors_are_one_line_too(args, line):
+    """An unknown, missing or malformed option: the README's one `error: … — …` line with exit 2, not Typer's box."""
+    res = run(*args)
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith(line) and "\n" not in err and "╭" not in res.output, err
 
 
 def test_help_lists_the_exit_codes():

@@ -84,16 +84,15 @@ class ReportingGroup(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except PASS:
-            raise
         except (Exception, KeyboardInterrupt) as e:
             if state["debug"]:
                 raise
-            names, c = [ctx.invoked_subcommand], ctx
-            while c.parent is not None:  # the path below the program, whatever name it was started under
-                names.insert(0, c.info_name)
-                c = c.parent
-            command = " ".join(["plm", *filter(None, names)])
+            if is_usage_error(e):  # an unknown, missing or malformed option: one line too, not click's box
+                typer.echo(usage_line(e, _command(ctx)), err=True)
+                raise typer.Exit(2) from None
+            if isinstance(e, PASS):
+                raise
+            command = _command(ctx)
             line, code = report(e, command)
             rank, world = process()  # each process says it once: the line may come from only one of them
             if world > 1:
@@ -101,6 +100,30 @@ class ReportingGroup(TyperGroup):
                 line = f"{head.rstrip(':')} (process {rank} of {world}){':' * head.endswith(':')} {rest}"
             typer.echo(line, err=True)
             raise typer.Exit(code) from None
+
+
+def _command(ctx) -> str:
+    """`plm SUBCOMMAND …` as typed below the program, whatever name it was started under."""
+    names, c = [ctx.invoked_subcommand], ctx
+    while c.parent is not None:
+        names.insert(0, c.info_name)
+        c = c.parent
+    return " ".join(["plm", *filter(None, names)])
+
+
+def is_usage_error(e: BaseException) -> bool:
+    """click's UsageError, from click itself or the copy Typer ≥ 0.20 vendors (typer._click): told by class name."""
+    return any(c.__name__ == "UsageError" for c in type(e).__mro__)
+
+
+def usage_line(e, command: str) -> str:
+    """click's usage error as the one `error: what — how to fix` line every other error is."""
+    if type(e).__name__ == "NoSuchOption":
+        close = list(vars(e).get("possibilities") or [])
+        fix = f"did you mean {' or '.join(close[:2])}?" if close else f"`{command} --help` lists its options"
+        return f"error: {command} has no option {vars(e).get('option_name')} — {fix}"
+    msg = e.format_message().strip().replace("\n", " ").rstrip(".")
+    return f"error: {msg[0].lower() + msg[1:] if msg else 'bad usage'} — see `{command} --help`"
 
 
 def guarded(fn):
