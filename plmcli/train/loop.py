@@ -370,14 +370,14 @@ class _Training:
         step_tokens, step_loss, step_sums, step_count = self.micro_batches()
         self.grad_norm = full_norm(accelerator.clip_grad_norm_(self.model.parameters(), t.grad_clip)) if t.grad_clip > 0 else None
         skipped, loss = self.nonfinite(step_loss)
-        scale = loss_scale(accelerator.scaler)
+        scale = loss_scale(accelerator.scaler)  # updated in place by the scaler's step
         before = None if scale is None else scale.clone()
         self.step_unless(skipped)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if before is not None:  # the scaler backs its scale off exactly when it skipped the step
-            skipped = loss_scale(accelerator.scaler) < before
-        self.health.update(skipped, loss, loss_scale(accelerator.scaler))
+            skipped = scale < before
+        self.health.update(skipped, loss, scale)
         for name, v in step_sums.items():
             window["sums"][name] = window["sums"].get(name, 0) + v.masked_fill(skipped, 0.0)
         window["count"] = window["count"] + torch.as_tensor(step_count).masked_fill(skipped, 0.0)

@@ -348,14 +348,17 @@ def _cut_back(path: Path, step: int) -> None:
     """Drop the rows of steps after `step`, where a resumed run starts again: a run killed after its last
     checkpoint logged steps it now redoes, and their rows would come twice (a plot would zigzag). A row that
     is not whole JSON (cut off by the kill) goes too. Written to a temp file and renamed."""
+    lines = path.read_text(encoding="utf-8").splitlines()
     keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in lines:
         try:
             row = json.loads(line)
         except ValueError:
             continue
         if not isinstance(row, dict) or row.get("step", 0) <= step:
             keep.append(line)
+    if len(keep) == len(lines):  # nothing to drop (a finished run resumed): the file stays as it is
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
     tmp.replace(path)
