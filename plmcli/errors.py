@@ -15,6 +15,16 @@ class PlmError(Exception):
         return f"{self.message} — {self.hint}" if self.hint else self.message
 
 
+
+class WriteFailed(PlmError):
+    """A file could not be written (disk full, quota, file size limit): its temp file is gone, and the files
+    written before it are intact (data.store.writing)."""
+
+    fix: str = ""
+    """How to make room, without the way to continue."""
+    continued: bool = False
+    """The hint names the command that continues (an enclosing write need not add one)."""
+
 RESUMABLE_EXIT = 75
 """The exit code of a run stopped by SIGTERM or SIGUSR1 (a scheduler's preemption, time limit, or warning)
 after checkpointing its last step: the same command with --auto-resume (or --resume) continues it

@@ -283,7 +283,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
 
 def _write_outputs(result: dict, out_dir: Path) -> dict:
     """probe.json, probe.tsv and probe_{task}.png, each written whole (temp file + rename)."""
-    from plmcli.train.checkpoint import write_json, write_text
+    from plmcli.data.store import write_json, write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": str(out_dir / "probe.json"), "tsv": str(out_dir / "probe.tsv"),

@@ -11,11 +11,13 @@ sees the old output or the complete new one, never half of one, and a failure le
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import errno
 import glob
+import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from plmcli.data.outdir import find_plm_error
-from plmcli.errors import PlmError
+from plmcli.errors import PlmError, WriteFailed
 
 META = "meta.json"
 CORPUS_FORMAT = "plm-tokenized"
@@ -128,23 +130,116 @@ def log_write(dest: Path) -> None:
             f.write(f"{os.environ.get('RANK', '0')} {Path(dest).resolve()}\n")
 
 
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_REASONS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EFBIG: "file too large (over the file size limit, ulimit -f)"}
+
+
+def _errno_of(e: BaseException) -> int | None:
+    """The errno of a failed write, also where torch's zip writer or safetensors hid it."""
+    if isinstance(e, OSError):
+        return e.errno
+    # safetensors wraps Rust's io::Error, the errno as `code: N` or `(os error N)` by version; torch's zip
+    # writer says no errno at all.
+    code = re.search(r"(?:code: |os error )(\d+)", str(e)) if type(e).__name__ == "SafetensorError" else None
+    return int(code.group(1)) if code else None
+
+
+def _is_write_failure(e: BaseException, every_oserror: bool) -> bool:
+    if isinstance(e, OSError):
+        return every_oserror or e.errno in _DISK_ERRNOS
+    torch_write = isinstance(e, RuntimeError) and any(w in str(e) for w in ("inline_container", "PytorchStreamWriter"))
+    return torch_write or (type(e).__name__ == "SafetensorError" and any(w in str(e) for w in ("IoError", "I/O error")))
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _bytes_in(path: Path) -> int:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _write_failure(e: BaseException, where: Path, written: int, needed: int | None) -> str:
+    """Why a write failed, in the user's words; a full disk with what is free and what the write needs."""
+    import resource
+
+    code = _errno_of(e)
+    if code not in _REASONS:  # torch's writer gives no errno: the limit or the free space tells which it was
+        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+            code = errno.EFBIG
+        elif isinstance(e, OSError) and e.errno is not None:
+            return (e.strerror or str(e)).lower()
+        else:
+            code = errno.ENOSPC
+    reason = _REASONS[code]
+    if code == errno.EFBIG:
+        return reason
+    try:
+        free = f"{_size(shutil.disk_usage(where).free)} free"
+    except OSError:
+        free = "free space unknown"
+    need = f"it needs about {_size(needed)}" if needed else f"{_size(written)} were written when it failed"
+    return f"{reason} ({free} there, {need})"
+
+
 @contextmanager
-def atomic_path(dest, tmp=None) -> Iterator[Path]:
+def writing(what: str, tmp, continue_with: str | None = None, needed: int | None = None, every_oserror: bool = True):
+    """Around a write of `what` into the temp path `tmp` (a file or directory) that is renamed into place: a
+    failure (Ctrl-C too) removes `tmp`, and a failed write (disk full, quota, file size limit; with
+    `every_oserror` any OSError) becomes the one-line WriteFailed naming what, where and why. `needed`:
+    the bytes the write takes, when the caller knows (a checkpoint: the last one's size)."""
+    tmp = Path(tmp)
+    try:
+        yield
+    except WriteFailed as e:  # a write inside this one failed: this one's continuation is the way on
+        remove(tmp)
+        if continue_with is None or e.continued:
+            raise
+        raise _write_failed(e.message, e.fix, continue_with) from e.__cause__
+    except BaseException as e:
+        written = _bytes_in(tmp)
+        remove(tmp)
+        if not _is_write_failure(e, every_oserror):
+            raise
+        reason = _write_failure(e, tmp.parent, written, needed)
+        fix = ("raise the file size limit (ulimit -f)" if "ulimit" in reason
+               else "free some space there (or write elsewhere)" if reason.startswith(("no space", "disk quota"))
+               else "check that place and its permissions")
+        raise _write_failed(f"cannot write {what} in {tmp.parent}: {reason}", fix, continue_with) from e
+
+
+def _write_failed(message: str, fix: str, continue_with: str | None) -> WriteFailed:
+    then = f", then continue with `{continue_with}`" if continue_with else ", then run it again"
+    e = WriteFailed(message, f"{fix}{then}; the files written before are intact")
+    e.fix, e.continued = fix, continue_with is not None
+    return e
+
+
+@contextmanager
+def atomic_path(dest, tmp=None, continue_with: str | None = None, needed: int | None = None) -> Iterator[Path]:
     """A temp path beside `dest` to write (a file or a link); a clean exit renames it onto `dest`, a failure
-    (Ctrl-C too) removes it. `tmp` names the temp path when a caller must know it (several processes)."""
+    (Ctrl-C too) removes it, and a full disk or file size limit is the one-line WriteFailed (`writing`, which
+    takes `continue_with` and `needed`). `tmp` names the temp path when a caller must know it (several processes)."""
     dest = Path(dest)
     log_write(dest)
     tmp = Path(tmp) if tmp is not None else dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-    try:
+    with writing(dest.name, tmp, continue_with, needed, every_oserror=False):
         yield tmp
         os.replace(tmp, dest)
-    except BaseException:
-        remove(tmp)
-        raise
 
 
-def write_text(dest, text: str) -> None:
-    with atomic_path(dest) as tmp:
+def write_text(dest, text: str, continue_with: str | None = None) -> None:
+    with atomic_path(dest, continue_with=continue_with) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
@@ -167,8 +262,9 @@ def json_text(obj, **options) -> str:
     return json.dumps(finite(obj), allow_nan=False, **options)
 
 
-def write_json(dest, obj) -> None:
-    write_text(dest, json_text(obj))
+def write_json(dest, obj, continue_with: str | None = None) -> None:
+    """Strict JSON (`json_text`), indented: summary.json and metrics.json are read by people too."""
+    write_text(dest, json_text(obj, indent=2, ensure_ascii=False) + "\n", continue_with)
 
 
 # ----------------------------------------------------------------------------- atomic directories
@@ -210,12 +306,9 @@ def atomic_dir(dest) -> Iterator[Path]:
     dest = Path(dest)
     log_write(dest)
     tmp = temp_beside(dest)
-    try:
+    with writing(dest.name, tmp, every_oserror=False):
         yield tmp
         swap_into(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def build_atomically(out_dir: Path, key: str, read_meta: Callable[[Path], dict | None], build: Callable[[Path], dict],

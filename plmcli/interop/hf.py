@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -412,17 +411,12 @@ def _check_out(out: str, force: bool, source: Path) -> Path:
 
 def _replace_dir(dest: Path, write: Callable[[Path], None]) -> None:
     """Write into a temp dir beside `dest`, then rename it into place: `dest` is complete or unchanged."""
-    from plmcli.data.store import swap_into, temp_beside
+    from plmcli.data.store import atomic_dir
 
-    tmp = temp_beside(dest)
-    try:
+    with atomic_dir(dest) as tmp:
         write(tmp)
         umask = os.umask(0)
         os.umask(umask)
         for f in tmp.rglob("*"):  # safetensors writes its files 0600
             if f.is_file():
                 f.chmod(0o666 & ~umask)
-        swap_into(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
 from plmcli.config_sections import FinetuneFeatures, FinetuneGridConfig, FinetuneInit, TaskOptions
+from plmcli.data import store
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
@@ -371,9 +372,8 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
         "settings": _settings(t, cfg, steps_per_epoch, total, warmup), **({"size_defaults": chosen} if chosen else {}),
     }
     if state.is_main_process:
-        from plmcli.train import checkpoint as ckpt
 
-        ckpt.write_json(out_dir / FINISHED_FINETUNE, result)
+        store.write_json(out_dir / FINISHED_FINETUNE, result)
     state.wait_for_everyone()
     return result
 
@@ -381,8 +381,6 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
 def _write_run_files(t, run_cfg: dict, run: Path, out_dir: Path, cfg: FinetuneConfig) -> None:
     """OUT's config.json (the backbone's config and what a reader needs to rebuild the task model), its
     tokenizer, and finetune.yaml (the config this finetune resolved to)."""
-    from plmcli.data import store
-    from plmcli.train import checkpoint as ckpt
 
     m = cfg.model
     finetune_info = {"task": t.name, "objective": t.objective, "num_labels": t.num_labels,
@@ -390,7 +388,7 @@ def _write_run_files(t, run_cfg: dict, run: Path, out_dir: Path, cfg: FinetuneCo
                      "max_seq_len": cfg.task.max_seq_len, "classifier_dropout": m.classifier_dropout,
                      "dropout": m.dropout, "task_state": t.state(), "options": asdict(t.options),
                      "freeze": m.freeze, "features": m.features, "elmo_at_output": m.elmo_at_output}
-    ckpt.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in run_cfg.items() if k != "finetune"},
+    store.write_json(out_dir / RUN_CONFIG, {**{k: v for k, v in run_cfg.items() if k != "finetune"},
                                            "objective": t.objective, "finetune": finetune_info})
     shutil.copyfile(run / TOKENIZER, out_dir / TOKENIZER)
     store.write_text(out_dir / FINETUNE_CONFIG, cfg.to_yaml())
@@ -454,7 +452,6 @@ def _eval_only(t, obj, model, data, meta, run, out_dir, train, state) -> dict:
     """Score the dev split(s) and predict the test split with a finetuned model; OUT/metrics.json."""
     from accelerate import Accelerator
 
-    from plmcli.train import checkpoint as ckpt
     from plmcli.train.distributed import use_cpu
 
     counts, batch_size, seed = _counts(meta), train.batch_size, train.seed
@@ -468,7 +465,7 @@ def _eval_only(t, obj, model, data, meta, run, out_dir, train, state) -> dict:
               "main_metric": t.main_metric, "dev": _strip(dev), "examples": counts,
               "truncated": {k: v.get("truncated", 0) for k, v in meta["counts"].items()}, "test_predictions": written}
     if state.is_main_process:
-        ckpt.write_json(out_dir / "metrics.json", result)
+        store.write_json(out_dir / "metrics.json", result)
     return result
 
 

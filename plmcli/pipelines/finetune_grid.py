@@ -267,9 +267,7 @@ def _write_result(out_dir: Path, result: dict) -> None:
     finished finetune only once it is the best run whole."""
     import json
 
-    from plmcli.train import checkpoint as ckpt
-
-    ckpt.write_json(out_dir / GRID_JSON, result)
+    store.write_json(out_dir / GRID_JSON, result)
     store.write_text(out_dir / GRID_MD, grid_markdown(result))
     best = out_dir / result["best"]["dir"]
     for f in sorted(best.iterdir()):
@@ -278,7 +276,7 @@ def _write_result(out_dir: Path, result: dict) -> None:
                 shutil.copyfile(f, tmp)
     metrics = json.loads((best / FINISHED_FINETUNE).read_text(encoding="utf-8"))
     metrics.update(out_dir=str(out_dir), grid={"run": result["best"]["dir"], "summary": GRID_JSON})
-    ckpt.write_json(out_dir / FINISHED_FINETUNE, metrics)
+    store.write_json(out_dir / FINISHED_FINETUNE, metrics)
 
 
 def _rows(result: dict) -> tuple[list[str], list[list[str]]]:

@@ -9,8 +9,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from plmcli.data import store
 from plmcli.data.store import content_fingerprint, has_meta, load_meta
-from plmcli.errors import PlmError
+from plmcli.errors import PlmError, WriteFailed
 from plmcli.pipelines.common import default_corpus, quiet_datasets_off_terminal
 from plmcli.runs import (RECIPE, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, clear_progress, discard_run,
                          has_progress, latest_target, list_checkpoints, load_phase_weights, point_latest, runs_root, trained)
@@ -126,7 +127,7 @@ def pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: b
     try:
         summary, last_phase = train_stages(prep.model, r, names, stages, prep.objectives, prep.data_dirs, run_dir, state,
                                            prep.fits, resume, time_budget, stop_after, console, continue_with)
-    except ckpt.RunStopped:  # it trained, and stopped resumable (non-finite loss, a write that failed): the run stays
+    except (ckpt.RunStopped, WriteFailed):  # it trained, and stopped resumable (non-finite loss, a full disk): the run stays
         raise
     except PlmError:
         if state.is_main_process and not resume and not trained(run_dir):
@@ -200,14 +201,14 @@ def _fill_run_dir(r, run_dir: Path, prep: Prepared, resume: bool, restart: bool,
 
     if restart:  # stopped before its first checkpoint: what it left goes, and it starts as a fresh run would
         clear_progress(run_dir)
-        ckpt.write_text(run_dir / RECIPE, r.to_yaml())
+        store.write_text(run_dir / RECIPE, r.to_yaml())
     if not resume:
         check_new_run_dir(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         held.enter_context(ckpt.RunLock(run_dir))
-        ckpt.write_text(run_dir / RECIPE, r.to_yaml())
+        store.write_text(run_dir / RECIPE, r.to_yaml())
         shutil.copyfile(prep.corpus_dir / TOKENIZER, run_dir / TOKENIZER)
-        ckpt.write_json(run_dir / RUN_CONFIG, {
+        store.write_json(run_dir / RUN_CONFIG, {
             "family": r.family, "model": asdict(r.model), "objective": r.objective_name,
             "tokenizer": prep.meta["tokenizer"], "seq_len": r.train.seq_len,
             "corpus": str(Path(prep.corpus_dir).resolve()),
@@ -219,20 +220,15 @@ def _fill_run_dir(r, run_dir: Path, prep: Prepared, resume: bool, restart: bool,
 
 def _write_final(run_dir: Path, names, last_phase: Path, summary: dict, continue_with: str) -> None:
     """The run's weights (its last phase's, when it has phases) and RUN/summary.json."""
-    from plmcli.data.store import atomic_path
-    from plmcli.train import checkpoint as ckpt
-
     if names[0] is not None:  # the run's weights are its last phase's
-        tmp = run_dir / f".{WEIGHTS}.tmp"
-        with ckpt.writing(WEIGHTS, tmp, continue_with), atomic_path(run_dir / WEIGHTS, tmp):
+        with store.atomic_path(run_dir / WEIGHTS, continue_with=continue_with) as tmp:
             shutil.copyfile(last_phase / WEIGHTS, tmp)
-    ckpt.write_json(run_dir / "summary.json", summary, continue_with)
+    store.write_json(run_dir / "summary.json", summary, continue_with)
 
 
 def train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state, fits, resume, time_budget,
                  stop_after, console, continue_with=None) -> tuple[dict, Path]:
     """Train (or fit) each phase in turn into run_dir (phases/<name>/ each); (the last phase's summary, its dir)."""
-    from plmcli.train import checkpoint as ckpt
 
     summary: dict = {}
     started = time.monotonic()
@@ -256,7 +252,7 @@ def train_stages(model, r, names, stages, objectives, data_dirs, run_dir, state,
         if summary["stop_reason"] not in ("max_steps", "max_tokens"):
             break  # stopped early: the next --resume continues this phase
         if name is not None and state.is_main_process:
-            ckpt.write_json(sub / "summary.json", summary, continue_with)
+            store.write_json(sub / "summary.json", summary, continue_with)
     return summary, sub
 
 

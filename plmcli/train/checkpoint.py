@@ -5,69 +5,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
-from plmcli.data.store import process_alive
+from plmcli.data.store import process_alive, writing
 from plmcli.errors import PlmError
 from plmcli.runs import LOCK, LOOP_STATE, checkpoint_dir, list_checkpoints  # noqa: F401  (a run's layout lives in runs)
 
 
 class RunStopped(PlmError):
-    """Training stopped on a fault found after it started (non-finite loss, a file that cannot be written):
-    the run directory stays, resumable from its last complete checkpoint."""
-
-
-class WriteFailed(RunStopped):
-    """A run file could not be written (disk full, file size limit): the temp file is gone and the files
-    written before it are intact."""
-
-
-@contextmanager
-def writing(what: str, tmp: Path, continue_with: str | None = None):
-    """Around a temp-file-then-rename write of `what`: a failure removes the temp file or directory, and an
-    OSError becomes a one-line WriteFailed naming what and where."""
-    try:
-        yield
-    except BaseException as e:  # a Ctrl-C mid-write too leaves no temp litter
-        tmp = Path(tmp)
-        if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        # torch.save reports a failed write as a RuntimeError of its zip writer, without the errno.
-        torch_write = isinstance(e, RuntimeError) and any(w in str(e) for w in ("inline_container", "PytorchStreamWriter"))
-        # safetensors reports one as its own SafetensorError wrapping Rust's IoError (with the errno as `code: N`).
-        safetensors_write = type(e).__name__ == "SafetensorError" and "IoError" in str(e)
-        if not (isinstance(e, OSError) or torch_write or safetensors_write):
-            raise
-        reason = _write_failure(e, tmp.parent)
-        then = f", then continue with `{continue_with}`" if continue_with else ", then run it again"
-        fix = "raise the file size limit (ulimit -f)" if "ulimit" in reason else "free some space there (or write elsewhere)"
-        raise WriteFailed(f"cannot write {what} in {tmp.parent}: {reason}", f"{fix}{then}; the files written before are intact") from e
-
-
-def _write_failure(e: BaseException, where: Path) -> str:
-    """Why a write failed, in the user's words."""
-    known = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-             errno.EFBIG: "file too large (over the file size limit, ulimit -f)"}
-    if isinstance(e, OSError) and e.errno in known:
-        return known[e.errno]
-    code = re.search(r"code: (\d+)", str(e))
-    if code and int(code.group(1)) in known:
-        return known[int(code.group(1))]
-    import resource
-
-    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
-        return known[errno.EFBIG]
-    try:
-        if shutil.disk_usage(where).free < 16 << 20:
-            return known[errno.ENOSPC]
-    except OSError:
-        pass
-    return ((e.strerror if isinstance(e, OSError) else None) or str(e)).lower()
+    """Training stopped on a fault found after it started (non-finite loss, a peer process lost): the run
+    directory stays, resumable from its last complete checkpoint (as after errors.WriteFailed)."""
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -91,7 +39,10 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, kee
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    with writing(f"the checkpoint of step {step}", tmp, continue_with):
+    previous = list_checkpoints(run_dir)
+    # The last checkpoint's size is what this one needs: a full disk says how much to free.
+    needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else None
+    with writing(f"the checkpoint of step {step}", tmp, continue_with, needed):
         accelerator.save_state(str(tmp), safe_serialization=False)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -147,24 +98,6 @@ def running_backend(accelerator) -> str:
     return {DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}.get(accelerator.distributed_type, "ddp")
 
 
-def write_json(path: Path, obj, continue_with: str | None = None) -> None:
-    """Strict JSON (summary.json, metrics.json): a non-finite number (an n-gram's val_ppl inf, a correlation of
-    constant predictions) is null, as `plm ... --json` prints it (data.store.json_text)."""
-    from plmcli.data.store import json_text
-
-    write_text(path, json_text(obj, indent=2, ensure_ascii=False) + "\n", continue_with)
-
-
-def write_text(path: Path, text: str, continue_with: str | None = None) -> None:
-    from plmcli.data.store import atomic_path
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path.name, tmp, continue_with), atomic_path(path, tmp):
-        tmp.write_text(text, encoding="utf-8")
-
-
-# flock's errnos on a filesystem without it (Lustre mounted noflock, some NFS and FUSE mounts).
 _NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL})
 # A holder writes its line right after creating the file: an empty file older than this lost its writer.
 _EMPTY_STALE_S = 60.0

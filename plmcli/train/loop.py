@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from plmcli.data.batching import CountFrom
+from plmcli.data.store import writing
 from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
 from plmcli.models.checkpointing import apply_activation_checkpointing
@@ -491,7 +492,7 @@ class _Training:
                                     self.t.keep_checkpoints, self.continue_with)
 
     def weights(self) -> None:
-        with ckpt.writing("model.safetensors", self.run_dir / ".model.safetensors.tmp", self.continue_with):
+        with writing("model.safetensors", self.run_dir / ".model.safetensors.tmp", self.continue_with):
             save_weights(self.accelerator, self.model, self.run_dir, self.tied)
 
     def saved(self) -> str:
