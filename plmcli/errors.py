@@ -25,6 +25,7 @@ class WriteFailed(PlmError):
     continued: bool = False
     """The hint names the command that continues (an enclosing write need not add one)."""
 
+
 RESUMABLE_EXIT = 75
 """The exit code of a run stopped by SIGTERM or SIGUSR1 (a scheduler's preemption, time limit, or warning)
 after checkpointing its last step: the same command with --auto-resume (or --resume) continues it
@@ -42,7 +43,23 @@ class Interrupted(Exception):
     def __init__(self, message: str, signal_name: str = "SIGINT"):
         super().__init__(message)
         self.message = message
+        self.signal_name = signal_name
         self.exit_code = 130 if signal_name == "SIGINT" else RESUMABLE_EXIT
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGUSR1 reaching a `plm` process outside a training loop (which defers them to a step
+    boundary): raised in the main thread as Ctrl-C raises KeyboardInterrupt, so the same unwinding removes
+    every temp file and half-built output on the way out (a scheduler's kill would leave them)."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def stop_signal(e: BaseException) -> str:
+    """The signal behind a stop: SIGTERM / SIGUSR1 for Terminated and Interrupted, else Ctrl-C's SIGINT."""
+    return e.signal_name if isinstance(e, (Terminated, Interrupted)) else "SIGINT"
 
 
 # errno values that can only come from writing: the fix is to make room or write elsewhere.

@@ -117,12 +117,14 @@ def _start(gpt, out, tmp_path):
     return proc
 
 
-def test_sigint_in_a_real_process(gpt, tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 75)])
+def test_a_stop_signal_in_a_real_process(gpt, tmp_path, sig, code):
+    """Ctrl-C, or a scheduler's SIGTERM (exit 75: run the same command again): OUT removed, one line."""
     out = tmp_path / "ft"
     proc = _start(gpt, out, tmp_path)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "interrupted — the classification finetune stopped after step" in err and "Traceback" not in err, err
     assert f"so {out} was removed — run the same command again" in err
     assert not out.exists()

@@ -99,3 +99,29 @@ def test_stale_temp_dirs_of_the_same_out_are_removed_and_a_live_writer_s_kept(tm
     tmp = temp_beside(dest)
     assert not stale.exists() and live.is_dir() and other.is_dir()
     assert tmp.name.startswith(f".tok.tmp-{os.getpid()}-")
+
+
+def test_sigterm_stops_tokenize_as_ctrl_c_does(tmp_path):
+    """A scheduler's SIGTERM mid-tokenize: the temp directory goes with it (it stayed behind before), one line,
+    exit 143 (128 + SIGTERM, as a kill reports it)."""
+    import random
+    import signal
+    import time
+
+    from plm_process import start
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(3000)]
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("".join(" ".join(rng.choices(words, k=20)) + "\n" for _ in range(200_000)))
+    out = tmp_path / "tok"
+    proc = start(tmp_path, "tokenize", corpus, "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".tok.tmp-*")):  # it is building
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGTERM — nothing was written" and "Traceback" not in err, err
+    assert not out.exists() and not list(tmp_path.glob(".tok*")), list(tmp_path.iterdir())

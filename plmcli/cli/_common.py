@@ -56,12 +56,15 @@ def process() -> tuple[int, int]:
 def report(e: BaseException, command: str) -> tuple[str, int]:
     """The one line for an exception that escaped `command`, and the exit code (see `plm --help`)."""
     from plmcli import api  # only once something failed: keeps startup light
-    from plmcli.errors import Interrupted, os_error
+    from plmcli.errors import Interrupted, os_error, stop_signal
 
     if isinstance(e, Interrupted):
         return f"interrupted — {e.message}", e.exit_code
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted — nothing was written", 130
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM / SIGUSR1 as Terminated: 128 + the signal, as a kill
+        import signal
+
+        name = stop_signal(e)
+        return f"interrupted{'' if name == 'SIGINT' else ' by ' + name} — nothing was written", 128 + signal.Signals[name]
     plm = api.find_plm_error(e)  # datasets wraps ours raised in its generators and workers
     if plm is not None:
         return f"error: {plm}", 2
@@ -153,17 +156,27 @@ class Commands:
 
 
 class Program(typer.Typer):
-    """The `plm` process (console script, python -m plmcli): once a command has ended, its exit code is
-    decided and a late Ctrl-C has nothing left to stop. Ignored from then on, it can no longer kill the
-    interpreter's teardown (which would exit by SIGINT, -2, with no message) or print tracebacks from
-    exit handlers. In-process callers (CliRunner) do not pass here, so their Ctrl-C is left alone."""
+    """The `plm` process (console script, python -m plmcli). While a command runs, SIGTERM and SIGUSR1 stop it
+    as Ctrl-C does (errors.Terminated), so a scheduler's kill removes temp files too; a training loop defers
+    all three to a step boundary. Once a command has ended, its exit code is decided and a late signal has
+    nothing left to stop. Ignored from then on, it can no longer kill the interpreter's teardown (which would
+    exit by the signal with no message) or print tracebacks from exit handlers. In-process callers (CliRunner)
+    do not pass here, so their signals are left alone."""
 
     def __call__(self, *args, **kwargs):
         import signal
         import threading
 
+        from plmcli.train.signals import SCHEDULER_SIGNALS, raise_terminated
+
+        main = threading.current_thread() is threading.main_thread()
+        if main:  # a scheduler's SIGTERM / SIGUSR1 unwinds as Ctrl-C does (temp files removed); training defers them
+            for s in SCHEDULER_SIGNALS:
+                if signal.getsignal(s) == signal.SIG_DFL:
+                    signal.signal(s, raise_terminated)
         try:
             return super().__call__(*args, **kwargs)
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if main:
+                for s in (signal.SIGINT, *SCHEDULER_SIGNALS):
+                    signal.signal(s, signal.SIG_IGN)

@@ -28,7 +28,7 @@ from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, 
 from plmcli.config_sections import FinetuneFeatures, FinetuneGridConfig, FinetuneInit, TaskOptions
 from plmcli.data import store
 from plmcli.data.outdir import discard
-from plmcli.errors import Interrupted, PlmError
+from plmcli.errors import Interrupted, PlmError, stop_signal
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
                          load_encoder, load_run_tokenizer, resolve_run, run_config, runs_root, task_objective)
 
@@ -417,7 +417,7 @@ def _finished_or_discarded(out_dir: Path, made: bool, main: bool, what: str):
             discard(out_dir, made)
         done = f"after step {step}" if step else "before its first optimizer step"
         raise Interrupted(f"{what} stopped {done}; finetune does not resume, so {out_dir} was "
-                          f"{'removed' if made else 'emptied'} — run the same command again") from e
+                          f"{'removed' if made else 'emptied'} — run the same command again", stop_signal(e)) from e
     except BaseException:
         if main:
             discard(out_dir, made)

@@ -31,7 +31,7 @@ from plmcli.config import FinetuneConfig
 from plmcli.config_sections import FinetuneGridConfig
 from plmcli.data import store
 from plmcli.data.outdir import discard
-from plmcli.errors import Interrupted, PlmError
+from plmcli.errors import Interrupted, PlmError, stop_signal
 from plmcli.pipelines.finetune import run_finetune
 from plmcli.runs import FINISHED_FINETUNE, FROM, check_new_run_dir, resolve_run, runs_root
 
@@ -187,7 +187,8 @@ def _run_cells(cfg: FinetuneConfig, cells: list[Cell], out_dir: Path, made: bool
         try:
             res = run_finetune(cell_config(cfg, cell), str(cell_dir), False, console)
         except (KeyboardInterrupt, Interrupted) as e:
-            raise Interrupted(_stopped(out_dir, made, i, len(cells), len(runs), state.is_main_process)) from e
+            raise Interrupted(_stopped(out_dir, made, i, len(cells), len(runs), state.is_main_process),
+                              stop_signal(e)) from e
         except BaseException:
             if not runs and state.is_main_process:
                 discard(out_dir, made)  # nothing finished: nothing half-written stays

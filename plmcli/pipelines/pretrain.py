@@ -110,7 +110,7 @@ def pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: b
     directory, train every phase, write the summary."""
     import shlex
 
-    from plmcli.errors import Interrupted
+    from plmcli.errors import Interrupted, stop_signal
     from plmcli.train import checkpoint as ckpt
     from plmcli.train.distributed import process_state
 
@@ -133,9 +133,9 @@ def pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: b
         if state.is_main_process and not resume and not trained(run_dir):
             discard_run(run_dir, previous_latest, made_dir)  # bad data found by the loop: nothing half-made stays
         raise
-    except KeyboardInterrupt:  # before a phase's loop took charge of Ctrl-C (it raises Interrupted itself)
+    except KeyboardInterrupt as e:  # before a phase's loop took charge of the stop signals (it raises Interrupted)
         raise Interrupted(f"stopped before the next checkpoint of {run_dir}; `{continue_with}` continues from the "
-                          "last one (or from step 0 if there is none)") from None
+                          "last one (or from step 0 if there is none)", stop_signal(e)) from None
     summary["run_dir"] = str(run_dir)
     if state.is_main_process:
         _write_final(run_dir, names, last_phase, summary, continue_with)

@@ -5,10 +5,18 @@ from __future__ import annotations
 import signal
 import threading
 
+from plmcli.errors import Terminated
+
 # Signals that ask a run to stop at the next optimizer-step boundary, with a checkpoint of that step:
 # Ctrl-C, and the ones a scheduler sends before it kills a job (Slurm's preemption, scancel, the end of the
 # time limit, Kubernetes, torchrun send SIGTERM; Slurm's `--signal=USR1@SECONDS` warns ahead of time).
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+SCHEDULER_SIGNALS = tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)
+
+
+def raise_terminated(signum, frame):
+    """The handler of SCHEDULER_SIGNALS in a `plm` process while no training loop defers them."""
+    raise Terminated(signal.Signals(signum).name)
 
 
 class DeferredStop:
