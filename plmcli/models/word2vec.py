@@ -133,7 +133,7 @@ class Word2Vec(LanguageModel):
         require_vocab(cfg)
         self.cfg = cfg
         V, D = cfg.vocab_size, cfg.dim
-        self.input_vectors = nn.Parameter((torch.rand(V, D) - 0.5) / D, requires_grad=False)
+        self.input_vectors = nn.Parameter(nn.init.uniform_(torch.empty(V, D), -0.5 / D, 0.5 / D), requires_grad=False)
         self.output_vectors = nn.Parameter(torch.zeros(V, D), requires_grad=False)
         # the train-split count of each token with a vector; 0 for the rest (specials, rare words)
         self.register_buffer("counts", torch.zeros(V, dtype=torch.int64))
