@@ -137,13 +137,17 @@ def refuse_task_model(path: Path, cfg: dict, run: str | None, usage: str, doing:
 
 def build_run_model(path: Path, cfg: dict, init: bool = True):
     """The run's model from its (checked) config.json: freshly initialised, or with `init=False` left for
-    the caller to load every weight into (`build_model`)."""
+    the caller to load every weight into: drawing 110M random numbers takes a bert-base about a second."""
+    from contextlib import nullcontext
+
     from plmcli.config import build_section
     from plmcli.models.registry import build_model, model_config_class
+    from plmcli.models.skip_init import NoRandomInit
 
     model_cfg = build_section(model_config_class(cfg["family"]), cfg["model"], "model")
     try:
-        return build_model(cfg["family"], model_cfg, init)
+        with nullcontext() if init else NoRandomInit():
+            return build_model(cfg["family"], model_cfg)
     except PlmError as e:
         raise PlmError(f"{Path(path) / RUN_CONFIG} is damaged ({e.message})", _rewrite_hint(path)) from e
     except (TypeError, ValueError, AssertionError, RuntimeError) as e:

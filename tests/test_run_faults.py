@@ -194,10 +194,12 @@ def test_a_failed_build_without_init_restores_torch_init():
 
     from plmcli.models.gpt import GPTConfig
     from plmcli.models.registry import build_model
+    from plmcli.models.skip_init import NoRandomInit
 
     normal = init.normal_
     with pytest.raises(ValueError, match="vocab_size must be set"):
-        build_model("gpt", GPTConfig(), init=False)
+        with NoRandomInit():
+            build_model("gpt", GPTConfig())
     assert init.normal_ is normal
     torch.manual_seed(0)
     built = build_model("gpt", GPTConfig(vocab_size=11, max_positions=8, n_layer=1, n_head=2, d_model=8))

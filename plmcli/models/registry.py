@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from plmcli.registry_util import resolve
 
 FAMILIES: dict[str, str] = {
@@ -33,11 +31,7 @@ def model_config_class(family: str):
     return model_class(family).Config
 
 
-def build_model(family: str, cfg, init: bool = True):
-    """The family's model from its config; `init=False` leaves the parameters that torch.nn.init would
-    fill as they were allocated, for a caller that loads every one of them next (a run's weights):
-    drawing 110M random numbers takes a bert-base about a second."""
-    from plmcli.models.skip_init import NoRandomInit  # torch only once a model is built: `plm recipes` stays light
-
-    with contextlib.nullcontext() if init else NoRandomInit():
-        return model_class(family)(cfg)
+def build_model(family: str, cfg):
+    """The family's model from its config, initialised (under models.skip_init.NoRandomInit: not, for a caller
+    that loads every parameter next)."""
+    return model_class(family)(cfg)

@@ -22,7 +22,8 @@ def test_a_build_without_init_draws_nothing_and_loads_exactly(family):
     torch.manual_seed(0)
     made = build_model(family, cfg)
     before = torch.get_rng_state()
-    bare = build_model(family, cfg, init=False)
+    with NoRandomInit():
+        bare = build_model(family, cfg)
     assert torch.equal(torch.get_rng_state(), before)
     bare.load_state_dict(made.state_dict(), strict=True)
     assert all(torch.equal(a, b) for a, b in zip(made.state_dict().values(), bare.state_dict().values()))
