@@ -66,6 +66,11 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     from plmcli.data.outdir import check_writable
     from plmcli.data.tokenizers import default_special_tokens
 
+    # checked as typed and before any reading: replace() below skips the tokenizer section's own range checks
+    for flag, value, least, example in (("--vocab-size", vocab_size, 1, 8192), ("--min-frequency", min_frequency, 0, 2),
+                                        ("--num-proc", num_proc, 1, 4)):
+        if value is not None and value < least:
+            raise PlmError(f"{flag} {value} must be ≥ {least}", f"e.g. {flag} {example}, or leave it out")
     check_writable(out)
     quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
@@ -257,7 +262,7 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
 
     files = with_text_column(files, text_column)
     check_lengths(max_length=(max_length, 1), stride=(stride, 1), tgt_len=(tgt_len, 1), mem_len=(mem_len, 0),
-                  batch_size=(batch_size, 1))
+                  batch_size=(batch_size, 1), max_tokens_per_batch=(max_tokens_per_batch, 1))
     path = resolve_run(model, "--model RUN")
     run_cfg = run_config(path)
     refuse_task_model(path, run_cfg, model, "--model RUN", "score text")

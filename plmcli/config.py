@@ -21,7 +21,7 @@ import yaml
 from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneGridConfig, FinetuneModelConfig,
                                     FinetuneOptimConfig, FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction,
                                     MixedPrecision, NonNegative, OptimizerName, Positive, Probability, Rule,
-                                    ScheduleName, Size, TaskOptions, TokenizerConfig, Workers)
+                                    ScheduleName, Seed, Size, TaskOptions, TokenizerConfig, Workers)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -71,7 +71,7 @@ class TrainConfig:
     """How many recent checkpoints to keep."""
     log_every: Size = 10
     """Log loss / lr / throughput every N steps."""
-    seed: int = 1337
+    seed: Seed = 1337
     """Seeds model init, data order, masking and dropout."""
     num_workers: Workers = "auto"
     """DataLoader worker processes that build the training batches. auto: none on a CPU-only run (the model

@@ -90,6 +90,8 @@ Size = Annotated[int, Range(1)]
 """A count or width that must be ≥ 1."""
 Count = Annotated[int, Range(0)]
 """≥ 0, where 0 means none, off, or "take it from elsewhere" (the field's docstring says which)."""
+Seed = Annotated[int, Range(0)]
+"""A random seed ≥ 0: numpy's generators refuse a negative one, and would only once training has started."""
 Workers = Annotated[Union[int, str], OrAuto(Range(0))]
 """A count of worker processes ≥ 0, or auto (picked from the device and the cores the run has)."""
 Probability = Annotated[float, Range(0, 1, hi_open=True)]
@@ -250,7 +252,7 @@ class FinetuneTrainConfig:
     """Evaluate dev (keeping the best weights) every N steps; 0 = after every epoch."""
     log_every: Count = 0
     """Log loss and lr every N steps; 0 = four times an epoch (at most every 50 steps)."""
-    seed: int = 42
+    seed: Seed = 42
     """Seeds the head init, data order and dropout."""
     grad_clip: NonNegative = 1.0
     """Clip the global gradient norm to this; 0 disables."""

@@ -198,7 +198,7 @@ def attention(run: str | None, text: str | None = None, text_pair: str | None = 
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.runs import load_encoder
 
-    _check_options(text, text_pair, corpus, out, batch_size, max_lines)
+    _check_options(text, text_pair, corpus, out, batch_size, max_lines, max_seq_len)
     path, cfg, kind, layout = _open_run(run, text_pair)
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
     examples = read_corpus(corpus, max_lines) if corpus else [(text, text_pair)]
@@ -249,7 +249,7 @@ def _statistics(sums: PatternSums) -> dict:
             "broad_heads": broad_heads(rows), "queries": {p: int(sums.counts.get(p, 0)) for p in PATTERNS[:-1]}}
 
 
-def _check_options(text, text_pair, corpus, out, batch_size, max_lines) -> None:
+def _check_options(text, text_pair, corpus, out, batch_size, max_lines, max_seq_len) -> None:
     if not out:
         raise PlmError("no output directory given", "pass --out DIR (it receives layer_{i}.png, attention.tsv, attention.json)")
     if text is not None and not text.strip():
@@ -259,8 +259,11 @@ def _check_options(text, text_pair, corpus, out, batch_size, max_lines) -> None:
     if text_pair is not None and (text is None or not text_pair.strip()):
         raise PlmError("--text-pair needs a non-empty second text and a first TEXT",
                        'e.g. plm attention RUN "a question" --text-pair "its answer" --out att/')
-    if batch_size < 1 or (max_lines is not None and max_lines < 1):
-        raise PlmError("--batch-size and --max-lines must be ≥ 1", "e.g. --batch-size 16")
+    # before the run is loaded: its positions bound --max-seq-len from above only
+    for flag, value, least, example in (("--batch-size", batch_size, 1, 16), ("--max-lines", max_lines, 1, 500),
+                                        ("--max-seq-len", max_seq_len, 4, 128)):
+        if value is not None and value < least:
+            raise PlmError(f"{flag} {value} must be ≥ {least}", f"e.g. {flag} {example}, or leave it out")
     out_dir = Path(out)  # checked now, not after the model has run (build_atomically checks again)
     if out_dir.exists() and not (out_dir.is_dir() and (not any(out_dir.iterdir()) or _read_meta(out_dir))):
         raise PlmError(f"'{out_dir}' exists and is not a `plm attention` output", "choose another --out directory (plm will not overwrite it)")

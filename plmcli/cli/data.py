@@ -33,7 +33,7 @@ def tokenize(
     doc_per_line: bool = typer.Option(False, help="Each line is a document (default: blank lines separate documents)."),
     split_sentences: bool = typer.Option(False, help="Cut lines into sentences at 。！？ and . ! ? (text that is not one "
                                          "sentence per line: NSP/SOP pairs are built from sentences)."),
-    val_fraction: float = typer.Option(0.05, help="Share of documents (from the end) kept for validation."),
+    val_fraction: float = typer.Option(0.05, help="Share of documents (from the end) kept for validation (0 = none)."),
     num_proc: int = typer.Option(1, help="Worker processes for encoding."),
     text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
                                               "saved datasets and Hub datasets (default: text)."),
@@ -78,7 +78,7 @@ def make_mlm_data(
     short_seq_prob: float = typer.Option(0.1, help="Share of instances with a shorter random target length."),
     dupe_factor: int = typer.Option(5, help="Copies of the corpus, each masked differently."),
     mask_prob: float = typer.Option(0.15, help="Share of tokens to predict."),
-    max_predictions: int = typer.Option(20, help="At most this many predictions per instance."),
+    max_predictions: int = typer.Option(20, help="At most this many predictions per instance (0 = no cap)."),
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
     cross_documents: bool = typer.Option(True, help="--pairs none: pack across documents (RoBERTa's FULL-SENTENCES); "
                                          "--no-cross-documents keeps each instance inside one document (DOC-SENTENCES)."),

@@ -26,8 +26,8 @@ def eval_ppl(
                                              "seq_len, capped by the model's positions)."),
     stride: Optional[int] = typer.Option(None, help="New tokens scored per window (default max_length/2; = max_length: no overlap)."),
     batch_size: int = typer.Option(8, help="Windows per forward pass (masked LMs: --max-tokens-per-batch)."),
-    mem_len: Optional[int] = typer.Option(None, help="Models with memory (Transformer-XL, XLNet): states kept per layer "
-                                          "(default: the recipe's eval_mem_len, else mem_len)."),
+    mem_len: Optional[int] = typer.Option(None, help="Models with memory (Transformer-XL, XLNet): states kept per layer, "
+                                          "0 = none (default: the recipe's eval_mem_len, else mem_len)."),
     tgt_len: Optional[int] = typer.Option(None, help="Models with memory: tokens per segment (default: the recipe's "
                                           "eval_tgt_len, else the training seq_len)."),
     max_tokens_per_batch: Optional[int] = typer.Option(None, help="Masked LMs: input tokens per forward pass "
@@ -189,7 +189,7 @@ def zero_shot(
     option: Optional[str] = typer.Option(None, "--option", help="How an option continues the prompt (default ' {option}')."),
     score: Optional[str] = typer.Option(None, "--score", help="sum | mean log-likelihood of a continuation picks the "
                                         "prediction (default: sum for labels, mean for options)."),
-    max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Score the first N examples only."),
+    max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Score the first N examples only (0 = all)."),
     max_length: Optional[int] = typer.Option(None, help="Tokens a row reads (default: the run's training seq_len, "
                                              "capped by its positions); longer prompts lose their start."),
     batch_size: int = typer.Option(8, help="Rows (example × continuation) per forward pass."),

@@ -110,8 +110,8 @@ def finetune(
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),
     init: Optional[str] = typer.Option(None, help="pretrained | random: fresh weights, the baseline (= model.init; default pretrained)."),
-    warmup_ratio: Optional[float] = typer.Option(None, help="Share of the steps spent warming the learning rate up "
-                                                 "(= optim.warmup_ratio; default 0.1)."),
+    warmup_ratio: Optional[float] = typer.Option(None, help="Share of the steps spent warming the learning rate up, "
+                                                 "0 = none (= optim.warmup_ratio; default 0.1)."),
     weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay, not on biases and norms "
                                                  "(= optim.weight_decay; default 0.01)."),
     dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
@@ -132,8 +132,8 @@ def finetune(
     max_answer_len: Optional[int] = typer.Option(None, help="Span QA: longest answer, in tokens (= task.max_answer_len; default 30)."),
     n_best: Optional[int] = typer.Option(None, help="Span QA: start and end candidates combined per window (= task.n_best; default 20)."),
     crf: Optional[bool] = typer.Option(None, "--crf", help="NER: a linear-chain CRF over the tag scores, Viterbi decoding (= task.crf)."),
-    aux_lm_weight: Optional[float] = typer.Option(None, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss "
-                                                  "(= task.aux_lm_weight; default 0.5)."),
+    aux_lm_weight: Optional[float] = typer.Option(None, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss, "
+                                                  "0 = the task loss alone (= task.aux_lm_weight; default 0.5)."),
     eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics.json (a grid: grid.json)."),
 ):

@@ -24,7 +24,7 @@ from plmcli.eval.perplexity import eval_files
 def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
           batch_size: int = 8, device="cpu") -> dict:
     """eval-ppl's report of a bidirectional LM over `files`; adds fwd_ppl, bwd_ppl, avg_ppl and `windows`."""
-    L = max_length or 256
+    L = 256 if max_length is None else max_length  # 0 is a value (refused below), not the default
     if L < 1:
         raise PlmError(f"--max-length {L} must be ≥ 1", "e.g. --max-length 256")
     if batch_size < 1:

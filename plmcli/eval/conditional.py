@@ -80,7 +80,7 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
           batch_size: int = 8, device="cpu") -> dict:
     """eval-ppl's report of an encoder–decoder run over `files`; adds truncated_sources and `scores`."""
     P = model.max_positions
-    L = max_length or P
+    L = P if max_length is None else max_length  # 0 is a value (refused below), not the default
     if not 2 <= L <= P:
         raise PlmError(f"--max-length {L} is outside 2..{P} (the model's positions)", f"use --max-length ≤ {P}")
     ids = cfg["tokenizer"].get("special_token_ids", {})

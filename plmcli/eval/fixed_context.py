@@ -18,7 +18,7 @@ from plmcli.eval.perplexity import eval_files, sequence_nll
 def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
           batch_size: int = 8, device="cpu") -> dict:
     """eval-ppl's report of an NNLM over `files` (`context`: how many tokens each prediction reads)."""
-    L = max_length or 512
+    L = 512 if max_length is None else max_length  # 0 is a value (refused below), not the default
     n1 = model.cfg.order - 1
     if L < n1:
         raise PlmError(f"--max-length {L} is shorter than the model's context of {n1} words", f"use --max-length ≥ {n1}")

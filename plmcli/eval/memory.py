@@ -26,7 +26,8 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
           batch_size: int = 8, device="cpu", mem_len: int | None = None, tgt_len: int | None = None) -> dict:
     """eval-ppl's report of a model with segment memory over `files`; adds `tgt_len` and `mem_len`."""
     c = model.cfg
-    tgt = tgt_len or c.eval_tgt_len or cfg.get("seq_len") or 128
+    # a flag's 0 is a value (refused below); the recipe's eval_tgt_len 0 means "the training seq_len"
+    tgt = (c.eval_tgt_len or cfg.get("seq_len") or 128) if tgt_len is None else tgt_len
     mem = (c.eval_mem_len or c.mem_len) if mem_len is None else mem_len
     if tgt < 1 or mem < 0:
         raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 1600")

@@ -111,7 +111,8 @@ def check_lengths(**flags) -> None:
     for --max-length) -> (value or None, least value)."""
     from plmcli.errors import PlmError
 
-    examples = {"max_length": 128, "stride": 64, "tgt_len": 128, "mem_len": 128, "batch_size": 8}
+    examples = {"max_length": 128, "stride": 64, "tgt_len": 128, "mem_len": 128, "batch_size": 8,
+                "max_tokens_per_batch": 8192}
     for name, (value, least) in flags.items():
         if value is not None and value < least:
             flag = "--" + name.replace("_", "-")

@@ -20,7 +20,7 @@ from plmcli.eval.perplexity import carried_nll, eval_files
 def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
           batch_size: int = 8, device="cpu") -> dict:
     """eval-ppl's report of a stateful LM over `files`."""
-    chunk = max_length or 1024
+    chunk = 1024 if max_length is None else max_length  # 0 is a value (refused below), not the default
     if chunk < 1:
         raise PlmError(f"--max-length {chunk} must be ≥ 1", "it is only the chunk size: e.g. --max-length 1024")
     model.to(device).eval()

@@ -356,6 +356,9 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
 
     if batch_size < 1:
         raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 8")
+    if max_length is not None and max_length < 1:  # before the run is loaded: its positions bound it from above
+        raise PlmError(f"--max-length {max_length} must be ≥ 1", "e.g. --max-length 128, or leave it out for the "
+                       "run's training seq_len")
     found = Run.open(run, "RUN")
     traits = traits_of(model_class(found.config["family"]))
     if not traits.causal or traits.stateful:  # before loading the weights

@@ -244,10 +244,12 @@ class SpanQA(Objective):
         self.task, self.layout = task, layout
         self.pad_id = special_ids.get("pad", 0)
         o = task.options
-        for name, value in (("--doc-stride", o.doc_stride), ("--max-query-len", o.max_query_len),
-                            ("--max-answer-len", o.max_answer_len), ("n_best", o.n_best)):
+        for name, value, unit, example in (("--doc-stride", o.doc_stride, "tokens", 128),
+                                           ("--max-query-len", o.max_query_len, "tokens", 64),
+                                           ("--max-answer-len", o.max_answer_len, "tokens", 30),
+                                           ("--n-best", o.n_best, "candidates", 20)):
             if not isinstance(value, int) or value < 1:
-                raise PlmError(f"{name} {value} must be a positive number of tokens", f"e.g. {name} 30")
+                raise PlmError(f"{name} {value} must be a positive number of {unit}", f"e.g. {name} {example}")
         if seq_len - 3 - o.max_query_len < 1:
             raise PlmError(f"--max-query-len {o.max_query_len} leaves no room for the passage in windows of "
                            f"--max-seq-len {seq_len} ([CLS] question [SEP] passage [SEP])",

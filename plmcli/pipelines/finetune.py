@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
-from plmcli.config_sections import FinetuneFeatures, FinetuneGridConfig, FinetuneInit, TaskOptions
+from plmcli.config_sections import FinetuneFeatures, FinetuneGridConfig, FinetuneInit, Range, TaskOptions
 from plmcli.data import store
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError, stop_signal
@@ -86,6 +86,7 @@ def finetune_config(config: str | None = None, overrides: list[str] | dict | Non
     task's fields) beat `overrides` (--set), which beat the file `config`, which beats the defaults."""
     given = {k: v for k, v in arguments.items() if v is not None and not (isinstance(v, (list, tuple)) and not v)}
     flags: dict = {"task": _given_options(options)}
+    _check_arguments(flags["task"])
     for name, value in given.items():
         for key, v in _keys_set(name, value):
             section, field_name = key.split(".")
@@ -552,22 +553,35 @@ def _check_arguments(given: dict) -> None:
     if features is not None and features not in FEATURES:
         raise PlmError(f"--features '{features}' is not one of {', '.join(FEATURES)}",
                        "use --features last (default), scalar_mix or concat_last_four")
-    checks = {
-        "epochs": (lambda v: isinstance(v, int) and v >= 1, "e.g. --epochs 3"),
-        "lr": (lambda v: v > 0, "e.g. --lr 2e-5"),
-        "batch_size": (lambda v: isinstance(v, int) and v >= 1, "e.g. --batch-size 32"),
-        "seeds": (lambda v: isinstance(v, int) and v >= 1, "e.g. --seeds 5 (runs of each setting)"),
-        "max_steps": (lambda v: v >= 1, "e.g. --max-steps 100, or leave it out"),
-        "warmup_ratio": (lambda v: 0 <= v < 1, "e.g. --warmup-ratio 0.1"),
-        "weight_decay": (lambda v: v >= 0, "e.g. --weight-decay 0.01"),
-        "classifier_dropout": (lambda v: 0 <= v < 1, "e.g. --classifier-dropout 0.1"),
-        "dropout": (lambda v: 0 <= v < 1, "e.g. --dropout 0.1"),
-    }
-    for name, (ok, fix) in checks.items():
+    for name, (lo, whole, fix) in FLAG_RANGES.items():
         value = given.get(name)
         # a value of another type (a string from a library caller) is left to the config's coercion
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not ok(value):
-            raise PlmError(f"--{name.replace('_', '-')} {value} is out of range", fix)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+                lo.holds(value, {}) and (not whole or isinstance(value, int))):
+            raise PlmError(f"--{name.replace('_', '-')} {value} is out of range: must be "
+                           f"{'a whole number ' if whole else ''}{lo}", fix)
+
+
+# (range, whole numbers only, fix) of each flag. The task options are here too: the objectives that read them
+# check them as well, but only once the run and the data are loaded.
+FLAG_RANGES = {
+    "epochs": (Range(1), True, "e.g. --epochs 3"),
+    "lr": (Range(0, lo_open=True), False, "e.g. --lr 2e-5"),
+    "batch_size": (Range(1), True, "e.g. --batch-size 32"),
+    "seeds": (Range(1), True, "e.g. --seeds 5 (runs of each setting)"),
+    "seed": (Range(0), True, "e.g. --seed 42"),
+    "max_seq_len": (Range(8), True, "e.g. --max-seq-len 128, or leave it out"),
+    "max_steps": (Range(1), False, "e.g. --max-steps 100, or leave it out"),
+    "warmup_ratio": (Range(0, 1, hi_open=True), False, "e.g. --warmup-ratio 0.1, or 0 for no warmup"),
+    "weight_decay": (Range(0), False, "e.g. --weight-decay 0.01, or 0 for none"),
+    "classifier_dropout": (Range(0, 1, hi_open=True), False, "e.g. --classifier-dropout 0.1"),
+    "dropout": (Range(0, 1, hi_open=True), False, "e.g. --dropout 0.1"),
+    "doc_stride": (Range(1), True, "e.g. --doc-stride 128"),
+    "max_query_len": (Range(1), True, "e.g. --max-query-len 64"),
+    "max_answer_len": (Range(1), True, "e.g. --max-answer-len 30"),
+    "n_best": (Range(1), True, "e.g. --n-best 20"),
+    "aux_lm_weight": (Range(0), False, "use 0.5 (GPT's λ), or 0 to train on the task loss alone"),
+}
 
 
 def _strip(evaluation: dict) -> dict:
