@@ -18,7 +18,7 @@ from plmcli.models.electra import Electra, ElectraConfig
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.models.xlnet import XLNet, XLNetConfig
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 
 
 def non_matmul_params(*modules) -> int:

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import low_resource as lr
 from benchmarks import low_resource_baselines as lrb
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 
 
 def test_a_seed_draws_the_same_rows_another_seed_others_and_all_keeps_every_row():

@@ -14,7 +14,7 @@ from benchmarks.lstm_step import build, paired_ratios
 from benchmarks.nanogpt_char import DEFAULT_NANOGPT, nanogpt_argv, parse_nanogpt_log, prepare_nanogpt
 from plmcli.config import load_recipe
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 
 LOG = """tokens per iteration will be: 768
 found vocab_size = 65 (inside data/shakespeare_char/meta.pkl)

@@ -20,7 +20,7 @@ from benchmarks.varlen_sst2 import length_grouped, padding_share
 from plmcli.eval.perplexity import sequence_nll
 from plmcli.models.gpt import GPT, GPTConfig
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 
 
 def test_length_grouped_batches_cover_each_sentence_once_sorted_within_windows():

@@ -147,6 +147,7 @@ def test_debug_shows_traceback():
     assert res.exit_code != 0 and res.exception is not None and type(res.exception).__name__ == "PlmError"
 
 
+@pytest.mark.e2e
 def test_real_subprocess(files, tmp_path):
     recipe, corpus = files
     env = {**os.environ, "PLM_RUNS": str(tmp_path / "runs")}

@@ -184,6 +184,7 @@ def test_a_config_file_holds_a_grid_and_a_flag_beats_it(gpt, tmp_path):
     assert one["dev"] == res["runs"][1]["dev"]
 
 
+@pytest.mark.e2e
 def test_a_grid_in_a_real_process(gpt, tmp_path):
     proc = subprocess.run(plm_cmd(*args(gpt, tmp_path / "g", "--lr", "1e-3,1e-4", "--max-steps", 1)),
                           capture_output=True, text=True, env=env_for(tmp_path), timeout=300)

@@ -118,6 +118,7 @@ def _start(gpt, out, tmp_path):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 75)])
+@pytest.mark.e2e
 def test_a_stop_signal_in_a_real_process(gpt, tmp_path, sig, code):
     """Ctrl-C, or a scheduler's SIGTERM (exit 75: run the same command again): OUT removed, one line."""
     out = tmp_path / "ft"
@@ -130,6 +131,7 @@ def test_a_stop_signal_in_a_real_process(gpt, tmp_path, sig, code):
     assert not out.exists()
 
 
+@pytest.mark.e2e
 def test_kill_9_leaves_an_out_every_reader_refuses(gpt, tmp_path):
     out = tmp_path / "ft"
     proc = _start(gpt, out, tmp_path)

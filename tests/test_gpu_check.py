@@ -17,7 +17,7 @@ from benchmarks import common, gpu_check, gpu_resume, gpu_syncs  # noqa: E402
 from benchmarks.__main__ import main  # noqa: E402
 from benchmarks.gpu_syncs import SYNC_TEXT, Mark, Sync, attribute, busy_steps  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 
 # Tiny stand-ins for the recipes each part trains: a character GPT and a small-vocabulary BERT on the shipped
 # sample corpus, so a run takes about a second here.

@@ -6,11 +6,14 @@ A `datasets` that fails to import is put first on PYTHONPATH, as on the image; t
 it importable the way the real ones do: the base wheels first, pyarrow's only when the import still fails.
 """
 
+import pytest
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_device.sh"

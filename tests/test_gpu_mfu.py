@@ -23,7 +23,7 @@ from plmcli.models.bert import Bert, BertConfig  # noqa: E402
 from plmcli.models.gpt import GPT, GPTConfig  # noqa: E402
 from plmcli.models.registry import build_model  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 
 
 def _bench_md():

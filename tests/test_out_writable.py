@@ -101,6 +101,7 @@ def test_stale_temp_dirs_of_the_same_out_are_removed_and_a_live_writer_s_kept(tm
     assert tmp.name.startswith(f".tok.tmp-{os.getpid()}-")
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_tokenize_as_ctrl_c_does(tmp_path):
     """A scheduler's SIGTERM mid-tokenize: the temp directory goes with it (it stayed behind before), one line,
     exit 143 (128 + SIGTERM, as a kill reports it)."""

@@ -11,6 +11,8 @@ import pytest
 
 from plmcli import api
 
+pytestmark = pytest.mark.packaging
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ["corpus/shakespeare-sample.txt", "corpus/shakespeare-heldout.txt", "corpus/glue-sample/SST-2/train.tsv",
            "corpus/glue-sample/SST-2/dev.tsv", "corpus/glue-sample/SST-2/test.tsv"]

@@ -11,6 +11,8 @@ import pytest
 from helpers import run, tiny_corpus, tiny_gpt_run
 from plm_process import env_for, plm_cmd
 
+pytestmark = pytest.mark.e2e
+
 LIMIT = 4096  # bytes: over the small files (config.json, vocab), under every weights file of the runs below
 
 

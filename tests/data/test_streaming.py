@@ -275,6 +275,7 @@ def test_streaming_masked_lm_masks_each_batch_and_resumes_exactly(tmp_path, monk
     assert _losses(tmp_path / "full") == _losses(tmp_path / "half")
 
 
+@pytest.mark.distributed
 def test_two_processes_read_disjoint_lanes_and_resume(setup, tmp_path):
     """torchrun, 2 CPU processes: rank r streams lanes 2r, 2r+1 of the 4 a 1-process run has (the same
     batches, split), the checkpoint gathers both ranks' positions, and a 2-process resume continues them."""

@@ -19,7 +19,7 @@ import torch.distributed
 from helpers import TINY_RECIPE, free_port, tiny_corpus
 from plm_process import env_for
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
+pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
 
 REPO = Path(__file__).resolve().parents[2]

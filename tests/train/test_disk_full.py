@@ -39,6 +39,7 @@ def reference(tmp_path_factory):
     return root, recipe, corpus, sha256(root / "full" / "model.safetensors")
 
 
+@pytest.mark.e2e
 def test_first_checkpoint_write_fails(reference):
     root, recipe, corpus, want = reference
     run = root / "first"
@@ -54,6 +55,7 @@ def test_first_checkpoint_write_fails(reference):
     assert sha256(run / "model.safetensors") == want
 
 
+@pytest.mark.e2e
 def test_later_checkpoint_write_fails_previous_one_resumes(reference):
     root, recipe, corpus, want = reference
     run = root / "later"
@@ -103,6 +105,7 @@ def test_weights_write_fails_no_space(tmp_path, monkeypatch, raised):
     assert all((a[k] == b[k]).all() for k in a)
 
 
+@pytest.mark.e2e
 def test_final_weights_write_fails_then_resume_writes_them(reference):
     """A run whose last checkpoint is there but whose final weights do not fit (a limit under the weights'
     ~430 kB): one line naming model.safetensors, no temp file, and --resume writes the same weights."""

@@ -93,6 +93,7 @@ def _assert_same_trajectory(a: Path, b: Path, rel: float = 1e-6) -> None:
         torch.testing.assert_close(wa[k], wb[k], rtol=rel, atol=1e-7)
 
 
+@pytest.mark.distributed
 def test_two_processes_take_the_steps_of_one_with_accumulation(runs):
     # Tolerance 1e-6 (relative), and in practice none: rank r's micro-batch k is global micro-batch
     # 2k + r (data/batching.py), the very samples 1 process reads as micro-batches 2k, 2k+1; both scale
@@ -103,6 +104,7 @@ def test_two_processes_take_the_steps_of_one_with_accumulation(runs):
     assert [r["step"] for r in _rows(runs["two"]) if "val_loss" in r] == [3, 6]
 
 
+@pytest.mark.distributed
 def test_each_file_is_written_once(runs):
     two = runs["two"]
     rows = _rows(two)
@@ -124,6 +126,7 @@ def test_each_file_is_written_once(runs):
     assert runs["two_stdout"].count("6 steps") == 1  # the summary line, printed by the main process only
 
 
+@pytest.mark.distributed
 def test_resume_on_two_processes_matches_an_uninterrupted_run(runs):
     at3 = runs["half_at_3"]
     assert sorted(p.name for p in (at3 / "checkpoints").iterdir()) == ["step-3"]
@@ -132,6 +135,7 @@ def test_resume_on_two_processes_matches_an_uninterrupted_run(runs):
     _assert_same_trajectory(runs["two"], runs["half"])
 
 
+@pytest.mark.distributed
 def test_resume_on_another_process_count_continues_the_data(runs, tmp_path):
     """A 2-process checkpoint resumed by 1 process (micro batch 2, accumulation 2) reads on from the
     next sample, so it finishes exactly as the 1-process run did."""
@@ -163,6 +167,7 @@ def test_deepspeed_checkpoint_refuses_another_process_count_and_fsdp_reshards():
     assert _resumable(dict(loop), Path("ck"), fsdp, world=1, micro=1, global_batch=4).startswith("resuming a 2-process")
 
 
+@pytest.mark.distributed
 def test_a_batch_that_does_not_split_is_one_line_per_process(runs):
     base = runs["base"]
     res = _launch("torchrun", [*base, "--out", runs["root"] / "bad", "--set", "train.global_batch_size=3",
@@ -177,6 +182,7 @@ def test_a_batch_that_does_not_split_is_one_line_per_process(runs):
     assert not (runs["root"] / "bad").exists()  # refused before anything was tokenized or written
 
 
+@pytest.mark.distributed
 def test_deepspeed_config_without_deepspeed_is_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

@@ -80,6 +80,7 @@ def _shards(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+@pytest.mark.distributed
 def test_checkpoints_are_sharded_and_reshard_on_another_process_count(runs):
     """What accelerate writes for FSDP's SHARDED_STATE_DICT: a torch.distributed.checkpoint directory for the weights
     and one for the optimizer, a .metadata and one file per process that wrote it."""
@@ -100,6 +101,7 @@ def test_checkpoints_are_sharded_and_reshard_on_another_process_count(runs):
     assert not [p for p in runs["cut"].rglob("*") if p.name.startswith(".") and p.name != ".metadata"]  # no temp files
 
 
+@pytest.mark.distributed
 def test_the_steps_are_those_of_one_process_without_fsdp(runs):
     """Both phases, across resumes on 2 → 1 → 2 processes: every logged loss, gradient norm, learning rate and
     validation loss is the unsharded single process's, to float tolerance (FSDP sums the gradients in another
@@ -115,6 +117,7 @@ def test_the_steps_are_those_of_one_process_without_fsdp(runs):
                     assert y[k] == pytest.approx(x[k], rel=1e-5, abs=1e-6), (phase, x["step"], k)
 
 
+@pytest.mark.distributed
 def test_final_weights_load_into_a_plain_model(runs):
     cut, ref = runs["cut"], runs["ref"]
     r = load_recipe(str(cut / "recipe.yaml"))
@@ -145,6 +148,7 @@ def test_another_process_count_is_refused_for_deepspeed_only(tmp_path):
     assert e.value.hint == "resume with 2 processes"
 
 
+@pytest.mark.distributed
 def test_a_checkpoint_of_another_backend_is_one_line(tmp_path):
     whole, shards = tmp_path / "whole", tmp_path / "shards"
     whole.mkdir()
@@ -159,6 +163,7 @@ def test_a_checkpoint_of_another_backend_is_one_line(tmp_path):
     assert "plm recipes accelerate fsdp" in e.value.hint
 
 
+@pytest.mark.distributed
 def test_the_next_accelerator_of_a_process_decides_fsdp_afresh():
     """accelerate leaves FSDP in the process's state after an FSDP run; the next phase's Accelerator would read it
     back without its plugin. process_state puts back the type the launch had, from which accelerate decides."""

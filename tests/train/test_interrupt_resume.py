@@ -16,6 +16,8 @@ from plmcli import api
 from plmcli.errors import Interrupted
 from plmcli.objectives.registry import objective_class
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):

@@ -13,7 +13,7 @@ from plm_process import start_ranks
 from plmcli import api
 from plmcli.objectives.registry import objective_class
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("one_thread")]
 
 # BERT at a tiny size, masked as it trains: whole-word masking over character tokens skips a word that would
 # overshoot a row's budget, so rows of one length mask different numbers of tokens and micro-batches hold

@@ -43,6 +43,7 @@ def _requeued(run, procs, sig=signal.SIGTERM) -> int:
     return stopped
 
 
+@pytest.mark.e2e
 def test_sigterm_and_sigusr1_at_random_moments_resume_bitwise(steady):
     """The command a requeued job runs every time (--auto-resume), stopped by SIGTERM or SIGUSR1 at seeded
     random moments (with a DataLoader worker: the scheduler signals every process of the job), run again:
@@ -71,6 +72,7 @@ def test_sigterm_and_sigusr1_at_random_moments_resume_bitwise(steady):
     assert stopped >= 2
 
 
+@pytest.mark.e2e
 def test_auto_resume_needs_the_run_directory(tmp_path):
     p = plm(tmp_path, "pretrain", "--recipe", "gpt-mini", "--auto-resume")
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
@@ -78,6 +80,7 @@ def test_auto_resume_needs_the_run_directory(tmp_path):
         "e.g. plm pretrain --recipe bert-base --out runs/bert-base --auto-resume"], p.stderr
 
 
+@pytest.mark.distributed
 def test_two_processes_stopped_by_a_scheduler_resume_to_the_one_process_weights(steady):
     """2 gloo processes (micro batch 4 each, no accumulation) get SIGTERM — both, or one of them, as a
     scheduler may — at a seeded moment; the same command on 2 processes finishes the run, and its weights
@@ -102,6 +105,7 @@ def test_two_processes_stopped_by_a_scheduler_resume_to_the_one_process_weights(
         assert sha256(run / "model.safetensors") == want, (i, step, delay, both)
 
 
+@pytest.mark.distributed
 def test_a_process_killed_makes_the_other_stop_with_one_line(steady):
     root, recipe, corpus, _ = steady
     run = root / "killed"

@@ -14,6 +14,7 @@ from plmcli import api
 from plmcli.cli import app
 
 
+@pytest.mark.e2e
 def test_killed_before_first_checkpoint_restarts_from_step_0(tmp_path):
     recipe, corpus = steady_files(tmp_path)
     assert plm(tmp_path, "pretrain", "--recipe", recipe, "--data", corpus, "--out", tmp_path / "full").returncode == 0

@@ -20,6 +20,7 @@ from plmcli.errors import PlmError
 from plmcli.train.checkpoint import RunLock
 
 
+@pytest.mark.e2e
 def test_second_resume_refuses_while_one_trains(tmp_path):
     recipe, corpus = steady_files(tmp_path)
     run = tmp_path / "run"
@@ -161,6 +162,7 @@ def test_lock_failure_is_one_plm_error(tmp_path, monkeypatch):
                                   "choose a location on a writable filesystem")
 
 
+@pytest.mark.e2e
 def test_no_flock_lock_of_a_killed_process_is_taken_over(tmp_path, no_flock):
     code = textwrap.dedent("""
         import errno, fcntl, sys, time

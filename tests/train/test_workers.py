@@ -113,6 +113,7 @@ def test_auto_workers_leave_a_cpu_run_its_cores_and_feed_an_accelerator():
     assert load_recipe("gpt-mini").train.num_workers == "auto"
 
 
+@pytest.mark.e2e
 def test_a_worker_encodes_on_its_own_thread_then_runs_the_loop_s_start(monkeypatch):
     """The tokenizers' thread pool does not survive a fork: a worker encodes without it, whatever the user set."""
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
@@ -137,6 +138,7 @@ def test_a_run_built_by_workers_resumes_bitwise(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.distributed
 def test_two_processes_with_workers_take_the_steps_of_one_with_accumulation(tmp_path):
     """2 gloo processes, each with two workers, against 1 process with accumulation 2 and none: the same weights."""
     corpus = tiny_corpus(tmp_path / "c.txt", n_docs=60)
