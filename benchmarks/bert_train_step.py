@@ -109,7 +109,7 @@ forward, MLM loss, backward, `clip_grad_norm_(1.0)`, AdamW (foreach), `zero_grad
   positions — the head runs on all {tokens} positions.
 
 {args.warmup} untimed repeat(s) each, then {args.repeats} interleaved repeats of {args.steps} steps (plm, transformers,
-the probe(s), plm, ...). Goal: plm ≥ 3.0× (ratio of medians; issue 21 §2).
+the probe(s), plm, ...). Goal: plm ≥ 3.0× (ratio of medians).
 """
     formula = (f"`Bert.flops_per_token` = 6·(N_blocks + s·(C² + C·V)) + 12·L·T·C with N_blocks = "
                f"{sum(p.numel() for p in plm.blocks.parameters()):,} encoder-block parameters, the MLM head (transform "

@@ -274,7 +274,7 @@ def isolated_workdir(prefix: str, keep: Path | None = None):
                     os.environ[k] = v
 
 
-# ---------------------------------------------------------------- distance from the machine's limit (issue 21 §3)
+# ---------------------------------------------------------------- distance from the machine's limit
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:

@@ -155,7 +155,7 @@ def limit_text(stats: dict, info: dict, args, formula: str, profiles: dict) -> s
     """The section's paragraphs on the machine's limit: the probe, the FLOP formula, and the profile if any."""
     text = "\n" + common.probe_line(stats, info["flags"], args.gemm_size) + f" Training FLOPs per token: {formula}. " + \
         "Share = achieved GFLOP/s (FLOPs per token × median tokens/s) / the probe's median; the transformers side is " + \
-        "credited with the same FLOPs (work it does beyond plm's count is not useful work). Goal (issue 21 §3): " + \
+        "credited with the same FLOPs (work it does beyond plm's count is not useful work). Goal: " + \
         "plm ≥ 70% of the fp32 probe (torch.mm: how the issue measured the limit); the fp32-onednn column sets " + \
         "the step against oneDNN's faster product, the limit of the library plm's linears run on.\n"
     if profiles:
@@ -191,7 +191,7 @@ vocab {V}, {n_params:,} parameters) on a batch of {B} × {T} random token ids, i
 
 Tokens/s = {B} × {T} / step time. {args.warmup} untimed repeat(s) each, then {args.repeats} repeats of
 {args.steps} steps, alternating plm, transformers, the probe(s), plm, ... Spread = (max − min) / median; best/best = the
-ratio of each side's fastest repeat. Goal: plm ≥ 1.5× (ratio of medians; issue 21 §2).
+ratio of each side's fastest repeat. Goal: plm ≥ 1.5× (ratio of medians).
 """
     formula = (f"`GPT.flops_per_token` = 6·N + 12·L·T·C with N = {round(fpt - 12 * m.n_layer * T * m.d_model) // 6:,} "
                f"parameters (all but the position table; the tied LM head counted once) = {fpt / 1e6:.1f} MFLOP")

@@ -1,4 +1,4 @@
-"""GPU check (issue 42): what the one loop does on a GPU, in parts, cheapest and most important first.
+"""GPU check: what the one loop does on a GPU, in parts, cheapest and most important first.
 
   syncs          host syncs per optimizer step: gpt-mini and bert-mini in bf16 under
                  torch.cuda.set_sync_debug_mode("warn"), each warning put in the step it happened in
@@ -34,7 +34,7 @@ from pathlib import Path
 from benchmarks import common
 
 NAME = "gpu-check"
-HELP = ("issue 42's GPU check: host syncs per step, fp16 loss scaling, input workers, SIGTERM + resume, "
+HELP = ("the GPU check: host syncs per step, fp16 loss scaling, input workers, SIGTERM + resume, "
         "activation checkpointing (skips without CUDA)")
 # part -> the module that measures it (a `measure(ctx) -> Section`), in the order they run.
 PARTS = {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 42 item 6 and the GPU benchmarks of issue 21 §4, in one call on a lent GPU machine,
+# The GPU checks and the GPU benchmarks, in one call on a lent GPU machine,
 # from the working tree, in under 9 minutes on an H100.
 #
 # The device image holds PyTorch, transformers, accelerate, tokenizers, typer, rich, pyarrow, ... but not

@@ -1,4 +1,4 @@
-"""What pretraining is for: finetuning on few labelled rows, pretrained vs random init vs scikit-learn (issue 20 §3).
+"""What pretraining is for: finetuning on few labelled rows, pretrained vs random init vs scikit-learn.
 
 One CPU pretraining per language on the unlabelled text of ../shared/data (`--recipe`: `word2vec-transfer`, a few
 CPU-minutes, the best at this budget; `nezha-mini-cpu`, a half-hour masked LM), then
@@ -559,7 +559,7 @@ def report(args, root: Path, tasks: list[str], seeds: list[int]) -> int:
     probe = layer_probe(root, make_slice(root, "sst2", "1000", seeds[0]), seeds[0]) if "sst2" in tasks else None
     verdict = reading(cells, probe, seeds[0])
     text = f"""
-Issue 20 §3: what pretraining buys a user with few labelled rows. {how(args, all(not r["summary"]["steps"] for r in pre.values()))}, on unlabelled text from
+What pretraining buys a user with few labelled rows. {how(args, all(not r["summary"]["steps"] for r in pre.values()))}, on unlabelled text from
 ../shared/data only. Then `plm finetune` with **no
 tuning flags** (the size defaults choose lr and epochs from the labelled rows — {chosen} at 1,000; dev after every epoch, the best kept){f", except `--epochs {args.all_epochs}` on all SST-2 rows" if "all" in args.rows else ""}, from the pretrained run
 and with `--init random` (same architecture and tokenizer, fresh weights), beside scikit-learn on the same rows:
@@ -585,6 +585,6 @@ seed shows ± 0.0000; `–`: not run yet — the same command with the same --ke
                                     "finetune wall (mean)"], rows))
     # one section per recipe: each pretraining's table stays beside the others
     common.publish(f"{NAME}-{args.recipe}", common.section_body(f"Low-resource transfer: {args.recipe} pretrained vs random init vs "
-                                             "scikit-learn (issue 20 §3)", making_command(args), text, table), args)
+                                             "scikit-learn", making_command(args), text, table), args)
     print(f"plot: {png}")
     return 0

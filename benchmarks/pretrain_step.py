@@ -269,7 +269,7 @@ Both sides: forward, loss, backward, `clip_grad_norm_(1.0)`, AdamW (foreach, `bu
 Same work, checked before timing: {check['parameters']:,} trained parameters each, and at the shared starting weights in
 eval mode the losses agree (plm {check['plm']:.6f}, transformers {check['transformers']:.6f}).
 {args.warmup} untimed repeat(s) each, then {args.repeats} interleaved repeats of {args.steps} steps. Goal: plm ≥ 1.5×
-(ratio of medians; issue 21 §2).
+(ratio of medians).
 """
 
 

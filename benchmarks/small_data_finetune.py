@@ -1,4 +1,4 @@
-"""Does `plm finetune` learn from a small labelled set with its defaults? Issue 20 §1: from a 30-step bert-mini,
+"""Does `plm finetune` learn from a small labelled set with its defaults? From a 30-step bert-mini,
 2,000 SST-2 rows, the old defaults (lr 2e-5, 3 epochs) stayed at the majority class.
 
 Three measurements:
@@ -20,7 +20,7 @@ NAME = "small-data-finetune"
 HELP = ("plm finetune's defaults on 2,000 SST-2 rows from a 30-step bert-mini and from random init; "
         "plm's classifier vs transformers' BertForSequenceClassification on the same batches")
 OLD = {"lr": 2e-5, "epochs": 3}
-"""BERT-base's defaults (Devlin et al.), plm finetune's for every model before issue 20."""
+"""BERT-base's defaults (Devlin et al.), plm finetune's for every model before the size defaults."""
 BERT_MINI_WEIGHTS = 3_300_000
 """bert-mini's weights outside its embedding tables (the finetunes' size-defaults line prints 3.30M)."""
 
@@ -278,7 +278,7 @@ def run(args) -> int:
             ["init", "[CLS] spread", "mean cos", f"plm train loss by epoch (lr {lr:g})", "transformers train loss",
              "largest step difference", "plm dev acc", "transformers dev acc"], hf_rows)
     text = f"""
-Issue 20 §1. `bert-mini` pretrained for {args.pretrain_steps} steps on its shipped sample (near random), then
+`bert-mini` pretrained for {args.pretrain_steps} steps on its shipped sample (near random), then
 `plm finetune --task sst2` on the first {args.rows:,} rows of SST-2 train (dev: the full SST-2 dev set, 872
 sentences, 50.9% of them positive), from the pretrained run and with `--init random`: with no tuning flags
 ("defaults": `size_defaults` chose {_chosen_part(chosen)}) and with BERT-base's lr 2e-5 and 3 epochs given
@@ -292,5 +292,5 @@ of the pooled [CLS] over 512 dev sentences relative to its overall std, at the s
 between two sentences' pooled states: how little the classifier's input depends on the sentence before finetuning.
 """
     text += reading(results, hf_rows) + PILOTS
-    common.publish(NAME, common.section_body("Finetuning on small data (issue 20 §1)", args, text, table), args)
+    common.publish(NAME, common.section_body("Finetuning on small data", args, text, table), args)
     return 0

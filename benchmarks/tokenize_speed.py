@@ -209,7 +209,7 @@ the floor. Timed inside the pipeline (the start and end of every `encode_batch` 
   whole last batch alone. Now a file's batches start at 32 kB and double up to 1 MB (or 1,000 documents), and
   towards a plain file's end halve again (`plmcli.data.corpus._document_batches`); the tokenizer loads once and
   reaches the encoder as an object. Left: 0.04 s before the first batch, 0.007 s of gaps, 0.015–0.02 s after.
-- **Done (stop 37): the tokenizer's thread frees its own encodings.** An encoding is Rust memory the tokenizer's
+- **Done: the tokenizer's thread frees its own encodings.** An encoding is Rust memory the tokenizer's
   thread allocated; freed from the main thread (where the read-out encodings were dropped), every free contends
   with the tokenizer's allocations (glibc locks the arena a chunk came from to free it). In one process, the same batches: the tokenizer took
   1.47 s with the main thread freeing, 1.25 s with nothing freed until the end, 1.26 s + 0.08 s of frees in the

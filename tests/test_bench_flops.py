@@ -1,4 +1,4 @@
-"""What the step benchmarks' distance from the machine's limit is computed from (issue 21 §3), and the
+"""What the step benchmarks' distance from the machine's limit is computed from, and the
 pretrain-step batches both sides read: the models' FLOP formulas against a count of what a tiny training
 step runs, the GEMM probe's arithmetic, the CPU flags, and transformers' XLNet / ELECTRA doing plm's step."""
 

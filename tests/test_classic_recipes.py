@@ -1,5 +1,5 @@
 """The classic-LM recipes train at mini size on the corpora shipped with plm, and eval-ppl scores text
-with each (issue 4's check)."""
+with each."""
 
 import math
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Every numeric option of every `plm` command, walked with 0 and -1 (issue 43).
+"""Every numeric option of every `plm` command, walked with 0 and -1.
 
 Each value is either refused — exit 2, one `error: … — …` line naming the option, no traceback, nothing
 written — or declared a value in VALUES below, and then reaches plmcli.api exactly as typed: never read as

@@ -1,4 +1,4 @@
-"""Feature-based use (issue 19 §2): --freeze, --features scalar_mix | concat_last_four, ELMo at the output.
+"""Feature-based use: --freeze, --features scalar_mix | concat_last_four, ELMo at the output.
 
 Hand computations: the scalar mix is γ·Σ softmax(s)_j h_j; concat-last-four is torch.cat of the layer outputs
 taken with forward hooks on the blocks (not through layer_states); layer_states' last entry is exactly the

@@ -1,4 +1,4 @@
-"""Issue 20 §1: finetuning's lr and epochs, when not set, come from the backbone's size
+"""Finetuning's lr and epochs, when not set, come from the backbone's size
 (pipelines.finetune.size_defaults), so that a small encoder learns from a small labelled set with no tuning
 flags; a value the user sets always wins."""
 
@@ -91,7 +91,7 @@ def synthetic_sentiment(path, n: int, seed: int) -> None:
 
 
 def test_a_tiny_random_bert_learns_a_separable_task_at_the_default_lr(tmp_path, tokenizer, capfd):  # noqa: F811
-    """The guard against issue 20's failure (a classifier left on the majority class by too few, too small
+    """The guard against the failure this replaced (a classifier left on the majority class by too few, too small
     updates): a random 2-layer BERT, 640 sentences, the lr it gets by default. With no --max-steps it would train
     30 epochs (600 steps; it is at 1.0 from the sixth); 240 steps keep the test short."""
     tok, meta = tokenizer

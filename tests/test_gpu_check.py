@@ -1,4 +1,4 @@
-"""`python -m benchmarks gpu-check` (issue 42's GPU check) on a machine without CUDA: its skip, how it puts each
+"""`python -m benchmarks gpu-check` (the GPU check) on a machine without CUDA: its skip, how it puts each
 host sync in its optimizer step, what it reads from metrics.jsonl, the SIGTERM / resume check end to end, and
 every part run on the CPU at toy size (--cpu) so their code paths run before a GPU session does."""
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_device.sh"
-# The parts in the order they must run: issue 42's checks, cheapest and most important first, then the MFU and
+# The parts in the order they must run: the GPU checks, cheapest and most important first, then the MFU and
 # varlen benchmarks, which the budget may squeeze.
 PARTS = ["gpu-check-syncs", "gpu-check-fp16", "gpu-check-workers", "gpu-check-resume", "gpu-check-checkpointing",
          "gpu-mfu", "gpu-varlen", "gpu-fsdp"]

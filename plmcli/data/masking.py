@@ -16,7 +16,7 @@ Strategies:
   knowledge  ERNIE 1.0: the units `word_starts` gives (from `Lexicon.word_starts`: a lexicon match — a
          phrase or an entity — is one unit, other text whole words; or from `knowledge.AutoUnits`, the
          phrases or entities a tagger finds), 80/10/10 decided per unit.
-  ngram_per_word  n-gram masking as seed 003 §7.3.4.2 writes it: walk the words of each row in order; at
+  ngram_per_word  n-gram masking decided word by word: walk the words of each row in order; at
          each word, while the budget lasts, start a span there with probability p — n whole words, n drawn
          with `ngram_probs` (40/30/20/10), truncated to the words left before a special token and cut to
          the whole words that fit the budget —, mask it (80/10/10 per token) and continue after it; else

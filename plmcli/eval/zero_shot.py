@@ -1,4 +1,4 @@
-"""Zero-shot evaluation (Radford et al. 2019, §3; seed 000 §六.四.3): a causal LM scores a task it was never
+"""Zero-shot evaluation (Radford et al. 2019, §3): a causal LM scores a task it was never
 finetuned on by the likelihood it gives each verbalised label or option after a prompt.
 
 classification  GLUE's classification tasks and own `classification` / `pair-classification` data: every label

@@ -1,7 +1,7 @@
 """What a model may know without asking the device: which kernels it runs on, and how long a batch's rows are.
 
 On a GPU every host read (`.item()`, `bool(t)`, boolean-mask indexing, `.cpu()`) waits until all queued work
-has run, so a training step must not make one (DESIGN.md §5). Two things here keep the models from needing to:
+has run, so a training step must not make one (ARCHITECTURE.md, "GPU first"). Two things here keep the models from needing to:
 
 - `cpu_kernels`, the one switch between plm's CPU-only kernels and the device-generic path a GPU takes. A few
   places pick a faster way on a CPU: oneDNN linears (models/dense.py), numpy-drawn dropout masks and the explicit

@@ -54,8 +54,8 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, a
 
 
 def resolve_precision(requested: str, cuda: bool, bf16: bool) -> str:
-    """train.mixed_precision as accelerate takes it. auto: bf16 where the GPU has it; else seed 004's mixed
-    precision, fp16 compute with fp32 master weights and dynamic loss scaling (V100, T4); fp32 on a CPU."""
+    """train.mixed_precision as accelerate takes it. auto: bf16 where the GPU has it; else mixed precision as
+    Micikevicius et al. 2018 describe it, fp16 compute with fp32 master weights and dynamic loss scaling (V100, T4); fp32 on a CPU."""
     if requested == "auto":
         return ("bf16" if bf16 else "fp16") if cuda else "no"
     if requested == "fp16" and not cuda:
@@ -217,7 +217,7 @@ class _Training:
             self.train_stream = objective.stream(corpus_dir, "train", self.micro, t.seed, self.rank, self.world, shuffle=True)
             self.val_stream = objective.stream(corpus_dir, "validation", self.micro, t.seed, self.rank, self.world,
                                                shuffle=False) if _has_split(corpus_dir, "validation") else None
-        # Streaming seam (issue 8): an iterable stream (data/streaming.py) has no random access; it keeps its own
+        # Streaming seam: an iterable stream (data/streaming.py) has no random access; it keeps its own
         # data position, restored here and saved with every checkpoint, and serves its batches in order.
         self.sequential = isinstance(self.train_stream, torch.utils.data.IterableDataset)
         self.tied = tied_names(model)
@@ -267,7 +267,7 @@ class _Training:
         self.fpt, self.peak = fpt, peak_flops(accelerator.device, accelerator.mixed_precision)
         self.batches = self._batches()
         self.state = self.objective.init_state()
-        # progress (issue 17): the run dir, steps and a time estimate first; then the bar per step and micro-batch
+        # progress: the run dir, steps and a time estimate first; then the bar per step and micro-batch
         self.progress = TrainProgress(console, t.max_steps, self.loop["step"], enabled=self.main, accum=self.accum,
                                       compiled=t.compile)
         self.progress.begin(self.run_dir, self.recipe, unwrapped, fpt, accelerator.device, self.world,

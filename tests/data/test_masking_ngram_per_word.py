@@ -1,4 +1,4 @@
-"""masking ngram_per_word: seed 003 §7.3.4.2's walk — a decision at each word, a 1..4-word span 40/30/20/10."""
+"""masking ngram_per_word: the word-by-word walk — a decision at each word, a 1..4-word span 40/30/20/10."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """One process builds every cache, the others read it; the wait for it is not the training timeout; several
 nodes (two torchrun agents on 127.0.0.1, a real c10d rendezvous) share a cache, build their own, or stop
-in one line when their corpora differ (issue 41).
+in one line when their corpora differ.
 
 Who wrote what is read from PLM_WRITE_LOG (data/store.py): every atomic write of every process appends
 `RANK PATH` to it, and every file in a cache is written through one.
@@ -128,7 +128,7 @@ def test_a_build_that_fails_stops_every_process_in_its_words(tmp_path):
     assert lines == [f"error (process 0 of 2): {why}", f"error (process 1 of 2): {why}"], res.stderr[-3000:]
     # Each exits 2 after its line, as torchrun reports it, unless torchrun stopped it first (SIGTERM, once the
     # other exited) or it aborted in the interpreter's teardown after its line (SIGABRT: "terminate called
-    # without an active exception", seen with two gloo processes exiting at once before issue 41 too, and
+    # without an active exception", seen with two gloo processes exiting at once before these checks too, and
     # after destroy_process_group: not plm's groups). The lines above show each stopped on the error.
     codes = re.findall(r"exitcode  : (-?\d+)", res.stderr)
     assert codes and set(codes) <= {"2", "-15", "-6"}, res.stderr[-3000:]

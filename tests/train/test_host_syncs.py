@@ -1,4 +1,4 @@
-"""A training step never waits for the host on the code path a GPU takes (DESIGN.md §5).
+"""A training step never waits for the host on the code path a GPU takes (ARCHITECTURE.md, "GPU first").
 
 On a GPU a host read (`.item()`, `bool(t)`, `.cpu()`, boolean-mask indexing, `nonzero`, a tensor made from
 Python data) stalls the host until every queued kernel has run. Here each pretraining family that trains

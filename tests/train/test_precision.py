@@ -1,4 +1,4 @@
-"""Precision as seed 004 describes it: fp16 compute with dynamic loss scaling, its skipped steps counted and
+"""Mixed precision (Micikevicius et al. 2018): fp16 compute with dynamic loss scaling, its skipped steps counted and
 logged with the scale, a collapsing scale stopping the run; `auto` choosing bf16, else fp16 on a GPU, else
 fp32; a skipped step decided on the device (the optimizer's found_inf), LAMB included.
 

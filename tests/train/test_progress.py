@@ -1,4 +1,4 @@
-"""What a user watches during training (issue 17): the run's header and time estimate, the bar per step
+"""What a user watches during training: the run's header and time estimate, the bar per step
 and micro-batch, plain lines off a terminal, and files that follow the umask."""
 
 import json
