@@ -256,7 +256,7 @@ def load_encoder(run: Path, cfg: dict, pretrained: bool = True, seed: int = 0):
 def finetuned_model(run: Path, cfg: dict, tok=None, backbone=None):
     """(task model, objective) of a finetuned run as its config.json describes it: the weights loaded
     unless a `backbone` is given (then the caller loads them into the returned model)."""
-    from plmcli.data.tasks import TaskOptions
+    from plmcli.config_sections import TaskOptions
     from plmcli.data.tasks.registry import get_task
     from plmcli.objectives.heads import configure_features
 

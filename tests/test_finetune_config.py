@@ -132,6 +132,6 @@ def test_load_finetune_config():
     with pytest.raises(PlmError, match="task.crf = 'maybe' is not true or false"):
         load_finetune_config(None, ["task.crf=maybe"])
     # the task options stay importable where the tasks read them
-    from plmcli.data.tasks import TaskOptions
+    from plmcli.config_sections import TaskOptions
 
     assert type(cfg.task_options()) is TaskOptions

@@ -21,7 +21,7 @@ from safetensors.torch import save_model
 
 from helpers import assert_clean_error, run as cli
 from plmcli.config_sections import TokenizerConfig
-from plmcli.data.tasks import TaskOptions
+from plmcli.config_sections import TaskOptions
 from plmcli.data.tasks.conll import Sentence
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer

@@ -4,6 +4,3 @@ A family takes part by implementing, on its model class, `hf_model_types`, `to_h
 `from_hf(hf_config, state_dict)` (the `ExportsHF` protocol of plmcli.models.base); the naming helpers several
 of those share are in plmcli.models.hf_names, below this package, so that models never import interop.
 """
-
-from plmcli.models.hf_names import (FROM_HF_ACTIVATION, HF_ACTIVATION, activation_from_hf, owned,  # noqa: F401
-                                    require_hf, without_prefix)

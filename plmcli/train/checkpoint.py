@@ -10,7 +10,7 @@ from pathlib import Path
 
 from plmcli.data.store import process_alive, writing
 from plmcli.errors import PlmError
-from plmcli.runs import LOCK, LOOP_STATE, checkpoint_dir, list_checkpoints  # noqa: F401  (a run's layout lives in runs)
+from plmcli.runs import LOCK, LOOP_STATE, checkpoint_dir, list_checkpoints
 
 
 class RunStopped(PlmError):

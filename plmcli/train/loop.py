@@ -22,6 +22,7 @@ from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
 from plmcli.models.checkpointing import apply_activation_checkpointing
 from plmcli.models.dense import packed_weights
+from plmcli.runs import list_checkpoints
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import (DIST_TIMEOUT, check_resume_world, configure_backend, full_norm, process_state,
                                       save_weights, sharded, tied_names, use_cpu)
@@ -497,7 +498,7 @@ class _Training:
 
     def saved(self) -> str:
         """Where the run can continue from, for the messages of a stop."""
-        found = ckpt.list_checkpoints(self.run_dir) if self.main else []
+        found = list_checkpoints(self.run_dir) if self.main else []
         then = f"; continue with `{self.continue_with}`" if self.continue_with else ""
         if not found:
             return "no checkpoint was written yet" + (f"; `{self.continue_with}` starts it again from step 0"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from plmcli.cli import app
 from plmcli.config_sections import TokenizerConfig
-from plmcli.data.tasks import TaskOptions
+from plmcli.config_sections import TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tasks.squad import QAExample
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_model
 
 from plmcli.config_sections import TokenizerConfig
-from plmcli.data.tasks import TaskOptions
+from plmcli.config_sections import TaskOptions
 from plmcli.data.tasks.conll import Sentence
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
