@@ -82,7 +82,8 @@ def run(args) -> int:
 Each recipe pretrained with the same training compute, {args.pretrain_tflop:g} TFLOP (its model's
 `flops_per_token` × tokens: 6 FLOPs per weight-token plus attention, ELECTRA counting both networks and ALBERT
 its shared layer at every depth), with its recipe's schedule stretched over those steps, on the same corpus as
-the `bert-sst2` section (PTB train + WikiText-2 valid + SST-2 train sentences), then finetuned on the full SST-2 train set: {args.epochs} epoch(s), lr {args.lr:g}, batch
+the `bert-sst2` section (PTB train + WikiText-2 valid + SST-2 train sentences), then finetuned on the full SST-2 train set: {args.epochs} epoch(s),
+lr {args.lr:g}, batch
 {args.batch_size}, {args.max_seq_len} tokens, warmup 10% + linear decay, seed 42, dev accuracy of the best
 evaluation. All three have bert-mini's size (4 layers, 256 hidden, 4 heads) and an 8k lowercased vocabulary
 (WordPiece for BERT and ELECTRA, a unigram model for ALBERT as its SentencePiece). ELECTRA's "val MLM ppl" is its

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from benchmarks import common
 
+DYNAMIC_DATA = "full 128-token windows masked afresh, no NSP pairs, no padding"
+STATIC_DATA = "the recipe's NSP instances of varying length, run unpadded; only real tokens are counted"
+
 NAME = "gpu-mfu"
 HELP = "BERT-base seq 128 and GPT-2 small seq 1024 pretraining in bf16 on one GPU: tokens/s and MFU (skips without CUDA)"
 GOAL_MFU = 0.45
@@ -334,10 +337,11 @@ GPU: {gpu['gpu']}, CUDA {gpu['cuda']}; peak for MFU: {peak_text}. Goal: MFU ≥ 
 
 Each model pretrains through `plmcli.api.pretrain` on one GPU in bf16 autocast with fused AdamW and SDPA
 restricted to the flash kernel{kernels}, {'torch.compile' if args.compile else 'eager (no torch.compile)'},
-{args.num_workers} DataLoader workers with pinned memory, one micro-batch per optimizer step, on the sample corpus shipped in `plmcli/corpus/` with tokenizers trained there. The
+{args.num_workers} DataLoader workers with pinned memory, one micro-batch per optimizer step, on the sample corpus shipped in `plmcli/corpus/` with
+tokenizers trained there. The
 models are built at the recipes' vocabularies (30,522 / 50,257): the tokenizers trained on the sample have
 fewer tokens, and the unused rows cost the output layer the same FLOPs. BERT data: {args.bert_data}
-({'full 128-token windows masked afresh, no NSP pairs, no padding' if args.bert_data == 'dynamic' else "the recipe's NSP instances of varying length, run unpadded; only real tokens are counted"}).
+({DYNAMIC_DATA if args.bert_data == 'dynamic' else STATIC_DATA}).
 
 - **tokens/s** over the {args.steps} steps after a {args.warmup}-step warmup, from the loop's cumulative
   tokens and clock in metrics.jsonl (logged every {args.log_every} steps).

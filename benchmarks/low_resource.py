@@ -424,7 +424,8 @@ def reading(cells: list[dict], probe: dict | None, seed: int) -> str:
                          f"({(p - r) * 100:+.1f} points) and {s:.4f} ({(p - s) * 100:+.1f})")
     out = [f"Goal at 1,000 rows (pretrained ≥ {GOAL_GAIN * 100:.0f} points above random init and above scikit-learn): "
            + "; ".join(goals) + "."] if goals else []
-    gains = [f"{TITLES[c['task']].split(' (')[0]} {c['n_rows']:,} {(mean[(c['task'], c['rows'], 'pretrained')] - mean[(c['task'], c['rows'], 'random')]) * 100:+.1f}"
+    gains = [f"{TITLES[c['task']].split(' (')[0]} {c['n_rows']:,} "
+             f"{(mean[(c['task'], c['rows'], 'pretrained')] - mean[(c['task'], c['rows'], 'random')]) * 100:+.1f}"
              for c in cells if c["pretrained"] and c["random"]]
     out.append("Pretrained − random init, points, by cell: " + "; ".join(gains) + ".")
     if probe is None:  # no SST-2 in this run
@@ -561,7 +562,8 @@ def report(args, root: Path, tasks: list[str], seeds: list[int]) -> int:
     text = f"""
 What pretraining buys a user with few labelled rows. {how(args, all(not r["summary"]["steps"] for r in pre.values()))}, on unlabelled text from
 ../shared/data only. Then `plm finetune` with **no
-tuning flags** (the size defaults choose lr and epochs from the labelled rows — {chosen} at 1,000; dev after every epoch, the best kept){f", except `--epochs {args.all_epochs}` on all SST-2 rows" if "all" in args.rows else ""}, from the pretrained run
+tuning flags** (the size defaults choose lr and epochs from the labelled rows — {chosen} at 1,000; dev after every epoch, the best
+kept){f", except `--epochs {args.all_epochs}` on all SST-2 rows" if "all" in args.rows else ""}, from the pretrained run
 and with `--init random` (same architecture and tokenizer, fresh weights), beside scikit-learn on the same rows:
 a logistic regression on binary uni+bigram counts (words; characters for Chinese), C chosen by 5-fold
 cross-validation on the training rows, and for NER a per-token logistic regression over word, shape and affix

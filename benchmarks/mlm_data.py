@@ -1,7 +1,8 @@
 """Masked-LM data: plm's make-mlm-data (and its masking kernel) vs transformers' MLM collators, same tokens.
 
 transformers' users mask with `DataCollatorForLanguageModeling` (in transformers 5 whole-word masking is its
-`whole_word_mask=True`; `DataCollatorForWholeWordMask` is gone) batch by batch; plm's `make-mlm-data` builds whole static datasets (instances, 80/10/10 masking, Arrow on disk).
+`whole_word_mask=True`; `DataCollatorForWholeWordMask` is gone) batch by batch; plm's `make-mlm-data` builds whole static datasets (instances,
+80/10/10 masking, Arrow on disk).
 Both are measured in tokens/s over the same WordPiece-encoded corpus.
 """
 

@@ -145,7 +145,8 @@ vocabulary are skipped by both sides alike."""
 tokenizing left out on both sides; {args.repeats} rounds per architecture in one process, gensim then plm in each
 (interleaved), and the median of the rounds. Each side's vectors are written in the word2vec text format and the
 first round's are scored on gensim's own questions-words.txt and wordsim353.tsv by gensim's
-`evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`: {"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)};
+`evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`:
+{"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)};
 {same}.
 """
     common.publish(NAME, common.section_body(f"word2vec on {'PTB' if ptb else args.corpus.name}: plm vs gensim",

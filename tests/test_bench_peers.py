@@ -4,7 +4,6 @@ The benchmarks themselves train for minutes; these pin what they parse, copy and
 """
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -22,7 +22,8 @@ def tokenize(
                                        "JSON / CSV / Parquet files, a save_to_disk directory, or a Hub dataset NAME[:CONFIG[:SPLIT]] "
                                        "(each row a document; a DatasetDict's train split, and its validation split as validation)."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (tokenizer.json, dataset/, meta.json)."),
-    tokenizer: Optional[str] = typer.Option(None, help="wordpiece | bpe | bytelevel-bpe | unigram | char | word, or a tokenizer.json to load (default: the recipe's, else bytelevel-bpe)."),
+    tokenizer: Optional[str] = typer.Option(None, help="wordpiece | bpe | bytelevel-bpe | unigram | char | word, "
+                                            "or a tokenizer.json to load (default: the recipe's, else bytelevel-bpe)."),
     vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size to train (default 8192, or the recipe's)."),
     min_frequency: Optional[int] = typer.Option(None, help="Minimum count of a piece to enter the vocabulary."),
     lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Lower-case the text first."),
@@ -82,7 +83,9 @@ def make_mlm_data(
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
     cross_documents: bool = typer.Option(True, help="--pairs none: pack across documents (RoBERTa's FULL-SENTENCES); "
                                          "--no-cross-documents keeps each instance inside one document (DOC-SENTENCES)."),
-    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | ngram_per_word (a 1-4-word span decided at each word) | chinese-wwm (jieba words) | span (SpanBERT) | knowledge (ERNIE: whole --lexicon matches, or --knowledge-units)."),
+    masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | ngram_per_word "
+                                "(a 1-4-word span decided at each word) | chinese-wwm (jieba words) | span (SpanBERT) | "
+                                "knowledge (ERNIE: whole --lexicon matches, or --knowledge-units)."),
     span_p: float = typer.Option(0.2, help="--masking span: span length in words ~ Geometric(p), p in (0, 1]."),
     span_max: int = typer.Option(10, help="--masking span: longest span, in words (≥ 1)."),
     lexicon: Optional[str] = typer.Option(None, help="--masking knowledge: phrases or entities, one per line; each match is masked whole."),

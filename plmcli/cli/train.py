@@ -19,8 +19,9 @@ commands = Commands()
 @guarded
 def pretrain(
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
-    data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, a Hub dataset "
-                                         "NAME[:CONFIG[:SPLIT]], or a `plm tokenize` dir. Default: the shipped sample corpus."),
+    data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, "
+                                         "a Hub dataset NAME[:CONFIG[:SPLIT]], or a `plm tokenize` dir. Default: the shipped sample "
+                                         "corpus."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<recipe>-<time>)."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a recipe key: section.key=value (repeatable)."),
     max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (also the schedule's horizon)."),
@@ -31,7 +32,8 @@ def pretrain(
                                      "one command that a requeued (preempted) job runs every time."),
     stop_after: Optional[int] = typer.Option(None, help="Stop (with a checkpoint) after N steps without changing the schedule."),
     streaming: bool = typer.Option(False, "--streaming", help="Read, tokenize and pack the --data text files as training goes "
-                                   "(corpora too big to tokenize first; objective clm, or mlm/rtd with dynamic token masking). The tokenizer is tokenizer.path, or trained on up to 256 MB "
+                                   "(corpora too big to tokenize first; objective clm, or mlm/rtd with dynamic token masking). "
+                                   "The tokenizer is tokenizer.path, or trained on up to 256 MB "
                                    "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
                                    "--resume continues at the same byte of every file (same processes and micro batch)."),
     compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "
@@ -99,13 +101,16 @@ def finetune(
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
                                            "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
     epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev is evaluated after each and the best weights are kept "
-                                         "(= train.epochs; default 3, more for a small model on few rows: see --lr). A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
+                                         "(= train.epochs; default 3, more for a small model on few rows: see --lr). "
+                                         "A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
     lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default from the "
-                                     "backbone's size: 2e-5 for BERT-base, 3e-4 for bert-mini, printed). A list (5e-5,3e-5) finetunes each: a grid (= grid.lr)."),
+                                     "backbone's size: 2e-5 for BERT-base, 3e-4 for bert-mini, printed). "
+                                     "A list (5e-5,3e-5) finetunes each: a grid (= grid.lr)."),
     batch_size: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Examples per optimizer step (= train.batch_size; default 32). "
                                              "A list (16,32) finetunes each: a grid (= grid.batch_size)."),
     seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
-    seeds: Optional[int] = typer.Option(None, help="Finetunes of each setting, seeded --seed, --seed + 1, …; the best dev run is kept (= grid.seeds; default 1)."),
+    seeds: Optional[int] = typer.Option(None, help="Finetunes of each setting, seeded --seed, --seed + 1, …; "
+                                        "the best dev run is kept (= grid.seeds; default 1)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),

@@ -359,7 +359,7 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
            span_p, span_max, lexicon, ngram_probs, knowledge_units)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = require_meta(corpus_dir)
-    special_ids = masked_lm_special_ids(cmeta)
+    masked_lm_special_ids(cmeta)  # a corpus without [CLS]/[SEP]/[MASK] is refused before any work
     settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                     mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
     if pairs == "none":

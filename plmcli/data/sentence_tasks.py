@@ -125,7 +125,7 @@ class Instance(NamedTuple):
 def instances(split: Split, rng: np.random.Generator, cfg: dict) -> list[Instance]:
     """One pass of both tasks over the split's documents (see the module doc)."""
     out = []
-    sent, doc = split.sent, split.doc
+    doc = split.doc
     for d in range(split.n_docs):
         s0, s1 = int(doc[d]), int(doc[d + 1])
         i = s0
@@ -308,7 +308,7 @@ def build_sentence_tasks(corpus_dir, out_dir, *, max_seq_len: int = 128, reorder
     check_ngram_probs(ngram_probs)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = require_meta(corpus_dir)
-    special_ids = masked_lm_special_ids(cmeta)
+    masked_lm_special_ids(cmeta)  # a corpus without [CLS]/[SEP]/[MASK] is refused before any work
     settings = dict(max_seq_len=max_seq_len, reorder_segments=reorder_segments, reorder_prob=reorder_prob,
                     short_seq_prob=short_seq_prob, dupe_factor=dupe_factor, mask_prob=mask_prob,
                     max_predictions=max_predictions, masking=masking, seed=seed)

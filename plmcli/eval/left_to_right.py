@@ -13,7 +13,6 @@ The model: `next_token_logits(ids (B, W), mems, mem_len) -> ((B, W, V), next mem
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError

@@ -40,7 +40,7 @@ def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str 
         # --auto-resume repeats the first command, --recipe included: the same recipe is fine, another one is not
         if recipe and raw_recipe(recipe).get("name") != r.name:
             raise PlmError(f"--resume continues {run_dir}, trained from recipe {r.name}; --recipe {recipe} would be "
-                           "ignored", f"drop --recipe to continue it, or start a new run in another --out")
+                           "ignored", "drop --recipe to continue it, or start a new run in another --out")
     else:
         if not recipe:
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")

@@ -93,7 +93,7 @@ def test_dataset_dict_keeps_its_validation_split(tmp_path):
     meta = tokenize_corpus([str(tmp_path / "dd")], tmp_path / "tok", CHAR, val_fraction=0.5)
     assert meta["counts"]["train"]["documents"] == 21 and meta["counts"]["validation"]["documents"] == 4
     (tmp_path / "t.txt").write_text(as_text(ROWS[20:]))
-    ref = tokenize_corpus([str(tmp_path / "t.txt")], tmp_path / "ref", TokenizerConfig(
+    tokenize_corpus([str(tmp_path / "t.txt")], tmp_path / "ref", TokenizerConfig(
         **{**CHAR.__dict__, "path": str(tmp_path / "tok" / "tokenizer.json")}), val_fraction=0.0)
     assert ids_of(tmp_path / "tok", "validation") == ids_of(tmp_path / "ref", "train")
     # eval-ppl reads the test split of a DatasetDict
