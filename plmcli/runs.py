@@ -3,7 +3,8 @@ finetuned task model, checkpoints, runs/latest, creation and discard). It decide
 complete, intact and of the kind a command needs, so eval-ppl, finetune --from, generate and export
 refuse a damaged or unfinished run with the same one-line error instead of a traceback.
 
-`Run` is the object; the functions below are the same operations for callers that hold a path.
+Its operations are functions of the run's path (and its config.json, once read): the pipelines pass both along,
+so an object around them would be a second way to do each thing.
 
 A caller names how its user passes a run (`usage`: "--model RUN", "--from RUN", "plm generate RUN", ...),
 and every hint is written with it: each command takes its run differently.
@@ -71,7 +72,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 
-def _label(run: str | None, path: Path) -> str:
+def run_label(run: str | None, path: Path) -> str:
+    """How messages name a run: as the user passed it, or runs/latest with the run it points at."""
     return str(run) if run else f"runs/latest ({path.resolve().name})"
 
 
@@ -91,7 +93,7 @@ def resolve_run(run: str | None, usage: str = "--model RUN") -> Path:
         raise PlmError(f"{path} is not a plm run directory (no {RUN_CONFIG})",
                        f"pass {_pass(usage)} with RUN the directory `plm pretrain` wrote")
     cfg = run_config(path)
-    label = _label(run, path)
+    label = run_label(run, path)
     if cfg.get("finetune") and not (path / FINISHED_FINETUNE).is_file():
         raise PlmError(f"{label} is an unfinished finetune (no {FINISHED_FINETUNE}: it was interrupted or killed)",
                        "run the finetune again")
@@ -131,7 +133,7 @@ def refuse_task_model(path: Path, cfg: dict, run: str | None, usage: str, doing:
     source = ft.get("from_run")
     instead = f"{doing} with the run it was finetuned from: {_pass(usage, source)}" if source else \
         f"{doing} with the pretrained run it was finetuned from"
-    raise PlmError(f"run {_label(run, path)} is finetuned on {ft.get('task')} (its weights are a task model, "
+    raise PlmError(f"run {run_label(run, path)} is finetuned on {ft.get('task')} (its weights are a task model, "
                    "not a language model)", instead)
 
 
@@ -217,10 +219,12 @@ def load_run_tokenizer(path: Path, cfg: dict | None = None):
 
 
 def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it"):
-    """(model in eval mode, tokenizer, run config) of a finished language-model run."""
-    found = Run.open(run, usage)
-    model = found.model(doing)
-    return model, found.tokenizer(), found.config
+    """(model in eval mode, tokenizer, run config) of a finished language-model run; a finetuned run is refused
+    (its weights are a task model)."""
+    path = resolve_run(run, usage)
+    cfg = run_config(path)
+    refuse_task_model(path, cfg, run, usage, doing)
+    return load_run_model(path, cfg), load_run_tokenizer(path, cfg), cfg
 
 
 # ---------------------------------------------------------------- finetuned runs: backbone + task head
@@ -348,81 +352,6 @@ def load_phase_weights(model, run_dir: Path) -> None:
     from safetensors.torch import load_model
 
     load_model(model, str(Path(run_dir) / WEIGHTS))
-
-
-# ---------------------------------------------------------------- the object
-
-
-class Run:
-    """One run directory. `Run.open(run, usage)` is a finished run (None: runs/latest), checked as
-    resolve_run checks it; `Run(path)` is any directory, e.g. one being created."""
-
-    def __init__(self, path: Path, name: str | None = None, usage: str = "--model RUN"):
-        self.path, self.name, self.usage = Path(path), name, usage
-        self._config: dict | None = None
-
-    @classmethod
-    def open(cls, run: str | None, usage: str = "--model RUN") -> "Run":
-        return cls(resolve_run(run, usage), run, usage)
-
-    @classmethod
-    def latest(cls) -> "Run":
-        return cls(runs_root() / LATEST)
-
-    @property
-    def label(self) -> str:
-        return _label(self.name, self.path)
-
-    @property
-    def config(self) -> dict:
-        """config.json, checked (see run_config)."""
-        if self._config is None:
-            self._config = run_config(self.path)
-        return self._config
-
-    @property
-    def finetuned(self) -> bool:
-        return bool(self.config.get("finetune"))
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.path / "checkpoints"
-
-    def checkpoints(self) -> list[Path]:
-        return list_checkpoints(self.path)
-
-    def tokenizer(self):
-        return load_run_tokenizer(self.path, self.config)
-
-    def model(self, doing: str = "use it"):
-        """The language model in eval mode; a finetuned run is refused (its weights are a task model)."""
-        refuse_task_model(self.path, self.config, self.name, self.usage, doing)
-        return load_run_model(self.path, self.config)
-
-    def task_model(self, tok=None):
-        """(task model in eval mode, objective) of a finetuned run."""
-        return finetuned_model(self.path, self.config, tok)
-
-    def encoder(self, pretrained: bool = True, seed: int = 0):
-        return load_encoder(self.path, self.config, pretrained, seed)
-
-    def check_new(self) -> None:
-        check_new_run_dir(self.path)
-
-    def trained(self) -> bool:
-        return trained(self.path)
-
-    def has_progress(self) -> bool:
-        return has_progress(self.path)
-
-    def clear_progress(self) -> None:
-        clear_progress(self.path)
-
-    def discard(self, previous_latest: str | None, made_dir: bool) -> None:
-        discard_run(self.path, previous_latest, made_dir)
-
-    def point_latest(self) -> None:
-        point_latest(self.path)
 
 
 def _rewrite_hint(path: Path, cfg: dict | None = None) -> str:

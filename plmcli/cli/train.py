@@ -100,17 +100,14 @@ def finetune(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
                                            "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
                                            "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
-    epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev is evaluated after each and the best weights are kept "
-                                         "(= train.epochs; default 3, more for a small model on few rows: see --lr). "
-                                         "A list (2,3,4) finetunes each: a grid (= grid.epochs)."),
-    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default from the "
-                                     "backbone's size: 2e-5 for BERT-base, 3e-4 for bert-mini, printed). "
-                                     "A list (5e-5,3e-5) finetunes each: a grid (= grid.lr)."),
+    epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev after each, the best weights kept (= train.epochs; "
+                                         "default 3, more for a small model on few rows). A list (2,3,4): a grid (= grid.epochs)."),
+    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default by "
+                                     "the backbone's size: 2e-5 BERT-base, 3e-4 bert-mini). A list (5e-5,3e-5): a grid (= grid.lr)."),
     batch_size: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Examples per optimizer step (= train.batch_size; default 32). "
                                              "A list (16,32) finetunes each: a grid (= grid.batch_size)."),
     seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
-    seeds: Optional[int] = typer.Option(None, help="Finetunes of each setting, seeded --seed, --seed + 1, …; "
-                                        "the best dev run is kept (= grid.seeds; default 1)."),
+    seeds: Optional[int] = typer.Option(None, help="Finetunes per setting (seeds --seed, --seed + 1, …); the best dev run kept (= grid.seeds)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
     max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
     max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),

@@ -352,26 +352,27 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
     from plmcli.eval.perplexity import window_length
     from plmcli.models.base import traits_of
     from plmcli.models.registry import model_class
-    from plmcli.runs import Run
+    from plmcli.runs import load_run, resolve_run, run_config, run_label
 
     if batch_size < 1:
         raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 8")
     if max_length is not None and max_length < 1:  # before the run is loaded: its positions bound it from above
         raise PlmError(f"--max-length {max_length} must be ≥ 1", "e.g. --max-length 128, or leave it out for the "
                        "run's training seq_len")
-    found = Run.open(run, "RUN")
-    traits = traits_of(model_class(found.config["family"]))
+    path = resolve_run(run, "RUN")
+    family = run_config(path)["family"]
+    traits = traits_of(model_class(family))
     if not traits.causal or traits.stateful:  # before loading the weights
-        raise PlmError(f"zero-shot scoring needs a causal LM that reads whole sequences, and run {found.label} is a "
-                       f"{found.config['family']} model", "pass a gpt run (plm pretrain --recipe gpt-mini)")
-    model, tok = found.model("score a task zero-shot"), found.tokenizer()
+        raise PlmError(f"zero-shot scoring needs a causal LM that reads whole sequences, and run {run_label(run, path)} is a "
+                       f"{family} model", "pass a gpt run (plm pretrain --recipe gpt-mini)")
+    model, tok, run_cfg = load_run(run, "RUN", "score a task zero-shot")
     check_model(model)
     positions = model.max_positions
-    window, why = window_length(max_length, positions, found.config.get("seq_len"))
+    window, why = window_length(max_length, positions, run_cfg.get("seq_len"))
     if not 1 <= window <= positions:
         raise PlmError(f"--max-length {window} is outside 1..{positions} (the model's positions)",
                        f"use --max-length ≤ {positions}")
-    ids = found.config.get("tokenizer", {}).get("special_token_ids", {})
+    ids = run_cfg.get("tokenizer", {}).get("special_token_ids", {})
     start = next((r for r in ("bos", "eos") if r in ids), None)
     prefix = [int(ids[start])] if start else []
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -382,7 +383,7 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
 
     scorer = score_lambada if cfg.task.lower() == LAMBADA else score_task
     res = scorer(model, encode, prefix, cfg, window, batch_size, device)
-    res.update(run=found.label, window=window, window_from=why,
+    res.update(run=run_label(run, path), window=window, window_from=why,
                first_token=f"after {start}" if start else "after the prompt's first token (no bos/eos)",
                config={k: v for k, v in asdict(cfg).items() if v not in (None, {}, "")})
     return res
