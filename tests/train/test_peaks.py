@@ -18,8 +18,14 @@ from plmcli.train import peaks
 ])
 def test_the_peak_of_the_part_and_the_precision(name, precision, tf32, want, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
-    assert peaks.peak_flops(torch.device("cuda", 0), precision) == want
+    # Set and restored by hand: the flag lives behind cuBLASModule's __getattr__/__setattr__, not in its __dict__,
+    # so pytest ≥ 9.2's monkeypatch tries to delete it on undo (AttributeError).
+    matmul, saved = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    matmul.allow_tf32 = tf32
+    try:
+        assert peaks.peak_flops(torch.device("cuda", 0), precision) == want
+    finally:
+        matmul.allow_tf32 = saved
 
 
 def test_no_peak_off_a_gpu():
