@@ -467,16 +467,46 @@ def check_streamable(objective_cls, cfg=None) -> None:
 
 
 class StreamingObjective:
-    """An objective that trains on a TextStream; evaluation and everything else are the wrapped one's."""
+    """An objective that trains on a TextStream; evaluation and everything else are the wrapped one's.
+
+    It answers the Objective calls (objectives/base.py, a layer above this one) that the loop and the pretrain
+    pipeline make, each passed on to the wrapped objective; only `stream`'s training split is its own."""
 
     def __init__(self, inner, num_workers=0):
         check_streamable(type(inner), inner.cfg)
         self.inner, self.num_workers = inner, num_workers
 
-    def __getattr__(self, name):
-        if name == "inner":  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    @property
+    def cfg(self):
+        return self.inner.cfg
+
+    @property
+    def ppl_metric(self) -> str:
+        return self.inner.ppl_metric
+
+    def configure_model(self, model_cfg, vocab_size: int) -> None:
+        self.inner.configure_model(model_cfg, vocab_size)
+
+    def check_model(self, model) -> None:
+        self.inner.check_model(model)
+
+    def prepare(self, corpus_dir, cache_root, num_proc: int = 1):
+        return self.inner.prepare(corpus_dir, cache_root, num_proc=num_proc)
+
+    def init_state(self):
+        return self.inner.init_state()
+
+    def loss_counts(self, batch: dict) -> dict:
+        return self.inner.loss_counts(batch)
+
+    def step(self, model, batch: dict, state=None):
+        return self.inner.step(model, batch, state)
+
+    def tokens_in(self, batch: dict) -> int:
+        return self.inner.tokens_in(batch)
+
+    def evaluate(self, accelerator, model, stream, max_batches: int) -> dict | None:
+        return self.inner.evaluate(accelerator, model, stream, max_batches)
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         if split != "train":

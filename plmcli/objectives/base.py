@@ -24,7 +24,9 @@ class StepOutput:
 
 
 class Objective:
-    """Owns masking, collation and loss. Subclasses set `Config` and implement the methods below.
+    """What the one loop (plmcli.train.loop) and the pretrain pipeline call: owns masking, collation and loss.
+    Subclasses set `Config` and implement the methods below. A finetuning objective is a TaskObjective
+    (objectives/task.py), which adds what the finetune pipeline calls.
 
     An objective that can train on text streamed as it trains (`plm pretrain --streaming`, data/streaming.py)
     also has `window_size()` (tokens per row read from the stream), `window_batch(x, key, seed)` (a (B, W)
@@ -104,11 +106,14 @@ class Objective:
         return None
 
 
-def eval_batches(stream, max_batches: int, device):
-    """This process's evaluation batches on `device`: one pass over the stream (the first `max_batches`
-    when set), skipping the empty batches a short last pass leaves."""
-    n = stream.batches_per_epoch()
-    for k in range(min(n, max_batches) if max_batches else n):
-        batch = stream[k]
-        if batch is not None:
-            yield {key: v.to(device) if torch.is_tensor(v) else v for key, v in batch.items()}
+class NoBatches:
+    """A validation stream with nothing in it (its documents too short for any instance): the loop's evaluation
+    reads zero batches from it, where a BatchStream would refuse to be built."""
+
+    num_samples = 0
+
+    def batches_per_epoch(self) -> int:
+        return 0
+
+    def __getitem__(self, k):
+        return None

@@ -55,8 +55,7 @@ class Choice(Classify):
         """The backbone with a one-output head: a score per (context, ending) sequence."""
         if self.layout == CAUSAL:
             return self._causal_model(backbone, 1)
-        if not type(backbone).traits.bidirectional:
-            raise PlmError(f"{type(backbone).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
+        self.check_encoder(backbone)
         model = SequenceClassifier(backbone, 1, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
         return model

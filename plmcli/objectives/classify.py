@@ -36,13 +36,14 @@ from torch import nn
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import Frame, causal_frame, encode_framed, encoder_frame
-from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
+from plmcli.data.tasks import load_split, require_roles, save_split
 from plmcli.errors import PlmError
 from plmcli.models import device as devices
 from plmcli.models.base import HasHidden, HasLMHead, HasStateLogits, HasTaskHead, traits_of
-from plmcli.objectives.base import Objective, StepOutput, eval_batches
+from plmcli.objectives.base import StepOutput
 from plmcli.objectives.heads import (ConvPooling, TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
                                      state_width, states_problem)  # encoder_problem: its old home
+from plmcli.objectives.task import TaskObjective
 
 NEEDS = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
          "word2vec run")
@@ -124,6 +125,18 @@ def transfer_tokens(tokenizer, special_ids: dict) -> TransferTokens:
         known = dollar and special_ids.get("unk") not in dollar and tokenizer.decode(list(dollar)).strip() == "$"
         delimiter = dollar if known else (extract,)
     return TransferTokens(int(start), tuple(int(i) for i in delimiter), int(extract))
+
+
+def frame_tokens(tokenizer, special_ids: dict, layout: str) -> TransferTokens | None:
+    """The special tokens a row of `layout` is framed with, checked before any output exists: a causal LM's
+    transfer tokens, or None for an encoder, whose [CLS] and [SEP] must then be there. No tokenizer (a model
+    rebuilt to load weights into): nothing to frame, None."""
+    if tokenizer is None:
+        return None
+    if layout == CAUSAL:
+        return transfer_tokens(tokenizer, special_ids)
+    require_roles(special_ids, ("cls", "sep"))
+    return None
 
 
 def encode_transformed(tokenizer, tokens: TransferTokens, texts_a: list[str], texts_b: list[str] | None,
@@ -210,7 +223,7 @@ def lm_loss(lm_logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: to
                            ignore_index=-100)
 
 
-class Classify(Objective):
+class Classify(TaskObjective):
     Config = ClassifyConfig
     stack_rows = True
     """Batches of examples with several rows (similarity's two orders) come as (B, R, T); Choice flattens them."""
@@ -218,22 +231,10 @@ class Classify(Objective):
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
         """`layout`: the backbone class's `traits.pair_layout` (plmcli.data.pairs): where the encoder wants
         [CLS], or "causal" (CAUSAL) for GPT's transforms on a causal LM."""
-        super().__init__(cfg, tokenizer, special_ids, seq_len)
-        self.layout = layout
-        self.transfer = None
-        if tokenizer is not None:  # before any output exists: the special tokens the inputs need
-            if layout == CAUSAL:
-                self.transfer = transfer_tokens(tokenizer, special_ids)
-            else:  # [CLS] a [SEP] b [SEP] needs both
-                require_roles(special_ids, ("cls", "sep"))
-        if task is None:
-            from plmcli.data.tasks.registry import get_task
-
-            task = get_task(cfg.task)
-        self.task = task
+        self.transfer = frame_tokens(tokenizer, special_ids, layout)
+        super().__init__(cfg, tokenizer, special_ids, seq_len, task, layout)
         self.regression = cfg.num_labels == 1
-        self.pad_id = special_ids.get("pad", 0)
-        weight = float(task.options.aux_lm_weight)
+        weight = float(self.task.options.aux_lm_weight)
         if not (math.isfinite(weight) and weight >= 0):
             raise PlmError(f"--aux-lm-weight {weight} is not a weight ≥ 0",
                            "use 0.5 (GPT's λ), or 0 to train on the task loss alone")
@@ -257,8 +258,7 @@ class Classify(Objective):
     def build_model(self, encoder: nn.Module) -> nn.Module:
         if self.layout == CAUSAL:
             return self._causal_model(encoder, self.cfg.num_labels)
-        if not type(encoder).traits.bidirectional:
-            raise PlmError(f"{type(encoder).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
+        self.check_encoder(encoder)
         model = SequenceClassifier(encoder, self.cfg.num_labels, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
         return model
@@ -279,28 +279,24 @@ class Classify(Objective):
 
     # -------------------------------------------------------------- data
 
-    def encode_splits(self, splits: dict, data_dir: Path) -> dict:
-        """Encode train / validation (all eval splits, tagged by group) / test splits into DATA_DIR."""
-        data_dir = Path(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        plan = {"train": ["train"], "validation": list(self.task.eval_splits),
+    def split_plan(self, splits: dict) -> dict:
+        """train, validation (all eval splits, tagged by group) and the test splits the task has data for."""
+        return {"train": ["train"], "validation": list(self.task.eval_splits),
                 **{s: [s] for s in self.task.test_splits if s in splits}}
-        counts = {}
-        for name, parts in plan.items():
-            examples = [e for p in parts for e in splits[p]]
-            group = np.concatenate([np.full(len(splits[p]), g, dtype=np.int8) for g, p in enumerate(parts)])
-            enc, rows = self._encode(examples)
-            labels = np.array([-1 if e.label is None else e.label for e in examples],
-                              dtype=np.float32 if self.regression else np.int64)
-            save_split(data_dir / f"{name}.npz", {**enc, "rows": np.int64(rows), "labels": labels, "group": group,
-                                                  "example_id": np.array([str(e.id) for e in examples])})
-            counts[name] = {"documents": len(examples), "tokens": int(len(enc["ids"])),
-                            "truncated": int(enc["truncated"].reshape(-1, rows).any(1).sum())}
-        meta = {"task": self.task.name, "max_seq_len": self.seq_len, "counts": counts, "splits": plan}
-        if self.transfer is not None:
-            meta["transfer_tokens"] = asdict(self.transfer)
-        write_meta(data_dir, meta)
-        return meta
+
+    def encode_split(self, splits: dict, name: str, parts, data_dir: Path) -> dict:
+        examples = [e for p in parts for e in splits[p]]
+        group = np.concatenate([np.full(len(splits[p]), g, dtype=np.int8) for g, p in enumerate(parts)])
+        enc, rows = self._encode(examples)
+        labels = np.array([-1 if e.label is None else e.label for e in examples],
+                          dtype=np.float32 if self.regression else np.int64)
+        save_split(data_dir / f"{name}.npz", {**enc, "rows": np.int64(rows), "labels": labels, "group": group,
+                                              "example_id": np.array([str(e.id) for e in examples])})
+        return {"documents": len(examples), "tokens": int(len(enc["ids"])),
+                "truncated": int(enc["truncated"].reshape(-1, rows).any(1).sum())}
+
+    def data_meta(self) -> dict:
+        return {"transfer_tokens": asdict(self.transfer)} if self.transfer is not None else {}
 
     def _encode(self, examples) -> tuple[dict, int]:
         """(encode_pairs-style arrays, rows per example): example i is rows i·R .. i·R + R-1."""
@@ -354,9 +350,6 @@ class Classify(Objective):
         stream.example_ids = d["example_id"]
         return stream
 
-    def tokens_in(self, batch) -> int:
-        return batch["num_tokens"]
-
     # -------------------------------------------------------------- loss
 
     def _losses(self, logits, labels) -> torch.Tensor:
@@ -400,29 +393,19 @@ class Classify(Objective):
 
     # -------------------------------------------------------------- evaluation
 
-    def _run(self, model, stream, max_batches, device, autocast) -> dict:
-        out = {"logits": [], "labels": [], "group": [], "index": []}
-        with torch.no_grad():
-            for batch in eval_batches(stream, max_batches, device):
-                with autocast():
-                    logits = self._logits(model, batch)[0]
-                out["logits"].append(logits.float())
-                for key in ("labels", "group", "index"):
-                    out[key].append(batch[key])
-        if not out["logits"]:  # a rank with no samples (tiny dev set, many processes) still joins the gather
-            long = torch.zeros(0, dtype=torch.long, device=device)
-            return {"logits": torch.zeros(0, self.cfg.num_labels, device=device), "group": long, "index": long,
-                    "labels": torch.zeros(0, device=device) if self.regression else long}
-        return {k: torch.cat(v) for k, v in out.items()}
+    def eval_forward(self, model, batch):
+        return self._logits(model, batch)[0]
 
-    def evaluate(self, accelerator, model, stream, max_batches) -> dict:
+    def eval_outputs(self, model, batch, logits, with_loss):
+        return {"logits": logits.float(), "labels": batch["labels"], "group": batch["group"], "index": batch["index"]}
+
+    def no_outputs(self, device):
+        long = torch.zeros(0, dtype=torch.long, device=device)
+        return {"logits": torch.zeros(0, self.cfg.num_labels, device=device),
+                "labels": torch.zeros(0, device=device) if self.regression else long, "group": long, "index": long}
+
+    def dev_metrics(self, got, stream) -> dict:
         """Loss and the task's metrics per eval split: val_loss, val_accuracy, val_mismatched_accuracy, ..."""
-        got = self._run(model, stream, max_batches, accelerator.device, accelerator.autocast)
-        if accelerator.num_processes > 1:  # every sample sits on exactly one rank; pads carry index -1
-            got = {k: accelerator.gather(accelerator.pad_across_processes(v, dim=0, pad_index=-1 if k == "index" else 0))
-                   for k, v in got.items()}
-            keep = got["index"] >= 0
-            got = {k: v[keep] for k, v in got.items()}
         losses = self._losses(got["logits"], got["labels"]).cpu().numpy()
         preds, labels = self._preds(got["logits"]).cpu().numpy(), got["labels"].cpu().numpy()
         group = got["group"].cpu().numpy()
@@ -435,18 +418,7 @@ class Classify(Objective):
             res.update({f"val_{prefix}{k}": v for k, v in self.task.score(preds[sel], labels[sel]).items()})
         return res
 
-    def predict(self, model, stream) -> tuple[np.ndarray, np.ndarray]:
-        """(example ids, predictions) over the whole stream on this process: class indices or scores."""
-        from contextlib import nullcontext
-
-        device = next(model.parameters()).device
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else nullcontext
-        was_training = model.training
-        model.eval()
-        try:
-            got = self._run(model, stream, 0, device, autocast)
-        finally:
-            model.train(was_training)
+    def predictions(self, got, stream) -> tuple[np.ndarray, np.ndarray]:
+        """(example ids, class indices or scores)."""
         index = got["index"].cpu().numpy()
         return stream.example_ids[index], self._preds(got["logits"]).cpu().numpy()

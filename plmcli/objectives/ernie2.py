@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from plmcli.config_sections import Fraction, NonNegative, Range
 from plmcli.data.batching import BatchStream
 from plmcli.data.sentence_tasks import FORMAT, MAX_SEGMENTS, check, num_classes
+from plmcli.data.store import read_meta
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert
 from plmcli.models.device import row_lengths
 from plmcli.models.spanbert import SpanBertOutput
-from plmcli.objectives.base import StepOutput
+from plmcli.objectives.base import NoBatches, StepOutput
 from plmcli.objectives.mlm import (MLM_FORMAT, PAIRS, MaskedLM, MLMConfig, collate_static, sentence_loss,
                                    span_boundary_loss)
 
@@ -90,7 +91,7 @@ class Ernie2(MaskedLM):
 
     def prepare(self, corpus_dir, cache_root=None, num_proc: int = 1) -> Path:
         """The directory `stream` reads: ERNIE 2.0 instances built from a tokenized corpus into the cache."""
-        from plmcli.data.store import cache_key, read_meta
+        from plmcli.data.store import cache_key
 
         corpus_dir, c = Path(corpus_dir), self.cfg
         meta = read_meta(corpus_dir) or {}
@@ -125,11 +126,11 @@ class Ernie2(MaskedLM):
         from datasets import load_from_disk
 
         data_dir = Path(data_dir)
-        if (_meta(data_dir)).get("format") != FORMAT:
+        if read_meta(data_dir, FORMAT) is None:
             raise PlmError(f"'{data_dir}' holds no ERNIE 2.0 instances", "pass a `plm tokenize` directory or text files")
         ds = load_from_disk(str(data_dir / "dataset" / split)).with_format("arrow")
         if len(ds) < 1 and not shuffle:
-            return _NoBatches()
+            return NoBatches()
         if len(ds) < 1:
             raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
         pad = self.special_ids.get("pad", 0)
@@ -187,21 +188,3 @@ def collate(tbl, pad: int) -> dict:
     for task in ("reorder", "distance"):
         batch[f"{task}_labels"] = torch.from_numpy(tbl[f"{task}_label"].to_numpy().astype("int64"))
     return batch
-
-
-def _meta(directory: Path) -> dict:
-    from plmcli.data.store import read_meta
-
-    return read_meta(directory) or {}
-
-
-class _NoBatches:
-    """An evaluation stream with nothing in it: evaluate() reads zero batches."""
-
-    num_samples = 0
-
-    def batches_per_epoch(self) -> int:
-        return 0
-
-    def __getitem__(self, k):
-        return None

@@ -26,11 +26,12 @@ from plmcli.config_sections import Count, Fraction, NonNegative, Range, Rule, Si
 from plmcli.data.batching import BatchStream, TokenBudgetStream, row_generators
 from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
 from plmcli.data.packing import PACKINGS
+from plmcli.data.store import read_meta
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.device import row_lengths
 from plmcli.models.spanbert import SpanBertOutput
-from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.base import NoBatches, Objective, StepOutput
 
 MLM_FORMAT = "plm-mlm"
 MASKINGS = ("token", "wwm", "ngram", "ngram_per_word", "chinese-wwm", "span", "knowledge")
@@ -178,7 +179,7 @@ class MaskedLM(Objective):
     def prepare(self, corpus_dir, cache_root=None, num_proc: int = 1) -> Path:
         """The directory `stream` reads: static -> make-mlm-data output (built into the cache), dynamic -> the corpus."""
         corpus_dir = Path(corpus_dir)
-        meta = _read_meta(corpus_dir)
+        meta = read_meta(corpus_dir) or {}
         c = self.cfg
         if meta.get("format") == MLM_FORMAT:
             if c.dynamic:
@@ -220,12 +221,12 @@ class MaskedLM(Objective):
         from plmcli.data.store import cache_key
 
         out = Path(cache_root or default_cache_dir()) / "mlm" / cache_key(meta.get("key"), meta.get("tokenizer", {}).get("hash"), keyed)[:16]
-        if _read_meta(out).get("format") != MLM_FORMAT:
+        if read_meta(out, MLM_FORMAT) is None:
             make_mlm_data(corpus_dir, out, num_proc=num_proc, **settings)
         return out
 
     def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        if _read_meta(Path(data_dir)).get("format") == MLM_FORMAT:
+        if read_meta(data_dir, MLM_FORMAT) is not None:
             return self._static_stream(Path(data_dir), split, batch_size, seed, rank, world, shuffle)
         if not self.cfg.dynamic:
             raise PlmError(f"'{data_dir}' is not make-mlm-data output and objective.dynamic is false",
@@ -237,7 +238,7 @@ class MaskedLM(Objective):
 
         ds = load_from_disk(str(data_dir / "dataset" / split)).with_format("arrow")
         if len(ds) < 1 and not shuffle:
-            return _NoBatches()  # a validation split whose documents were too short for any instance
+            return NoBatches()  # a validation split whose documents were too short for any instance
         if len(ds) < 1:
             raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
         pad = self.special_ids.get("pad", 0)
@@ -304,7 +305,7 @@ class MaskedLM(Objective):
             raise PlmError(f"train.seq_len {T} leaves no room for a sentence between [CLS] and [SEP]", "raise train.seq_len")
         rows = sentence_rows(data_dir, split, sep, T - 2, c.packing == "full_sentences")
         if len(rows) < 1 and not shuffle:
-            return _NoBatches()
+            return NoBatches()
         if len(rows) < 1:
             raise PlmError(f"the {split} split has no sentences to pack", "add text, or lower data.val_fraction")
         vocab = self.vocab_size or int(tokens.max()) + 1
@@ -467,24 +468,6 @@ def _random_ids(vocab: int, special: tuple[int, ...]) -> np.ndarray:
     out = np.setdiff1d(np.arange(vocab), special)
     out.flags.writeable = False
     return out
-
-
-class _NoBatches:
-    """An evaluation stream with nothing in it: evaluate() reads zero batches."""
-
-    num_samples = 0
-
-    def batches_per_epoch(self) -> int:
-        return 0
-
-    def __getitem__(self, k):
-        return None
-
-
-def _read_meta(directory: Path) -> dict:
-    from plmcli.data.store import read_meta
-
-    return read_meta(directory) or {}
 
 
 def _padded(col, pad: int) -> tuple[np.ndarray, np.ndarray]:

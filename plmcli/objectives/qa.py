@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -37,11 +36,12 @@ from torch import nn
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import encoder_frame
-from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
+from plmcli.data.tasks import load_split, require_roles, save_split
 from plmcli.errors import PlmError
 from plmcli.models.device import row_lengths
-from plmcli.objectives.base import Objective, StepOutput, eval_batches
+from plmcli.objectives.base import StepOutput
 from plmcli.objectives.heads import TaskHead, encoder_problem
+from plmcli.objectives.task import TaskObjective
 
 NEG = -1e9
 """Logit of padding positions: never a start or an end, and exp() is exactly 0 in fp32."""
@@ -230,20 +230,14 @@ def whole_words(text: str, start: int, end: int) -> tuple[int, int]:
 # ------------------------------------------------------------------ the objective
 
 
-class SpanQA(Objective):
+class SpanQA(TaskObjective):
     Config = SpanQAConfig
 
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
-        super().__init__(cfg, tokenizer, special_ids, seq_len)
         if tokenizer is not None:  # before any output exists
             require_roles(special_ids, ("cls", "sep"))
-        if task is None:
-            from plmcli.data.tasks.registry import get_task
-
-            task = get_task(cfg.task)
-        self.task, self.layout = task, layout
-        self.pad_id = special_ids.get("pad", 0)
-        o = task.options
+        super().__init__(cfg, tokenizer, special_ids, seq_len, task, layout)
+        o = self.task.options
         for name, value, unit, example in (("--doc-stride", o.doc_stride, "tokens", 128),
                                            ("--max-query-len", o.max_query_len, "tokens", 64),
                                            ("--max-answer-len", o.max_answer_len, "tokens", 30),
@@ -262,8 +256,7 @@ class SpanQA(Objective):
         return encoder_problem(model_cls)
 
     def build_model(self, encoder: nn.Module) -> SpanExtractor:
-        if not type(encoder).traits.bidirectional:
-            raise PlmError(f"{type(encoder).__name__} has no encoder interface", "finetune from an encoder run (bert recipes)")
+        self.check_encoder(encoder)
         model = SpanExtractor(encoder, self.cfg.classifier_dropout)
         model.frozen = model.freeze_unused(self.special_ids["cls"], self.special_ids["sep"])
         return model
@@ -290,28 +283,23 @@ class SpanQA(Objective):
                  "truncated": int(sum(len(e.ids) > o.max_query_len for e in q_enc))}
         return arrays, table
 
-    def encode_splits(self, splits: dict, data_dir: Path) -> dict:
-        """train / validation (the dev split) / test windows into DATA_DIR: {split}.npz, and for the
-        splits that are decoded, {split}.questions.json (ids, passages, gold answers)."""
-        data_dir = Path(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        plan = {"train": "train", "validation": "dev", **({"test": "test"} if "test" in splits else {})}
-        counts = {}
-        for name, split in plan.items():
-            arrays, table = self.encode(splits[split])
-            if name == "train" and table["unmapped"]:  # no token to point at: nothing to learn from
-                arrays = _drop_windows(arrays, np.isin(arrays["question"], table["unmapped"]))
-                if self.task.skipped is not None:  # reported in metrics.json with the misaligned answers
-                    self.task.skipped["train: answer covered by no token"] = len(table["unmapped"])
-            save_split(data_dir / f"{name}.npz", arrays)
-            if name != "train":
-                (data_dir / f"{name}.questions.json").write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
-            # "documents" are windows: what a batch holds and an epoch counts.
-            counts[name] = {"documents": len(arrays["question"]), "questions": len(np.unique(arrays["question"])),
-                            "tokens": int(len(arrays["ids"])), "truncated": table["truncated"]}
-        meta = {"task": self.task.name, "max_seq_len": self.seq_len, "counts": counts, "splits": plan}
-        write_meta(data_dir, meta)
-        return meta
+    def split_plan(self, splits: dict) -> dict:
+        """train / validation (the dev split) / test windows."""
+        return {"train": "train", "validation": "dev", **({"test": "test"} if "test" in splits else {})}
+
+    def encode_split(self, splits: dict, name: str, split: str, data_dir: Path) -> dict:
+        """{name}.npz, and for the splits that are decoded, {name}.questions.json (ids, passages, gold answers)."""
+        arrays, table = self.encode(splits[split])
+        if name == "train" and table["unmapped"]:  # no token to point at: nothing to learn from
+            arrays = _drop_windows(arrays, np.isin(arrays["question"], table["unmapped"]))
+            if self.task.skipped is not None:  # reported in metrics.json with the misaligned answers
+                self.task.skipped["train: answer covered by no token"] = len(table["unmapped"])
+        save_split(data_dir / f"{name}.npz", arrays)
+        if name != "train":
+            (data_dir / f"{name}.questions.json").write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
+        # "documents" are windows: what a batch holds and an epoch counts.
+        return {"documents": len(arrays["question"]), "questions": len(np.unique(arrays["question"])),
+                "tokens": int(len(arrays["ids"])), "truncated": table["truncated"]}
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         d = load_split(Path(corpus_dir) / f"{split}.npz")
@@ -342,9 +330,6 @@ class SpanQA(Objective):
         stream.questions = json.loads(table.read_text(encoding="utf-8")) if table.is_file() else None
         return stream
 
-    def tokens_in(self, batch) -> int:
-        return batch["num_tokens"]
-
     # -------------------------------------------------------------- loss
 
     @staticmethod
@@ -370,20 +355,18 @@ class SpanQA(Objective):
 
     # -------------------------------------------------------------- evaluation
 
-    def _run(self, model, stream, max_batches, device, autocast) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits (W, seq_len, 2), window index (W,)) of the windows this process reads."""
-        logits, index = [], []
-        with torch.no_grad():
-            for batch in eval_batches(stream, max_batches, device):
-                with autocast():
-                    out = self._logits(model, batch)
-                full = torch.full((len(out), self.seq_len, 2), NEG, device=device)
-                full[:, :out.shape[1]] = out.float()
-                logits.append(full)
-                index.append(batch["index"])
-        if not logits:  # a rank with no windows still joins the gather
-            return torch.zeros(0, self.seq_len, 2, device=device), torch.zeros(0, dtype=torch.long, device=device)
-        return torch.cat(logits), torch.cat(index)
+    def eval_forward(self, model, batch):
+        return self._logits(model, batch)
+
+    def eval_outputs(self, model, batch, out, with_loss):
+        """Each window's (seq_len, 2) logits, NEG past its batch's width, and its index."""
+        full = torch.full((len(out), self.seq_len, 2), NEG, device=out.device)
+        full[:, :out.shape[1]] = out.float()
+        return {"logits": full, "index": batch["index"]}
+
+    def no_outputs(self, device):
+        return {"logits": torch.zeros(0, self.seq_len, 2, device=device),
+                "index": torch.zeros(0, dtype=torch.long, device=device)}
 
     def _answers(self, stream, logits: np.ndarray, index: np.ndarray) -> tuple[list[int], list[str]]:
         """(questions, answer texts) for the questions that have windows among `index`."""
@@ -406,15 +389,9 @@ class SpanQA(Objective):
                 texts.append("")
         return seen, texts
 
-    def evaluate(self, accelerator, model, stream, max_batches) -> dict:
+    def dev_metrics(self, got, stream) -> dict:
         """val_loss (per window) and the task's exact_match / f1 over the questions read."""
-        logits, index = self._run(model, stream, max_batches, accelerator.device, accelerator.autocast)
-        if accelerator.num_processes > 1:  # every window sits on exactly one rank; pads carry index -1
-            logits = accelerator.gather(accelerator.pad_across_processes(logits, dim=0))
-            index = accelerator.gather(accelerator.pad_across_processes(index, dim=0, pad_index=-1))
-            keep = index >= 0
-            logits, index = logits[keep], index[keep]
-        idx = index.cpu().numpy()
+        logits, idx = got["logits"], got["index"].cpu().numpy()
         w = stream.windows
         target = [torch.from_numpy(w[k][idx]).to(logits.device) for k in ("start_positions", "end_positions")]
         loss = self._losses(logits, *target).mean().item() if len(idx) else float("nan")
@@ -423,18 +400,9 @@ class SpanQA(Objective):
         scores = self.task.score(texts, [stream.questions["answers"][q] for q in seen])
         return {f"val_{prefix}loss": loss, **{f"val_{prefix}{k}": v for k, v in scores.items()}}
 
-    def predict(self, model, stream) -> tuple[np.ndarray, list[str]]:
+    def predictions(self, got, stream) -> tuple[np.ndarray, list[str]]:
         """(question ids, answer texts) for every question of the stream's split."""
-        device = next(model.parameters()).device
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else nullcontext
-        was_training = model.training
-        model.eval()
-        try:
-            logits, index = self._run(model, stream, 0, device, autocast)
-        finally:
-            model.train(was_training)
-        seen, texts = self._answers(stream, logits.cpu().numpy(), index.cpu().numpy())
+        seen, texts = self._answers(stream, got["logits"].cpu().numpy(), got["index"].cpu().numpy())
         ids = stream.questions["ids"]
         return np.array([ids[q] for q in seen]), texts
 

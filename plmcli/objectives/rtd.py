@@ -77,7 +77,8 @@ class ReplacedTokenDetection(MaskedLM):
         self.set_predicted_share(model)
 
     def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        return SampleSeeds(super().stream(data_dir, split, batch_size, seed, rank, world, shuffle), seed, split)
+        stream = super().stream(data_dir, split, batch_size, seed, rank, world, shuffle)
+        return SampleSeeds(stream, seed, split, rank, world)
 
     def window_batch(self, x: torch.Tensor, key, seed: int = 0, lengths=None) -> dict:
         """plm pretrain --streaming: the masked batch, and its generator-sample seed from the same position."""
@@ -158,15 +159,17 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None = None, block
 
 
 class SampleSeeds(torch.utils.data.Dataset):
-    """A stream whose batch k also carries `sample_seed`, a function of (seed, split, global micro-batch id)."""
+    """A stream whose batch k also carries `sample_seed`, a function of (seed, split, global micro-batch id).
+    What the loop reads of a stream (batch k, its length, `batches_per_epoch`) is the wrapped stream's."""
 
-    def __init__(self, stream, seed: int, split: str):
+    def __init__(self, stream, seed: int, split: str, rank: int, world: int):
         self.stream, self.seed, self.tag = stream, seed, zlib.crc32(split.encode())
+        self.rank, self.world = rank, world
 
     def __getitem__(self, k: int):
         batch = self.stream[k]
         if batch is not None:
-            g = k * self.stream.world + self.stream.rank  # as BatchStream: unique over ranks and steps
+            g = k * self.world + self.rank  # as BatchStream: unique over ranks and steps
             state = np.random.SeedSequence((self.seed, self.tag, g, _SAMPLE_TAG)).generate_state(1, np.uint64)[0]
             batch["sample_seed"] = int(state >> np.uint64(1))  # 63 bits: any torch seed
         return batch
@@ -174,7 +177,5 @@ class SampleSeeds(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.stream)
 
-    def __getattr__(self, name):  # batches_per_epoch, order, num_samples, ... of the wrapped stream
-        if name == "stream":  # not set yet (unpickling in a DataLoader worker)
-            raise AttributeError(name)
-        return getattr(self.stream, name)
+    def batches_per_epoch(self) -> int:
+        return self.stream.batches_per_epoch()

@@ -46,14 +46,15 @@ from torch import nn
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import encoder_frame
-from plmcli.data.tasks import load_split, require_roles, save_split, write_meta
+from plmcli.data.tasks import load_split, save_split
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.crf import LinearChainCRF, bio_constraints
 from plmcli.models.device import row_lengths
-from plmcli.objectives.base import Objective, StepOutput, eval_batches
-from plmcli.objectives.classify import CAUSAL, transfer_tokens
+from plmcli.objectives.base import StepOutput
+from plmcli.objectives.classify import CAUSAL, frame_tokens
 from plmcli.objectives.heads import TaskHead, state_width, states_problem
+from plmcli.objectives.task import TaskObjective
 
 IGNORE = -100
 """Label of a sub-token that is not a word's first (and of special tokens): no loss, no prediction."""
@@ -191,25 +192,13 @@ def plan_windows(lengths: list[int], budget: int) -> list[tuple[int, int]]:
     return spans
 
 
-class Tagging(Objective):
+class Tagging(TaskObjective):
     Config = TaggingConfig
 
     def __init__(self, cfg, tokenizer, special_ids, seq_len, task=None, layout: str = "cls_first"):
         """`layout`: where the encoder wants [CLS] (its class's `pair_layout`)."""
-        super().__init__(cfg, tokenizer, special_ids, seq_len)
-        self.layout = layout
-        self.transfer = None
-        if tokenizer is not None:
-            if layout == CAUSAL:
-                self.transfer = transfer_tokens(tokenizer, special_ids)
-            else:
-                require_roles(special_ids, ("cls", "sep"))
-        if task is None:
-            from plmcli.data.tasks.registry import get_task
-
-            task = get_task(cfg.task)
-        self.task = task
-        self.pad_id = special_ids.get("pad", 0)
+        self.transfer = frame_tokens(tokenizer, special_ids, layout)
+        super().__init__(cfg, tokenizer, special_ids, seq_len, task, layout)
 
     @classmethod
     def backbone_problem(cls, model_cls) -> str | None:
@@ -301,23 +290,19 @@ class Tagging(Objective):
         name = names[tag]
         return names.index("B-" + name[2:]) if name.startswith("I-") and "B-" + name[2:] in names else tag
 
-    def encode_splits(self, splits: dict, data_dir: Path) -> dict:
-        """train / validation (the task's eval splits, tagged by group) / test splits into DATA_DIR."""
-        data_dir = Path(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
+    def split_plan(self, splits: dict) -> dict:
+        """train / validation (the task's eval splits, tagged by group) / test splits, those the task has data for."""
         plan = {"train": ["train"], "validation": list(self.task.eval_splits),
                 **{s: [s] for s in self.task.test_splits}}
-        plan = {name: parts for name, parts in plan.items() if all(p in splits for p in parts)}
-        counts = {}
-        for name, parts in plan.items():
-            encoded = [self.encode_sentences(splits[p], g) for g, p in enumerate(parts)]
-            arrays = _concat([a for a, _ in encoded])
-            save_split(data_dir / f"{name}.npz", arrays)
-            counts[name] = {k: sum(c[k] for _, c in encoded) for k in encoded[0][1]}
-        meta = {"task": self.task.name, "max_seq_len": self.seq_len, "counts": counts, "splits": plan,
-                "tags": list(self.task.label_names)}
-        write_meta(data_dir, meta)
-        return meta
+        return {name: parts for name, parts in plan.items() if all(p in splits for p in parts)}
+
+    def encode_split(self, splits: dict, name: str, parts, data_dir: Path) -> dict:
+        encoded = [self.encode_sentences(splits[p], g) for g, p in enumerate(parts)]
+        save_split(data_dir / f"{name}.npz", _concat([a for a, _ in encoded]))
+        return {k: sum(c[k] for _, c in encoded) for k in encoded[0][1]}
+
+    def data_meta(self) -> dict:
+        return {"tags": list(self.task.label_names)}
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         d = load_split(Path(corpus_dir) / f"{split}.npz")
@@ -356,9 +341,6 @@ class Tagging(Objective):
         stream.arrays = d  # sentences and windows, for joining predictions back into sentences
         return stream
 
-    def tokens_in(self, batch) -> int:
-        return batch["num_tokens"]
-
     # -------------------------------------------------------------- loss
 
     def _crf(self, model) -> LinearChainCRF | None:
@@ -394,27 +376,24 @@ class Tagging(Objective):
 
     # -------------------------------------------------------------- evaluation
 
-    def _run(self, model, stream, max_batches, device, autocast, with_loss: bool) -> dict:
-        """Per window: predicted tags (N, seq_len) padded with -1, summed loss, words, index."""
+    def eval_forward(self, model, batch):
+        return self._scores(model, batch)
+
+    def eval_outputs(self, model, batch, out, with_loss):
+        """Per window: predicted tags (seq_len,) padded with -1, summed loss, words, index."""
         crf = self._crf(model)
-        out = {"preds": [], "loss": [], "words": [], "index": []}
-        with torch.no_grad():
-            for batch in eval_batches(stream, max_batches, device):
-                with autocast():
-                    scores, word_mask = self._scores(model, batch)
-                scores = scores.float()
-                preds = crf.decode(scores, word_mask) if crf is not None else scores.argmax(-1).masked_fill(~word_mask, -1)
-                out["preds"].append(F.pad(preds, (0, self.seq_len - preds.shape[1]), value=-1))
-                losses = (self._losses(crf, scores, batch["tags"], word_mask) if with_loss
-                          else torch.zeros(len(preds), device=device))
-                out["loss"].append(losses.float())
-                out["words"].append(word_mask.sum(1))
-                out["index"].append(batch["index"])
-        if not out["preds"]:  # a rank with no windows (tiny dev set, many processes) still joins the gather
-            long = torch.zeros(0, dtype=torch.long, device=device)
-            return {"preds": torch.zeros(0, self.seq_len, dtype=torch.long, device=device),
-                    "loss": torch.zeros(0, device=device), "words": long, "index": long}
-        return {k: torch.cat(v) for k, v in out.items()}
+        scores, word_mask = out
+        scores = scores.float()
+        preds = crf.decode(scores, word_mask) if crf is not None else scores.argmax(-1).masked_fill(~word_mask, -1)
+        losses = (self._losses(crf, scores, batch["tags"], word_mask) if with_loss
+                  else torch.zeros(len(preds), device=preds.device))
+        return {"preds": F.pad(preds, (0, self.seq_len - preds.shape[1]), value=-1), "loss": losses.float(),
+                "words": word_mask.sum(1), "index": batch["index"]}
+
+    def no_outputs(self, device):
+        long = torch.zeros(0, dtype=torch.long, device=device)
+        return {"preds": torch.zeros(0, self.seq_len, dtype=torch.long, device=device),
+                "loss": torch.zeros(0, device=device), "words": long, "index": long}
 
     @staticmethod
     def _sentences(arrays: dict, got: dict) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -430,14 +409,8 @@ class Tagging(Objective):
         bounds = np.concatenate([[0], word_ends[ends - 1]]) if len(index) else np.zeros(1, dtype=np.int64)
         return numbers, [joined[bounds[i]:bounds[i + 1]] for i in range(len(numbers))]
 
-    def evaluate(self, accelerator, model, stream, max_batches) -> dict:
+    def dev_metrics(self, got, stream) -> dict:
         """Loss and the task's metrics (entity P/R/F1, token accuracy) per eval split, over whole sentences."""
-        got = self._run(model, stream, max_batches, accelerator.device, accelerator.autocast, with_loss=True)
-        if accelerator.num_processes > 1:  # every window sits on exactly one rank; pads carry index -1
-            got = {k: accelerator.gather(accelerator.pad_across_processes(v, dim=0, pad_index=-1 if k == "index" else 0))
-                   for k, v in got.items()}
-            keep = got["index"] >= 0
-            got = {k: v[keep] for k, v in got.items()}
         a = stream.arrays
         numbers, preds = self._sentences(a, got)
         win_group = a["group"][a["window_sentence"][got["index"].cpu().numpy()]]
@@ -453,19 +426,8 @@ class Tagging(Objective):
             res.update({f"val_{prefix}{k}": v for k, v in self.task.score([preds[i] for i in sel], gold).items()})
         return res
 
-    def predict(self, model, stream) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(sentence ids, predicted tag indices of each sentence's words) over the whole stream on this process."""
-        from contextlib import nullcontext
-
-        device = next(model.parameters()).device
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else nullcontext
-        was_training = model.training
-        model.eval()
-        try:
-            got = self._run(model, stream, 0, device, autocast, with_loss=False)
-        finally:
-            model.train(was_training)
+    def predictions(self, got, stream) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(sentence ids, predicted tag indices of each sentence's words)."""
         numbers, preds = self._sentences(stream.arrays, got)
         return stream.arrays["example_id"][numbers], preds
 

@@ -354,7 +354,7 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
         _write_run_files(t, run_cfg, run, out_dir, cfg)
 
     summary = train(_loop_recipe(cfg, steps_per_epoch, total, warmup), model, obj, data, out_dir, console=console,
-                    select_metric=f"val_{t.main_metric}")
+                    select_metric=obj.select_metric)
     best = summary.get("best") or {}
 
     written = {}
@@ -440,13 +440,9 @@ def _data_source(task) -> str:
 
 
 def _predict_tests(t, obj, model, data, counts, out_dir, batch_size, seed) -> dict:
-    written = {}
-    for split, filename in t.test_splits.items():
-        if counts.get(split):
-            ids, preds = obj.predict(model, obj.stream(data, split, batch_size, seed, 0, 1, shuffle=False))
-            t.write_predictions(out_dir / filename, ids, preds)
-            written[split] = filename
-    return written
+    """OUT's submission files of the test splits. `t` read the test data (CoNLL's writer needs its words): under
+    --eval-only it is not the objective's task, which is the one the finetuned run recorded."""
+    return obj.write_test_predictions(model, data, counts, out_dir, batch_size, seed, task=t)
 
 
 def _eval_only(t, obj, model, data, meta, run, out_dir, train, state) -> dict:
@@ -518,11 +514,10 @@ def with_features(model, obj, m) -> None:
     """The task model reads and trains what the model section says (features, freeze, elmo_at_output). GPT's
     auxiliary LM loss is off then: a frozen backbone's LM would train nothing, and mixed states are not the
     last layer its LM head reads."""
-    from plmcli.objectives.classify import Classify
     from plmcli.objectives.heads import configure_features
 
     configure_features(model, m.features, m.freeze, m.elmo_at_output)
-    if (m.freeze or m.features != "last") and isinstance(obj, Classify):
+    if m.freeze or m.features != "last":
         obj.aux_lm_weight = 0.0
 
 

@@ -1,6 +1,5 @@
 """Span-QA answers are whole words: a predicted span that cuts a word is widened to it."""
 
-from dataclasses import asdict
 
 import numpy as np
 import pytest
