@@ -99,7 +99,9 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
                   knowledge_units: str | None = None) -> dict:
     """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics).
 
-    ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT); `lexicon` gives the units of masking "knowledge" (ERNIE), or `knowledge_units` (phrases | entities) has jieba's tagger find them.
+    ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT);
+    `lexicon` gives the units of masking "knowledge" (ERNIE), or `knowledge_units` (phrases | entities) has jieba's
+    tagger find them.
     """
     from plmcli.data.mlm_data import make_mlm_data as build
     from plmcli.data.outdir import check_writable
@@ -295,9 +297,10 @@ def eval_vectors(vectors: str | None = None, analogies: str | None = None, simil
 def generate(model: str | None = None, prompts: list[str] | None = None, input_file: str | None = None,
              max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4, top_k: int = 0,
              top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
-             batch_size: int = 16) -> list[dict]:
+             batch_size: int = 16, console=None) -> list[dict]:
     """Generate from a run for each prompt (--prompt texts, then the non-blank lines of --input);
-    returns [{"prompt", "output"}] where output is the generated text only (see plmcli.generate)."""
+    returns [{"prompt", "output"}] where output is the generated text only (see plmcli.generate).
+    `console`: where a long generation shows its progress (a rich Console on stderr; None: nowhere)."""
     from plmcli.data.text import iter_text_lines
     from plmcli.generate import generate as run_generate
 
@@ -310,7 +313,7 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
         raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 16")
     outputs = run_generate(model, texts, max_new_tokens=max_new_tokens, strategy=strategy, num_beams=num_beams,
                            top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
-                           length_penalty=length_penalty, batch_size=batch_size)
+                           length_penalty=length_penalty, batch_size=batch_size, console=console)
     return [{"prompt": p, "output": o} for p, o in zip(texts, outputs)]
 
 

@@ -6,7 +6,22 @@ All decoding strategies drive one small interface, a *session* over N rows:
 `logits()` -> (N, V) next-token logits, `push(tokens)` appends one token per row, `select(index)`
 keeps / duplicates rows (beam search reorders them). Sessions exist for
 - encoder-decoders: `model.encode(src_ids, src_mask)` once, then `model.decode_step(tokens, state)`;
-- stateful causal LMs (`traits.stateful`, forward(ids, state) -> (logits, state)): the state carried;
+- stateful causal LMs (`traits.stateful`, forward(ids, state) -> (logits, state)): the state carried.
+  Transformer-XL's state is its memory: each layer attends to the last mem_len (the recipe's training
+  mem_len) states that entered it plus the new token, so with mem_len ≥ prompt + output a step's logits are
+  those of one forward over the whole text. Past mem_len a step costs the same as before: older tokens reach
+  it only through the states the higher layers keep (at most n_layer × mem_len tokens back, as in Dai et
+  al.'s evaluation). With mem_len 0 nothing is kept: the first token generated sees the prompt, each later
+  step its own input token alone;
+- causal Transformers with a key/value cache (`CachesKeysValues`: GPT, GPT-2), `CachedSession`: the
+  prompts read once, then one token per step, each row exactly what the recompute session below gives
+  while prompt + output fit in max_positions. Past that the recompute session slides its window one
+  token a step (a full forward each time: the cost generation without a cache pays at every step); the
+  cached one instead keeps a row's window while it holds ≤ max_positions tokens and, when a token would
+  overflow it, restarts it at the row's last max(1, max_positions // 2) tokens, read again in one prefill.
+  A prediction then always sees between half and all of max_positions tokens, and a restart (a forward
+  over P/2 tokens) comes once every P/2 steps: one more token read per token generated, where sliding
+  reads P;
 - other causal LMs: the forward recomputed over the context, cropped to the model's max_positions;
 - a model with a `generation_session(prompt_ids)` of its own (`HasGenerationSession`; n-grams:
   log P(w | history) over its words), which also names its `eos` and `decode`s its tokens.
@@ -23,10 +38,13 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
-from plmcli.models.base import CarriesStateBatch, HasGenerationSession, HasPositionLimit
+from plmcli.models.base import CachesKeysValues, CarriesStateBatch, HasGenerationSession, HasPositionLimit
 from plmcli.models.dense import packed_weights
+from plmcli.train.progress import StageProgress
 
 STRATEGIES = ("greedy", "beam", "sample")
+PROGRESS_AFTER_S = 1.0
+"""Decoding shorter than this shows no progress bar."""
 
 
 # ---------------------------------------------------------------- filters
@@ -136,6 +154,66 @@ class CausalSession(_Lazy):
         self._logits = None if self._logits is None else self._logits[index]
 
 
+class CachedSession(_Lazy):
+    """Causal Transformers that cache keys and values (`CachesKeysValues`): each row's window is read once (a
+    prefill), then one token per step. Rows are left-padded to the longest window, so every step appends at the
+    same cache slot; padding keys are masked and each row counts positions from its own first token, so a row
+    decodes as it would alone. A window holds at most max_positions tokens (the prompt cropped as CausalSession
+    crops it); a step that would make it longer restarts it at the row's last max(1, max_positions // 2) tokens,
+    read again as a new prefill (see the module docstring)."""
+
+    def __init__(self, model, contexts: list[list[int]], max_new: int, max_positions: int | None, device):
+        self.model, self.P = model, max_positions
+        width = max(map(len, contexts)) + max_new + 1
+        self.buf = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
+        for i, c in enumerate(contexts):
+            self.buf[i, : len(c)] = torch.tensor(c)
+        # Lengths and window starts live on the host: every step adds one token to every row, nothing is read back.
+        self.len = [len(c) for c in contexts]
+        self.start = [max(0, n - self.P) if self.P else 0 for n in self.len]
+        self.cache, self.keep = None, None
+        self._pending, self._logits = None, None
+
+    def _advance(self, tokens):
+        if tokens is not None:
+            rows = torch.arange(len(self.len), device=self.buf.device)
+            self.buf[rows, torch.tensor(self.len, device=self.buf.device)] = tokens
+            self.len = [n + 1 for n in self.len]
+            if self.P and any(n - s > self.P for n, s in zip(self.len, self.start)):
+                last = max(1, self.P // 2)
+                self.start = [n - last if n - s > self.P else s for n, s in zip(self.len, self.start)]
+                self.cache = None
+        if self.cache is None:
+            return self._prefill()
+        positions = torch.tensor([n - 1 - s for n, s in zip(self.len, self.start)], device=self.buf.device)
+        if self.keep is not None:
+            self.keep = torch.cat([self.keep, self.keep.new_ones(len(self.len), 1)], 1)
+        logits, self.cache = self.model.decode_cached(tokens[:, None], positions[:, None], self.cache, self.keep)
+        return logits
+
+    def _prefill(self) -> torch.Tensor:
+        """Every row's window [start, len), left-padded to the longest, read into an empty cache."""
+        device = self.buf.device
+        widths = [n - s for n, s in zip(self.len, self.start)]
+        W = max(widths)
+        slots = torch.arange(W, device=device)
+        pad = W - torch.tensor(widths, device=device)[:, None]  # (N, 1) padding slots before each row's window
+        positions = (slots - pad).clamp(min=0)
+        ids = self.buf.gather(1, (torch.tensor(self.start, device=device)[:, None] + slots - pad).clamp(min=0))
+        self.keep = None if min(widths) == W else slots >= pad
+        logits, self.cache = self.model.decode_cached(ids, positions, self.model.empty_cache(len(widths)), self.keep)
+        return logits
+
+    def select(self, index):
+        rows = index.tolist()
+        self.buf = self.buf[index]
+        self.len, self.start = [self.len[i] for i in rows], [self.start[i] for i in rows]
+        self.cache = select_state(self.cache, index)
+        self.keep = None if self.keep is None else self.keep[index]
+        self._pending = None if self._pending is None else self._pending[index]
+        self._logits = None if self._logits is None else self._logits[index]
+
+
 class StatefulSession(_Lazy):
     """Causal LMs that carry a recurrent state: read each context once, then one token per step."""
 
@@ -170,12 +248,15 @@ def _cat_states(states, dim: int = 1):
 # ---------------------------------------------------------------- strategies
 
 
-def _per_row(session, n: int, max_new: int, eos: int | None, pick) -> list[list[int]]:
-    """Greedy or sampling: each row picks its next token from its own logits; finished rows leave."""
+def _per_row(session, n: int, max_new: int, eos: int | None, pick, tick=None) -> list[list[int]]:
+    """Greedy or sampling: each row picks its next token from its own logits; finished rows leave.
+    `tick()`: called once a step (the progress bar)."""
     out = [[] for _ in range(n)]
     alive = list(range(n))
     for step in range(max_new):
         tokens = pick(session.logits().float())
+        if tick:
+            tick()
         keep = []
         for j, (row, t) in enumerate(zip(alive, tokens.tolist())):
             if t == eos:
@@ -193,10 +274,11 @@ def _per_row(session, n: int, max_new: int, eos: int | None, pick) -> list[list[
     return out
 
 
-def _beam(session, n: int, K: int, max_new: int, eos: int | None, length_penalty: float) -> list[list[int]]:
+def _beam(session, n: int, K: int, max_new: int, eos: int | None, length_penalty: float, tick=None) -> list[list[int]]:
     """Beam search with K beams per input. A hypothesis ending in eos (among the top K candidates of a
     step) is finished with score logp / length^length_penalty (length counts the eos); an input stops
-    once it has K finished hypotheses; at max_new_tokens the live beams join the finished ones."""
+    once it has K finished hypotheses; at max_new_tokens the live beams join the finished ones.
+    `tick()`: called once a step (the progress bar)."""
     device = session.logits().device
     session.select(torch.arange(n, device=device).repeat_interleave(K))
     scores = torch.full((n, K), float("-inf"), device=device)
@@ -208,6 +290,8 @@ def _beam(session, n: int, K: int, max_new: int, eos: int | None, length_penalty
         logp = F.log_softmax(session.logits().float(), -1)
         V = logp.shape[-1]
         cand = (scores[:, :, None] + logp.view(n, K, V)).view(n, K * V)
+        if tick:
+            tick()
         top_s, top_i = cand.topk(min(2 * K, K * V), dim=-1)
         new_scores = torch.full((n, K), float("-inf"), device=device)
         new_src = torch.zeros((n, K), dtype=torch.long, device=device)
@@ -272,14 +356,15 @@ def _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, lengt
 @torch.no_grad()
 def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4,
              top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
-             batch_size: int = 16, device=None) -> list[str]:
+             batch_size: int = 16, device=None, console=None) -> list[str]:
     """Generate text for each prompt; returns the generated text only (a causal LM's continuation
     without the prompt, an encoder-decoder's output for the prompt as source).
 
     `run`: a run directory (None = runs/latest) or a loaded (model, tokenizer, run config) triple as
     plmcli.api.load_run returns. strategy: greedy | beam (num_beams, length_penalty: hypotheses
     ranked by logp / length^length_penalty) | sample (temperature, then top_k, then top_p; seeded, so
-    the same call gives the same text). Prompts are decoded batch_size at a time.
+    the same call gives the same text). Prompts are decoded batch_size at a time. `console` (rich, stderr):
+    where a transient bar counts each batch's tokens, shown on a terminal once decoding has run PROGRESS_AFTER_S.
     """
     _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, length_penalty)
     if isinstance(prompts, str):
@@ -302,19 +387,23 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
     if model.traits.has_memory:
         batch_size = 1  # memories of prompts of different lengths differ in length: each prompt decodes alone
     texts: list[str] = []
-    for b in range(0, len(prompts), batch_size):
-        batch = [str(p).rstrip("\n") for p in prompts[b : b + batch_size]]
-        encoded = [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
-        if plan.max_new_tokens == 0:
-            texts.extend("" for _ in batch)
-            continue
-        with packed_weights():  # one step at a time: each weight laid out for oneDNN once, not every step
-            session, eos, decode = plan.session(model, tok, encoded)
-            if strategy == "beam":
-                outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty)
-            else:
-                outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick)
-        texts.extend(decode(e, out) for e, out in zip(encoded, outs))
+    with StageProgress(console, delay=PROGRESS_AFTER_S) as bar:
+        for b in range(0, len(prompts), batch_size):
+            batch = [str(p).rstrip("\n") for p in prompts[b : b + batch_size]]
+            encoded = [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
+            if plan.max_new_tokens == 0:
+                texts.extend("" for _ in batch)
+                continue
+            which = ("" if len(batch) == len(prompts) else f", prompt {b + 1} of {len(prompts)}" if len(batch) == 1
+                     else f", prompts {b + 1}-{b + len(batch)} of {len(prompts)}")
+            bar.start(f"generating{which}: tokens", plan.max_new_tokens)
+            with packed_weights():  # one step at a time: each weight laid out for oneDNN once, not every step
+                session, eos, decode = plan.session(model, tok, encoded)
+                if strategy == "beam":
+                    outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty, bar.advance)
+                else:
+                    outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick, bar.advance)
+            texts.extend(decode(e, out) for e, out in zip(encoded, outs))
     return texts
 
 
@@ -373,6 +462,8 @@ class _Plan:
             raise PlmError("an empty prompt, and the run's tokenizer has no bos/eos to start from", "give every prompt some text")
         if model.traits.stateful:
             return StatefulSession(model, contexts, self.device), self.eos, decode
+        if isinstance(model, CachesKeysValues):
+            return CachedSession(model, contexts, self.max_new_tokens, self.P, self.device), self.eos, decode
         return CausalSession(model, contexts, self.max_new_tokens, self.P, self.device), self.eos, decode
 
 

@@ -36,6 +36,8 @@ TASKS = {"pos": 1, "chunk": 2, "ner": -1}
 """Task -> CoNLL-2003 column of its tags (0-based; NER the last, where the NER task reads it)."""
 IOB_TASKS = ("chunk", "ner")
 CONLL_COLUMNS = 4
+PROGRESS_LOG_S = 30.0
+"""Off a terminal (a log), a progress line at most this often (on a terminal: the bar)."""
 MAX_SEQ_LEN = 512
 """Longest row fed to the model (its own max_positions when smaller); longer sentences are split into
 windows at word boundaries, as for NER finetuning."""
@@ -211,13 +213,15 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
           dev: str | None = None, max_sentences: int | None = 2000, max_dev_sentences: int | None = 500,
           seed: int = 0, batch_size: int = 32, console=None) -> dict:
     """Probe every layer of `run` for `task` (pos | chunk | ner); writes OUT/probe.json, OUT/probe.tsv and
-    OUT/probe_{task}.png, and returns what probe.json holds."""
+    OUT/probe_{task}.png, and returns what probe.json holds. `console` (rich, stderr): the progress through the
+    sentences and the layers, a bar on a terminal, elsewhere a line at most every PROGRESS_LOG_S seconds."""
     import torch
 
     from plmcli.analysis.hidden import families_with_layers, layer_spec
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.models.registry import model_class
     from plmcli.runs import load_encoder, resolve_run, run_config
+    from plmcli.train.progress import StageProgress
 
     started = time.monotonic()
     out_dir = Path(out)
@@ -249,7 +253,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     model.to(device)
     max_len = min(model.max_positions, MAX_SEQ_LEN)  # every family with probe_layers has a position bound
 
-    with _Progress(console) as bar:
+    with StageProgress(console, log_every=PROGRESS_LOG_S) as bar:
         feats = {}
         for split in ("train", "dev"):
             words = [w for w, _ in data[split]["sentences"]]
@@ -342,35 +346,3 @@ def print_report(result: dict, console=None) -> None:
         console.print("* L-BFGS stopped at its iteration limit before converging", highlight=False, soft_wrap=True)
     console.print(f"best layer {result['best_layer']}; wrote {', '.join(result['files'].values())}",
                   highlight=False, soft_wrap=True)
-
-
-class _Progress:
-    """A transient progress bar on a terminal; nothing elsewhere (logs, CI, tests)."""
-
-    def __init__(self, console):
-        self.progress = None
-        if console is not None and console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=console, transient=True)
-        self.task = None
-
-    def __enter__(self):
-        if self.progress:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress:
-            self.progress.stop()
-
-    def start(self, what: str, total: int) -> None:
-        if self.progress:
-            if self.task is not None:
-                self.progress.remove_task(self.task)
-            self.task = self.progress.add_task(what, total=total)
-
-    def advance(self, n: int) -> None:
-        if self.progress:
-            self.progress.advance(self.task, n)

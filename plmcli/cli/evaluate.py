@@ -157,9 +157,10 @@ def generate(
     Example: plm generate runs/latest --prompt "First Citizen:" --strategy sample --top-p 0.9 --max-new-tokens 100
     """
     from plmcli import api
+    from plmcli.cli._common import stderr
 
     rows = api.generate(run, prompts, input_file, max_new_tokens, strategy, num_beams, top_k, top_p, temperature,
-                        seed, length_penalty, batch_size)
+                        seed, length_penalty, batch_size, console=stderr())
     if as_json:
         return print_json(rows)
     for row in rows:

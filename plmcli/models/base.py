@@ -251,6 +251,20 @@ class CarriesStateBatch(Protocol):
 
 
 @runtime_checkable
+class CachesKeysValues(Protocol):
+    """A causal Transformer that decodes incrementally, each layer's keys and values kept (GPT): `empty_cache(batch)`
+    is the cache of no positions; `decode_cached(ids (B, T), positions (B, T), cache, keep)` reads T new tokens at
+    those positions (each < max_positions) after the cached ones -> ((B, V) next-token logits after each row's last
+    new token, the cache with the T positions added). `keep` (B, cached + T): False at padding, whose keys no
+    position attends. The cache is a list of per-layer (keys, values), each (B, H, positions, D): beam search
+    reorders it along dim 0."""
+
+    def empty_cache(self, batch: int) -> list: ...
+
+    def decode_cached(self, input_ids, positions, cache: list, keep=None): ...
+
+
+@runtime_checkable
 class HasGenerationSession(Protocol):
     """Decodes in a vocabulary of its own (n-gram words, counted on the CPU): `generation_session(prompt ids)`
     gives the session generation drives (logits / push / select), which names its `eos` and `decode`s."""

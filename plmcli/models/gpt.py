@@ -113,6 +113,25 @@ class GPT(CheckpointedBlocks, LanguageModel):
             states[-1] = x  # pre-LN: the last layer's state is the normalized one heads read
         return x
 
+    def empty_cache(self, batch: int) -> list:
+        """The key/value cache of no positions, where `decode_cached` starts: per block (keys, values) (B, H, 0, D)."""
+        H = self.cfg.n_head
+        empty = self.wte.weight.new_zeros(batch, H, 0, self.cfg.d_model // H)
+        return [(empty, empty) for _ in self.blocks]
+
+    def decode_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: list,
+                      keep: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+        """Incremental decoding (CachesKeysValues): (B, T) new tokens at (B, T) positions after the `cache`d ones ->
+        ((B, V) next-token logits after each row's last new token, the cache with the T positions added). Each
+        row counts its positions from its own first token, so left-padded rows of different lengths (`keep`
+        False at the padding) decode together and every step appends at the same cache slot."""
+        x = self.drop(self.wte(input_ids) + self.wpe(positions))
+        new = []
+        for block, kv in zip(self.blocks, cache):
+            x, kv = block.cached(x, kv, keep)
+            new.append(kv)
+        return self.lm_head(self.ln_f(x[:, -1])), new
+
     def layer_states(self, input_ids, token_type_ids=None, attention_mask=None) -> list:
         """[embedding output, each block's output (the last after ln_f)] (B, T, C) each (HasLayerStates);
         causal attention: right padding never reaches a real position, so no mask is needed."""

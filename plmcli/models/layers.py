@@ -256,6 +256,28 @@ class MultiHeadAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T - start, C)))
 
+    def cached(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], keep: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Causal self-attention of T new positions x (B, T, C) over the keys and values `cache`d for the t positions
+        before them (each (B, H, t, D); t may be 0) and over themselves -> (output (B, T, C), the cache with the new
+        positions' keys and values appended): incremental decoding computes each position's keys and values once.
+        `keep` (B, t + T), False at padding: those keys get no attention. A padding query attends to itself alone:
+        with every key masked its output would be NaN, and a NaN value times a zero probability is still NaN in the
+        real rows that mask it."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, D)
+        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        t0 = cache[0].shape[2]
+        # New position t0 + i sees the cached positions and the new ones up to itself.
+        ones = torch.ones(T, t0 + T, dtype=torch.bool, device=x.device)
+        causal = ones.tril(t0)
+        mask = None if T == 1 else causal
+        if keep is not None:
+            real = keep[:, None, None, :]
+            mask = real if mask is None else (causal & real) | (causal & ~ones.tril(t0 - 1))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C))), (k, v)
+
     def _jagged(self, x, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """x (B, j, C) from `unpad`: each row attends within its own tokens, none spent on padding."""
         if causal or attn_mask is not None or _recorded is not None:
@@ -316,6 +338,18 @@ class Block(nn.Module):
             return x + self.mlp(self.ln_2(x))
         x = self.ln_1(x[:, start:] + self.attn.causal_tail(x, start))
         return self.ln_2(x + self.mlp(x))
+
+    def cached(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], keep: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The causal block over T new positions x (B, T, C) after the `cache`d ones (MultiHeadAttention.cached):
+        (output (B, T, C), the layer's cache with the new positions)."""
+        if self.pre_norm:
+            y, cache = self.attn.cached(self.ln_1(x), cache, keep)
+            x = x + y
+            return x + self.mlp(self.ln_2(x)), cache
+        y, cache = self.attn.cached(x, cache, keep)
+        x = self.ln_1(x + y)
+        return self.ln_2(x + self.mlp(x)), cache
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plmcli.config_sections import Count, Heads, Positive, Probability, Size
@@ -100,7 +99,7 @@ class DecoderLayer(nn.Module):
         else:
             def attend(h):
                 nonlocal new_cache
-                y, new_cache = _cached_self_attention(self.self_attn, h, cache)
+                y, new_cache = self.self_attn.cached(h, cache)
                 return y
             x = self._sub(x, self.ln_1, attend)
         x = self._sub(x, self.ln_2, lambda h: self.cross_attn(h, memory_kv, memory_mask))
@@ -111,18 +110,6 @@ class DecoderLayer(nn.Module):
         """forward over the whole prefix x (B, T, C) attending to the encoder's output `memory` (B, S, C): its
         keys and values are made here, so a checkpointed layer recomputes them instead of keeping them."""
         return self(x, self.cross_attn.memory_kv(memory), memory_mask)[0]
-
-
-def _cached_self_attention(attn: MultiHeadAttention, x: torch.Tensor, cache):
-    """`attn` over cached keys/values plus the new positions x (B, T, C), T new tokens (usually 1)."""
-    B, T, C = x.shape
-    q, k, v = attn.qkv(x).view(B, T, 3, attn.n_head, C // attn.n_head).permute(2, 0, 3, 1, 4)  # 3 × (B, H, T, D)
-    k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-    t0 = cache[0].shape[2]
-    # New position t0+i sees cached positions and new ones up to itself.
-    mask = None if T == 1 else torch.ones(T, t0 + T, dtype=torch.bool, device=x.device).tril(t0)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return attn.resid_dropout(attn.proj(y.transpose(1, 2).reshape(B, T, C))), (k, v)
 
 
 class Transformer(CheckpointedBlocks, LanguageModel):

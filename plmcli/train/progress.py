@@ -304,6 +304,71 @@ class TrainProgress:
             self.progress = None
 
 
+class StageProgress:
+    """Progress through a command's long stages (plm probe's vectors and probes, plm generate's tokens), on stderr.
+
+    On a terminal a transient rich bar (done / total, elapsed, time left); `delay`: seconds of work before it
+    first shows, so that work done sooner never flashes one. Off a terminal (a log, a pipe, CI, tests) nothing,
+    as datasets' bars there (pipelines/common.py), unless `log_every` (seconds) is set: then, as pretrain logs
+    its steps, a plain line when a stage starts and at most that often while it runs. `start(what, total)`
+    begins a stage in place of the one before; `advance(n)` moves it."""
+
+    def __init__(self, console, delay: float = 0.0, log_every: float | None = None, clock=time.monotonic):
+        self.progress, self.console = None, None
+        if console is not None and console.is_terminal:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True)
+        elif console is not None and log_every is not None:
+            self.console = console
+        self.task = None
+        self.delay, self.log_every, self.clock = delay, log_every, clock
+        self.since = self.logged = clock()
+        self.shown = False
+        self.stage = ("", 0, 0, self.since)  # off a terminal: what, done, total, when it started
+
+    def __enter__(self):
+        self.since = self.clock()
+        self._show()
+        return self
+
+    def __exit__(self, *exc):
+        if self.shown:
+            self.progress.stop()
+
+    def _show(self) -> None:
+        if self.progress and not self.shown and self.clock() - self.since >= self.delay:
+            self.progress.start()
+            self.shown = True
+
+    def _line(self, text: str) -> None:
+        self.logged = self.clock()
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def start(self, what: str, total: int) -> None:
+        if self.progress:
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+            self.task = self.progress.add_task(what, total=total)
+            if self.shown:  # every stage is seen, however soon the next replaces it
+                self.progress.refresh()
+        elif self.console:
+            self.stage = (what, 0, total, self.clock())
+            self._line(f"{what}: 0/{total:,}")
+
+    def advance(self, n: int = 1) -> None:
+        if self.progress:
+            self.progress.advance(self.task, n)
+            self._show()
+        elif self.console:
+            what, done, total, began = self.stage
+            self.stage = (what, done + n, total, began)
+            if self.clock() - self.logged >= self.log_every:
+                self._line(f"{what}: {done + n:,}/{total:,} ({duration(self.clock() - began)})")
+
+
 class MetricsLog:
     """Appends to metrics.jsonl (so a resumed run continues the same file) and mirrors to TensorBoard."""
 

@@ -207,6 +207,30 @@ def test_sampling_is_seeded_and_keeps_file_order(tmp_path):
     assert all(any(s == t for t in rest) for s in a["train"]["sentences"])  # a subsequence: file order kept
 
 
+def test_progress_through_sentences_and_layers(tmp_path, monkeypatch):
+    """On a terminal a bar over the vectors' rows and the layers' probes; in a log a line per stage (and at most
+    every PROGRESS_LOG_S while one runs, here every time)."""
+    import io
+
+    from rich.console import Console
+
+    import plmcli.analysis.probe as probe_module
+
+    data = conll_dir(tmp_path / "conll")
+    run = tiny_bert_run(tmp_path, [" ".join(WORD_TAGS)])
+    tty = Console(file=io.StringIO(), force_terminal=True, width=120)
+    probe(str(run), "pos", str(tmp_path / "a"), data_dir=str(data), batch_size=64, console=tty)
+    shown = tty.file.getvalue()
+    assert all(s in shown for s in ("train vectors", "dev vectors", "probing layers", "/150", "/50", "/2"))
+    monkeypatch.setattr(probe_module, "PROGRESS_LOG_S", 0.0)
+    log = Console(file=io.StringIO(), force_terminal=False, width=200)
+    probe(str(run), "pos", str(tmp_path / "b"), data_dir=str(data), batch_size=64, console=log)
+    lines = log.file.getvalue().splitlines()  # each line after a stage's first with its time, e.g. " (0.1s)"
+    assert [line.split(" (")[0] for line in lines] == [
+        "train vectors: 0/150", "train vectors: 64/150", "train vectors: 128/150", "train vectors: 150/150",
+        "dev vectors: 0/50", "dev vectors: 50/50", "probing layers: 0/2", "probing layers: 1/2", "probing layers: 2/2"]
+
+
 # ------------------------------------------------------------------ the command
 
 runner = CliRunner()

@@ -16,7 +16,7 @@ from helpers import tiny_corpus, tiny_recipe
 from plmcli import api
 from plmcli.cli import app
 from plmcli.config import load_recipe
-from plmcli.train.progress import STEADY, WARMUP, WARMUP_COMPILED, TrainProgress, device_flops, duration
+from plmcli.train.progress import STEADY, WARMUP, WARMUP_COMPILED, StageProgress, TrainProgress, device_flops, duration
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -310,3 +310,36 @@ def test_on_cuda_the_steady_window_is_timed_by_events_never_waited_for(monkeypat
         if (i + 1) % 4 == 0:
             p.step((i + 1) // 4)
     assert lines(c)[2].startswith("estimate: ~4.0s per optimizer step")
+
+
+# ---------------------------------------------------------------- a command's stages (probe, generate)
+
+
+def test_a_stage_bar_waits_for_its_delay_and_shows_every_stage():
+    out, clock = StringIO(), Clock()
+    with StageProgress(Console(file=out, force_terminal=True, width=100), delay=1.0, clock=clock) as bar:
+        bar.start("first stage", 10)
+        bar.advance(3)
+        assert not bar.shown and out.getvalue() == ""  # work done within the delay flashes nothing
+        clock.now += 1.5
+        bar.advance(1)
+        assert bar.shown
+        bar.start("second stage", 4)
+    assert "first stage" in out.getvalue() and "second stage" in out.getvalue() and "0/4" in out.getvalue()
+
+
+def test_off_a_terminal_a_stage_is_silent_or_logs_sparse_lines():
+    clock = Clock()
+    quiet = Console(file=StringIO(), force_terminal=False)
+    with StageProgress(quiet, clock=clock) as bar:
+        bar.start("vectors", 100)
+        bar.advance(50)
+    assert quiet.file.getvalue() == ""
+    log = Console(file=StringIO(), force_terminal=False, width=200)
+    with StageProgress(log, log_every=30, clock=clock) as bar:
+        bar.start("vectors", 100)
+        for _ in range(10):  # 10 s apart: a line every third
+            clock.now += 10
+            bar.advance(10)
+    assert log.file.getvalue().splitlines() == ["vectors: 0/100", "vectors: 30/100 (30s)", "vectors: 60/100 (1m00s)",
+                                                "vectors: 90/100 (1m30s)"]
