@@ -2,7 +2,7 @@
 
 A GPU runs the work the host queued; a read of a device value (`.item()`, `bool(t)`, a blocking copy,
 `nonzero`) makes the host wait until the queue is empty, and the GPU then idles while the next step is
-queued. The loop is written to read nothing on steps that neither log, evaluate nor checkpoint (DESIGN §5,
+queued. The loop is written to read nothing on steps that neither log, evaluate nor checkpoint (ARCHITECTURE.md, "GPU first";
 tests/train/test_host_syncs.py checks the ops on a CPU); this counts what a GPU run really does:
 torch.cuda.set_sync_debug_mode("warn") turns each synchronizing CUDA call into a warning, recorded with the
 Python line that made it and the innermost plmcli line on the stack, and `_Training.optimizer_step` /

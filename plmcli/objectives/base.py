@@ -1,4 +1,4 @@
-"""What every objective provides to the one loop (see DESIGN.md §3)."""
+"""What every objective provides to the one loop (ARCHITECTURE.md, "The seams")."""
 
 from __future__ import annotations
 

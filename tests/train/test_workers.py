@@ -1,5 +1,5 @@
 """Batches built in DataLoader workers are the batches the training process builds itself: bitwise, for every
-objective, through a resume and over two processes (DESIGN §5: batches are built in workers)."""
+objective, through a resume and over two processes (ARCHITECTURE.md, "GPU first": batches are built in workers)."""
 
 import itertools
 import os
