@@ -457,6 +457,25 @@ def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
         raise PlmError(f"{key} {v} must be {c}", f"e.g. --set {key}={example}")
 
 
+def check_value(cls, name: str, value, label: str) -> None:
+    """One field's `value` against what its type declares (its own checks: the cross-field rules need the whole
+    section), the error naming `label` as the user typed it (a flag: `--epochs 0 is out of range: must be ≥ 1`).
+    A flag and its config key are one declaration: the field."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    tp = typing.get_type_hints(cls, include_extras=True)[name]
+    v = _coerce(value, tp, label)
+    for c in _constraints(tp):
+        if v is None or isinstance(c, (Divides, Rule)) or c.holds(v, {}):
+            continue
+        default = _default(f)
+        if isinstance(c, _Choices):
+            raise PlmError(f"{label} {value!r} is not one of {', '.join(map(str, c.choices))}",
+                           f"use {label} {default if default in c.choices else c.choices[0]}")
+        example = default if default is not None and c.holds(default, {}) else _inside(c)
+        raise PlmError(f"{label} {value} is out of range: must be {c}",  # as typed: -1, not the float -1.0
+                       f"e.g. {label} {_yaml_scalar(example)}" + (", or leave it out" if default is None else ""))
+
+
 def _inside(r) -> float:
     """A value within the Range `r`, for a hint when the field's default is not one (None)."""
     if not r.lo_open:

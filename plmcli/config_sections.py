@@ -173,17 +173,17 @@ class TaskOptions:
     """Own data: the column of the second text of a pair."""
     label_col: str | None = None
     """Own data: the label column."""
-    doc_stride: int = 128
+    doc_stride: Size = 128
     """Span QA: tokens between the starts of consecutive windows over a long passage."""
-    max_query_len: int = 64
+    max_query_len: Size = 64
     """Span QA: question tokens kept."""
-    max_answer_len: int = 30
+    max_answer_len: Size = 30
     """Span QA: longest answer decoded, in tokens."""
-    n_best: int = 20
+    n_best: Size = 20
     """Span QA: start and end candidates combined per window."""
     crf: bool = False
     """Token classification: a linear-chain CRF over the tag scores."""
-    aux_lm_weight: float = 0.5
+    aux_lm_weight: NonNegative = 0.5
     """Causal runs (GPT-style transfer): λ of the auxiliary language-modelling loss."""
 
 
@@ -198,7 +198,7 @@ class FinetuneTaskConfig(TaskOptions):
     data_dir: Optional[str] = None
     """The task's data folder (GLUE: holding SST-2/, CoLA/, ... or one task's folder; glue-sample: the SST-2
     sample shipped with plm); none = train/dev/test, else the Hub."""
-    max_seq_len: Optional[int] = None
+    max_seq_len: Optional[Annotated[int, Range(8)]] = None
     """Tokens per example, special tokens included; none = min(128, the model's positions)."""
 
 

@@ -24,16 +24,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, load_finetune_config
-from plmcli.config_sections import FinetuneFeatures, FinetuneGridConfig, FinetuneInit, Range, TaskOptions
+from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, check_value, load_finetune_config
+from plmcli.config_sections import (FinetuneGridConfig, FinetuneModelConfig, FinetuneOptimConfig, FinetuneTaskConfig,
+                                    FinetuneTrainConfig, TaskOptions)
 from plmcli.data import store
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError, stop_signal
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
                          load_encoder, load_run_tokenizer, resolve_run, run_config, runs_root, task_objective)
 
-INITS = typing.get_args(FinetuneInit)
-FEATURES = typing.get_args(FinetuneFeatures)
 
 FINETUNE_CONFIG = "finetune.yaml"
 """OUT/finetune.yaml: the resolved config a finetune ran with; `plm finetune --config` takes it back."""
@@ -539,44 +538,17 @@ def _check_task_options(task, section) -> None:
 
 
 def _check_arguments(given: dict) -> None:
-    """The arguments (flags) given, each checked as its flag: these messages name what the user typed. The
-    config machinery checks the same ranges for values from a file or --set, naming the key."""
-    init = given.get("init")
-    if init is not None and init not in INITS:
-        raise PlmError(f"--init '{init}' is not one of {', '.join(INITS)}", "use --init pretrained (default) or random")
-    features = given.get("features")
-    if features is not None and features not in FEATURES:
-        raise PlmError(f"--features '{features}' is not one of {', '.join(FEATURES)}",
-                       "use --features last (default), scalar_mix or concat_last_four")
-    for name, (lo, whole, fix) in FLAG_RANGES.items():
-        value = given.get(name)
+    """The arguments (flags) given, each checked against its config field's declaration (config_sections), the
+    message naming the flag the user typed; values from a file or --set are checked by the same fields, naming
+    the key. A task option is its task.* field."""
+    sections = {"task": FinetuneTaskConfig, "model": FinetuneModelConfig, "train": FinetuneTrainConfig,
+                "optim": FinetuneOptimConfig, "grid": FinetuneGridConfig}
+    for name, value in given.items():
         # a value of another type (a string from a library caller) is left to the config's coercion
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
-                lo.holds(value, {}) and (not whole or isinstance(value, int))):
-            raise PlmError(f"--{name.replace('_', '-')} {value} is out of range: must be "
-                           f"{'a whole number ' if whole else ''}{lo}", fix)
-
-
-# (range, whole numbers only, fix) of each flag. The task options are here too: the objectives that read them
-# check them as well, but only once the run and the data are loaded.
-FLAG_RANGES = {
-    "epochs": (Range(1), True, "e.g. --epochs 3"),
-    "lr": (Range(0, lo_open=True), False, "e.g. --lr 2e-5"),
-    "batch_size": (Range(1), True, "e.g. --batch-size 32"),
-    "seeds": (Range(1), True, "e.g. --seeds 5 (runs of each setting)"),
-    "seed": (Range(0), True, "e.g. --seed 42"),
-    "max_seq_len": (Range(8), True, "e.g. --max-seq-len 128, or leave it out"),
-    "max_steps": (Range(1), False, "e.g. --max-steps 100, or leave it out"),
-    "warmup_ratio": (Range(0, 1, hi_open=True), False, "e.g. --warmup-ratio 0.1, or 0 for no warmup"),
-    "weight_decay": (Range(0), False, "e.g. --weight-decay 0.01, or 0 for none"),
-    "classifier_dropout": (Range(0, 1, hi_open=True), False, "e.g. --classifier-dropout 0.1"),
-    "dropout": (Range(0, 1, hi_open=True), False, "e.g. --dropout 0.1"),
-    "doc_stride": (Range(1), True, "e.g. --doc-stride 128"),
-    "max_query_len": (Range(1), True, "e.g. --max-query-len 64"),
-    "max_answer_len": (Range(1), True, "e.g. --max-answer-len 30"),
-    "n_best": (Range(1), True, "e.g. --n-best 20"),
-    "aux_lm_weight": (Range(0), False, "use 0.5 (GPT's λ), or 0 to train on the task loss alone"),
-}
+        if value is None or (isinstance(value, str) and name not in ("init", "features")):
+            continue
+        section, field_name = (ARGUMENT_KEYS.get(name) or GRID_KEYS.get(name) or f"task.{name}").split(".")
+        check_value(sections[section], field_name, value, "--" + name.replace("_", "-"))
 
 
 def _strip(evaluation: dict) -> dict:
