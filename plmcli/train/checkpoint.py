@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import shutil
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from plmcli.data.store import process_alive, writing
@@ -18,6 +19,47 @@ class RunStopped(PlmError):
     directory stays, resumable from its last complete checkpoint (as after errors.WriteFailed)."""
 
 
+@dataclass
+class LoopState:
+    """Where the one loop stands: what a checkpoint holds besides accelerate's state (its loop_state.json), and
+    what the loop updates as it trains. A field a checkpoint written by an older plm lacks takes its default."""
+
+    step: int = 0
+    """Optimizer steps done."""
+    micro_batches: int = 0
+    """This process's micro-batches drawn: where its data order continues."""
+    tokens: int = 0
+    """Training tokens read, over every process."""
+    elapsed: float = 0.0
+    """Seconds of training, over every start of the run."""
+    train_loss: float | None = None
+    """The last logged training loss."""
+    last_eval: dict = field(default_factory=dict)
+    """The last validation metrics."""
+    best: dict = field(default_factory=dict)
+    """The step and metrics of the best validation so far (train.select_metric)."""
+    nonfinite_steps: int = 0
+    """Optimizer steps skipped for a non-finite loss or gradient."""
+    saved_elapsed: float = 0.0
+    """`elapsed` at the last checkpoint (train.save_every_minutes counts from it)."""
+    data_position: dict | None = None
+    """A streaming run's position in every file (data/streaming.py); None for a dataset read by index."""
+    world_size: int | None = None
+    """The processes that wrote the checkpoint; None: not recorded (read as this launch's)."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step when the checkpoint was written."""
+    micro_batch_size: int | None = None
+    """Samples per micro-batch when the checkpoint was written."""
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "LoopState":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in names and v is not None} if obj else {})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
 def latest_checkpoint(run_dir: Path) -> Path:
     found = list_checkpoints(run_dir)
     if not found:
@@ -25,7 +67,7 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return found[-1]
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, keep: int,
+def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: LoopState, keep: int,
                     continue_with: str | None = None) -> Path:
     """accelerate's save_state (weights, optimizer, scheduler, RNG) + the loop's data position.
 
@@ -47,7 +89,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, kee
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             # Plainly: the directory is the temp path, renamed into place whole.
-            (tmp / LOOP_STATE).write_text(json.dumps(loop_state, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            (tmp / LOOP_STATE).write_text(json.dumps(loop_state.to_json(), indent=2, ensure_ascii=False) + "\n",
+                                          encoding="utf-8")
             from plmcli.data.store import swap_into
 
             swap_into(tmp, final)
@@ -57,12 +100,12 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: dict, kee
     return final
 
 
-def read_loop_state(path: Path) -> dict:
+def read_loop_state(path: Path) -> LoopState:
     """The loop's state in a checkpoint (step, data position, the world size and global batch that wrote it)."""
-    return json.loads((Path(path) / LOOP_STATE).read_text())
+    return LoopState.from_json(json.loads((Path(path) / LOOP_STATE).read_text()))
 
 
-def load_checkpoint(accelerator, path: Path) -> dict:
+def load_checkpoint(accelerator, path: Path) -> LoopState:
     """accelerate's load_state on every process; each restores its own RNG from random_states_<rank>.
 
     An FSDP checkpoint (torch.distributed.checkpoint directories) loads onto any number of processes,

@@ -11,6 +11,7 @@ import signal
 import time
 import warnings
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from plmcli.data.store import writing
 from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
 from plmcli.models.checkpointing import apply_activation_checkpointing
-from plmcli.models.dense import packed_weights
+from plmcli.kernels import packed_weights
 from plmcli.runs import list_checkpoints
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import (DIST_TIMEOUT, check_resume_world, configure_backend, full_norm, process_state,
@@ -192,7 +193,7 @@ class _Training:
         self.accelerator = make_accelerator(self.t.mixed_precision, self.t.dist_timeout, self.accum)
         if self.accelerator.device.type == "cuda":  # set either way: a run must not inherit the last one's choice
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.t.tf32
-        self.loop = {"step": 0, "micro_batches": 0, "tokens": 0, "elapsed": 0.0}
+        self.loop = ckpt.LoopState()
         # train.eval_batches counts batches of the recipe's micro batch (its global batch when that is 0), so
         # an evaluation scores the same samples on any number of processes: as this launch's micro-batches.
         ref = self.t.micro_batch_size or self.t.global_batch_size
@@ -225,7 +226,7 @@ class _Training:
         configure_backend(accelerator, model, t, o.name, self.micro, self.accum)
         if self.world > 1 and not sharded(accelerator):
             if not self.sequential:
-                probe = self.train_stream[self.loop["micro_batches"]]
+                probe = self.train_stream[self.loop.micro_batches]
             else:  # a stream read in order has no batch k to look at; a validation batch serves
                 probe = self.val_stream[0] if self.val_stream is not None else None
             accelerator.ddp_handler = _ddp_settings(accelerator, model, objective, probe)
@@ -249,27 +250,27 @@ class _Training:
 
         t, loop, stream = self.t, self.loop, self.train_stream
         device = self.accelerator.device.type
-        # Batches are built in worker processes ahead of the step (DESIGN §5), the same whatever their number.
+        # Batches are built in worker processes ahead of the step (ARCHITECTURE.md, "GPU first"), the same whatever their number.
         workers, pin = loader_workers(t.num_workers, accelerated=device != "cpu"), device == "cuda"
-        if self.sequential and "data_position" in loop:
-            stream.load_state_dict(loop["data_position"])
+        if self.sequential and loop.data_position is not None:
+            stream.load_state_dict(loop.data_position)
         if self.sequential:
             return iter(stream.loader(workers, pin_memory=pin, worker_init_fn=ignore_stop_signals))
-        return iter(batch_loader(stream, workers, sampler=CountFrom(loop["micro_batches"]), pin_memory=pin,
+        return iter(batch_loader(stream, workers, sampler=CountFrom(loop.micro_batches), pin_memory=pin,
                                  worker_init_fn=ignore_stop_signals, seed=t.seed))
 
     def run(self, console) -> dict:
         """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
         t, accelerator = self.t, self.accelerator
         self.main = accelerator.is_main_process
-        self.log = MetricsLog(self.run_dir, enabled=self.main, step=self.loop["step"])  # a resume redoes later steps
+        self.log = MetricsLog(self.run_dir, enabled=self.main, step=self.loop.step)  # a resume redoes later steps
         unwrapped = accelerator.unwrap_model(self.model)
         fpt = unwrapped.flops_per_token(t.seq_len) if isinstance(unwrapped, CountsFlops) else None
         self.fpt, self.peak = fpt, peak_flops(accelerator.device, accelerator.mixed_precision)
         self.batches = self._batches()
         self.state = self.objective.init_state()
         # progress: the run dir, steps and a time estimate first; then the bar per step and micro-batch
-        self.progress = TrainProgress(console, t.max_steps, self.loop["step"], enabled=self.main, accum=self.accum,
+        self.progress = TrainProgress(console, t.max_steps, self.loop.step, enabled=self.main, accum=self.accum,
                                       compiled=t.compile)
         self.progress.begin(self.run_dir, self.recipe, unwrapped, fpt, accelerator.device, self.world,
                             accelerator.mixed_precision)
@@ -277,12 +278,12 @@ class _Training:
             self.progress.console.print(self.notice, highlight=False, soft_wrap=True)
         self.window = {"t0": time.perf_counter(), "tokens": 0, "sums": {}, "count": 0.0}
         # A finished run resumed reports what it reported then: its last evaluation and logged loss.
-        self.last_eval, self.reason = self.loop.get("last_eval", {}), self.stop_reason()
-        self.best = self.loop.get("best") or {}
-        self.health = StepHealth(accelerator.device, self.loop["step"], self.loop.get("nonfinite_steps", 0))
+        self.last_eval, self.reason = self.loop.last_eval, self.stop_reason()
+        self.best = self.loop.best
+        self.health = StepHealth(accelerator.device, self.loop.step, self.loop.nonfinite_steps)
         self.check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
         self.model.train()
-        self.start = time.perf_counter() - self.loop["elapsed"]
+        self.start = time.perf_counter() - self.loop.elapsed
         self.peers = peers = Peers(self.rank, self.world, t.dist_timeout)
         self.interrupt = DeferredStop().install()
         try:
@@ -291,7 +292,7 @@ class _Training:
                 self.after_step(stop_asked)
             return self.finish()
         except KeyboardInterrupt:  # a second Ctrl-C: at once, mid-step; the last complete checkpoint stays
-            raise Interrupted(f"stopped at once (a second Ctrl-C) after step {self.loop['step']}; {self.saved()}") from None
+            raise Interrupted(f"stopped at once (a second Ctrl-C) after step {self.loop.step}; {self.saved()}") from None
         except RuntimeError as e:  # another process died: say which, instead of the backend's traceback
             if peers.failed(e):
                 raise peers.lost(e, self.saved()) from e
@@ -304,13 +305,13 @@ class _Training:
 
     def stop_reason(self) -> str | None:
         t, loop = self.t, self.loop
-        if loop["step"] >= t.max_steps:
+        if loop.step >= t.max_steps:
             return "max_steps"
-        if t.max_tokens and loop["tokens"] >= t.max_tokens:
+        if t.max_tokens and loop.tokens >= t.max_tokens:
             return "max_tokens"
-        if t.time_budget and loop["elapsed"] >= t.time_budget:
+        if t.time_budget and loop.elapsed >= t.time_budget:
             return "time_budget"
-        if self.stop_after and loop["step"] >= self.stop_after:
+        if self.stop_after and loop.step >= self.stop_after:
             return "stop_after"
         return None
 
@@ -327,7 +328,7 @@ class _Training:
         scale = self.accum * self.world
         step_tokens, step_loss, step_sums, step_count = 0, 0.0, {}, 0.0
         for batch, share in zip(batches, shares):
-            seed_draws(draw_seed(self.t.seed, self.loop["micro_batches"] * self.world + self.rank), accelerator.device)
+            seed_draws(draw_seed(self.t.seed, self.loop.micro_batches * self.world + self.rank), accelerator.device)
             step_tokens += objective.tokens_in(batch)
             batch = _to(batch, accelerator.device)
             # accumulate(): no gradient all-reduce until the last micro-batch (DeepSpeed: inside its engine).
@@ -338,7 +339,7 @@ class _Training:
                 loss = sum(part * share[name] for name, part in parts.items())
                 accelerator.backward(loss * scale)
             self.state = out.state
-            self.loop["micro_batches"] += 1
+            self.loop.micro_batches += 1
             self.progress.micro_batch()  # progress: host-side; on a GPU a sync only around the micro-batches it times
             step_loss = step_loss + loss.detach().float()
             for name, v in out.metrics.items():
@@ -385,14 +386,14 @@ class _Training:
         window["count"] = window["count"] + torch.as_tensor(step_count).masked_fill(skipped, 0.0)
         step_tokens, elapsed, stop_asked = self.peers.agree(step_tokens, time.perf_counter() - self.start,
                                                             signal_number(self.interrupt.requested))
-        loop["step"] += 1
-        loop["tokens"] += step_tokens
+        loop.step += 1
+        loop.tokens += step_tokens
         window["tokens"] += step_tokens
-        loop["elapsed"] = elapsed
+        loop.elapsed = elapsed
         self.reason = self.stop_reason()
         # At the run's end the counts are read exactly: a run may not end on a skipped step as if it trained.
         self.check_health(self.health.read() if self.reason else self.health.arrived())
-        self.progress.step(loop["step"])  # progress: the bar and its ETA every step; the loss stays the last logged
+        self.progress.step(loop.step)  # progress: the bar and its ETA every step; the loss stays the last logged
         return signal.Signals(stop_asked).name if stop_asked else None
 
     def nonfinite(self, step_loss) -> tuple[torch.Tensor, torch.Tensor]:
@@ -439,7 +440,7 @@ class _Training:
         """The step's log row, evaluation (best weights) and checkpoint, as the recipe schedules them; then a
         stop signal's stop."""
         t, loop, reason = self.t, self.loop, self.reason
-        if (loop["step"] % t.log_every == 0 or reason) and self.window["sums"]:
+        if (loop.step % t.log_every == 0 or reason) and self.window["sums"]:
             row = _log_row(self.accelerator, loop, self.window, self.scheduler, self.grad_norm, self.fpt, self.peak)
             health = self.health.read()
             if health["nonfinite_steps"] or self.accelerator.scaler is not None:
@@ -447,35 +448,35 @@ class _Training:
             if self.accelerator.scaler is not None:
                 row["loss_scale"] = health["scale"]
             self.log.write(row)
-            loop["train_loss"] = row.get("loss", loop.get("train_loss"))
-            self.progress.update(loop["step"], row, self.last_eval)
-        if self.val_stream is not None and ((t.eval_every and loop["step"] % t.eval_every == 0) or reason):
-            self.last_eval = loop["last_eval"] = evaluate(self.accelerator, self.model, self.objective, self.val_stream,
+            loop.train_loss = row.get("loss", loop.train_loss)
+            self.progress.update(loop.step, row, self.last_eval)
+        if self.val_stream is not None and ((t.eval_every and loop.step % t.eval_every == 0) or reason):
+            self.last_eval = loop.last_eval = evaluate(self.accelerator, self.model, self.objective, self.val_stream,
                                                           self.eval_limit)
-            self.log.write({"step": loop["step"], "tokens": loop["tokens"], **self.last_eval})
-            self.progress.update(loop["step"], None, self.last_eval)
+            self.log.write({"step": loop.step, "tokens": loop.tokens, **self.last_eval})
+            self.progress.update(loop.step, None, self.last_eval)
             # Every process reaches the same verdict (the metrics are reduced over all of them).
             if self.select_metric and (not self.best or self.last_eval[self.select_metric] > self.best[self.select_metric]):
-                self.best = loop["best"] = {"step": loop["step"], **self.last_eval}
+                self.best = loop.best = {"step": loop.step, **self.last_eval}
                 self.weights()
         # The agreed clock: every process takes the same decision.
-        due = t.save_every_minutes and loop["elapsed"] - loop.get("saved_elapsed", 0.0) >= 60 * t.save_every_minutes
+        due = t.save_every_minutes and loop.elapsed - loop.saved_elapsed >= 60 * t.save_every_minutes
         # A checkpoint while the loss is not finite would not be a good one to go back to.
-        if ((t.save_every and loop["step"] % t.save_every == 0) or due or reason or stop_asked) and \
+        if ((t.save_every and loop.step % t.save_every == 0) or due or reason or stop_asked) and \
                 not self.health.read()["run"]:
-            loop["saved_elapsed"] = loop["elapsed"]
+            loop.saved_elapsed = loop.elapsed
             self.snapshot()
         if stop_asked:  # this step is complete and (unless its loss was not finite) saved
-            raise Interrupted(f"stopped after step {loop['step']} ({stop_asked}); {self.saved()}", stop_asked)
+            raise Interrupted(f"stopped after step {loop.step} ({stop_asked}); {self.saved()}", stop_asked)
 
     def finish(self) -> dict:
         """The summary, after the last weights are written (unless the best evaluated ones already were)."""
         loop = self.loop
-        summary = {"steps": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 2),
-                   "stop_reason": self.reason, "train_loss": loop.get("train_loss"), **self.last_eval}
-        loop["nonfinite_steps"] = self.health.read()["nonfinite_steps"]
-        if loop["nonfinite_steps"]:
-            summary["nonfinite_steps"] = loop["nonfinite_steps"]
+        summary = {"steps": loop.step, "tokens": loop.tokens, "elapsed_s": round(loop.elapsed, 2),
+                   "stop_reason": self.reason, "train_loss": loop.train_loss, **self.last_eval}
+        loop.nonfinite_steps = self.health.read()["nonfinite_steps"]
+        if loop.nonfinite_steps:
+            summary["nonfinite_steps"] = loop.nonfinite_steps
         if self.select_metric and self.best:
             summary["best"] = self.best
         else:
@@ -484,12 +485,12 @@ class _Training:
         return summary
 
     def snapshot(self):
-        self.loop["nonfinite_steps"] = self.health.read()["nonfinite_steps"]
+        self.loop.nonfinite_steps = self.health.read()["nonfinite_steps"]
         if self.sequential:  # streaming seam: every process takes part (the positions are gathered)
-            self.loop["data_position"] = self.train_stream.state_dict()
-        return ckpt.save_checkpoint(self.accelerator, self.run_dir, self.loop["step"],
-                                    {**self.loop, "world_size": self.world, "global_batch_size": self.t.global_batch_size,
-                                     "micro_batch_size": self.micro},
+            self.loop.data_position = self.train_stream.state_dict()
+        return ckpt.save_checkpoint(self.accelerator, self.run_dir, self.loop.step,
+                                    replace(self.loop, world_size=self.world, global_batch_size=self.t.global_batch_size,
+                                            micro_batch_size=self.micro),
                                     self.t.keep_checkpoints, self.continue_with)
 
     def weights(self) -> None:
@@ -542,7 +543,7 @@ def _ddp_settings(accelerator, model, objective, batch):
     return DistributedDataParallelKwargs(broadcast_buffers=False, find_unused_parameters=unused)
 
 
-def _resumable(loop: dict, path: Path, accelerator, world: int, micro: int, global_batch: int) -> str | None:
+def _resumable(loop: ckpt.LoopState, path: Path, accelerator, world: int, micro: int, global_batch: int) -> str | None:
     """Refuse a checkpoint this launch cannot continue; map its data position to this launch.
 
     Micro-batch k of rank r is global micro-batch k·world + r (data/batching.py), so after `step`
@@ -552,19 +553,19 @@ def _resumable(loop: dict, path: Path, accelerator, world: int, micro: int, glob
     the run goes on as if it never stopped. Only DeepSpeed's partitioned state is tied to the process count
     that wrote it.
     """
-    was_batch, was_world = loop.get("global_batch_size", global_batch), loop.get("world_size", world)
+    was_batch, was_world = loop.global_batch_size or global_batch, loop.world_size or world
     if was_batch != global_batch:
         raise PlmError(f"checkpoint {path} was trained with global batch {was_batch}, this run has {global_batch}",
                        f"resume with the same global batch: --set train.global_batch_size={was_batch}")
-    loop["micro_batches"] = loop["step"] * global_batch // (micro * world)
+    loop.micro_batches = loop.step * global_batch // (micro * world)
     check_resume_world(accelerator, path, was_world, world)  # DeepSpeed only: FSDP's DCP shards reshard on load
-    was_micro = loop.get("micro_batch_size", micro)
+    was_micro = loop.micro_batch_size or micro
     if was_world == world and was_micro == micro:
         return None
     same = ("the same steps as if it never stopped" if was_micro == micro else
             f"micro-batches of {micro}, not {was_micro}, so other dropout masks than an uninterrupted run's")
     return (f"resuming a {was_world}-process checkpoint with {world} process{'es' * (world > 1)}: the data continues "
-            f"at sample {loop['step'] * global_batch:,}, where it stopped; {same}")
+            f"at sample {loop.step * global_batch:,}, where it stopped; {same}")
 
 
 def _has_split(corpus_dir, split) -> bool:
@@ -582,7 +583,7 @@ def _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak) -> dict
     vec = vec.tolist()  # a logging step: the one place the host waits for the device's sums
     # Skipped steps add nothing: a window of only skipped steps has no mean to log.
     means = {k: vec[i] / vec[-1] for i, k in enumerate(keys)} if vec[-1] else {}
-    row = {"step": loop["step"], "tokens": loop["tokens"], "elapsed_s": round(loop["elapsed"], 3),
+    row = {"step": loop.step, "tokens": loop.tokens, "elapsed_s": round(loop.elapsed, 3),
            "lr": scheduler.get_last_lr()[0], **means, "tok_per_s": window["tokens"] / dt}
     if grad_norm is not None:
         row["grad_norm"] = float(grad_norm)

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import shutil
+from dataclasses import replace
 import subprocess
 import sys
 from datetime import timedelta
@@ -21,6 +22,7 @@ from plmcli.config import TrainConfig, load_recipe, shipped_recipes
 from plmcli.errors import PlmError
 from plmcli.models.registry import build_model
 from plmcli.train import distributed
+from plmcli.train.checkpoint import LoopState
 from plmcli.train.loop import _resumable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -158,13 +160,13 @@ def test_resume_on_another_process_count_continues_the_data(runs, tmp_path):
 def test_deepspeed_checkpoint_refuses_another_process_count_and_fsdp_reshards():
     from accelerate.utils import DistributedType
 
-    loop = {"step": 3, "micro_batches": 3, "world_size": 2, "global_batch_size": 4}
+    loop = LoopState(step=3, micro_batches=3, world_size=2, global_batch_size=4)
     ds = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED)
     with pytest.raises(PlmError, match="DeepSpeed state partitioned over 2 processes.*resume with 2 processes"):
-        _resumable(dict(loop), Path("ck"), ds, world=4, micro=1, global_batch=4)
-    assert _resumable(dict(loop), Path("ck"), ds, world=2, micro=2, global_batch=4) is None
+        _resumable(replace(loop), Path("ck"), ds, world=4, micro=1, global_batch=4)
+    assert _resumable(replace(loop), Path("ck"), ds, world=2, micro=2, global_batch=4) is None
     fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP)
-    assert _resumable(dict(loop), Path("ck"), fsdp, world=1, micro=1, global_batch=4).startswith("resuming a 2-process")
+    assert _resumable(replace(loop), Path("ck"), fsdp, world=1, micro=1, global_batch=4).startswith("resuming a 2-process")
 
 
 @pytest.mark.distributed
