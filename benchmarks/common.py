@@ -292,7 +292,7 @@ def add_limit_arguments(p) -> None:
 def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0, onednn: bool = False) -> Callable[[], float]:
     """A runner for `interleave`: each call times `calls` (size × size) @ (size × size) matmuls in `dtype`
     ("fp32" / "bf16") at torch's current thread count and returns GFLOP/s. `onednn`: through oneDNN's
-    matmul (plm's fp32 linears, plmcli.models.dense) instead of torch.mm (MKL's sgemm for fp32; bf16's
+    matmul (plm's fp32 linears, plmcli.kernels) instead of torch.mm (MKL's sgemm for fp32; bf16's
     torch.mm is oneDNN already).
 
     Sampled once per repeat between the step runners, the probe sees the same load as the steps, so the
@@ -304,7 +304,7 @@ def gemm_runner(dtype: str, size: int, calls: int, seed: int = 0, onednn: bool =
     a, b = (torch.randn(size, size, generator=g).to(dt) for _ in range(2))
     flops = calls * matmul_flops(size, size, size)
     if onednn:
-        from plmcli.models.dense import linear
+        from plmcli.kernels import linear
 
         b_t = b.t().contiguous()  # linear(a, bᵀ) = a · b
 
@@ -328,7 +328,7 @@ def probe_runners(args, flags: list[str]) -> dict[str, Callable[[], float]]:
 
     Two fp32 probes because the CPU's fp32 limit depends on the library: on an AMD EPYC (Zen 4) oneDNN's
     2048² product runs at 206–212 GFLOP/s and MKL's at 182–185; the steps are set against both."""
-    from plmcli.models.dense import onednn_enabled
+    from plmcli.kernels import onednn_enabled
 
     runners = {"gemm fp32": gemm_runner("fp32", args.gemm_size, args.gemm_calls)}
     if onednn_enabled():
@@ -411,7 +411,7 @@ def profile_table(profiles: dict[str, list[tuple[str, float, float]]], rows: int
 
 # The ops that run at the GEMM probe's speed at best; everything else is time a step spends below it.
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
-                        "mkldnn::_linear_pointwise",  # plm's fp32 linears (plmcli.models.dense)
+                        "mkldnn::_linear_pointwise",  # plm's fp32 linears (plmcli.kernels)
                         "aten::_scaled_dot_product_flash_attention_for_cpu",
                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
 

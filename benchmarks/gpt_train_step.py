@@ -217,7 +217,7 @@ oneDNN probe's rate; 1.5× of this run's transformers means 380 ms, 69% of that 
 324 ms of its 408 ms of op time (`mm`, `_linear_pointwise`, `bmm`, `addmm_` in the profile), which leaves 56 ms
 for everything else, which takes about 84: tanh-GELU and its backward 19 ms, the LM head's softmax 10 ms, the
 copies around the attention heads, LayerNorm, adds, dropout's multiplies, AdamW, and dropout's masks drawn by
-NumPy. The linears run on oneDNN since this stop (`plmcli.models.dense`: forward and input gradient; oneDNN
+NumPy. The linears run on oneDNN since this stop (`plmcli.kernels`: forward and input gradient; oneDNN
 takes the weight gradient's transposed operands 20–40% slower than MKL, so that stays on MKL): ~3% of the step,
 within this machine's noise.
 Done this stop (62197e7), 443 → 405 ms: dropout masks from 16 random bits of SFC64 an element instead of 32 of

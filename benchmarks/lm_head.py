@@ -92,7 +92,7 @@ median ms per call:
 - **fused, vocab-major**: the same with each chunk's logits as (V, n) = w · hᵀ (MKL runs that product 1.5–2×
   faster than the (n, V) one at 30–50k words), softmax along V.
 - Without gradients the fused sides compute the loss alone, chunk by chunk: rows as `F.cross_entropy` of each
-  (n, V) chunk, its product on oneDNN where that applies (`plmcli.models.dense`: fp32 on a CPU), vocab-major as
+  (n, V) chunk, its product on oneDNN where that applies (`plmcli.kernels`: fp32 on a CPU), vocab-major as
   logsumexp − logit[y] over each (V, n) chunk from MKL.
 - **plm's default** (`vocab_major=None`): vocab-major with gradients on a CPU; without them rows on oneDNN
   where it applies (its (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's kernel along a

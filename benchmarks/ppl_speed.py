@@ -259,13 +259,13 @@ and the output layer at all {L} positions, {flops["guide"] / 1e9:.2f} GFLOP; plm
 at the {S} scored positions only and its last block's query, output projection and feed-forward from the
 first scored position on, {flops["plm"] / 1e9:.2f} GFLOP. At equal FLOP/s plm is {flops["guide"] / flops["plm"]:.2f}× the guide;
 {GOAL}× takes plm's matrix multiplies running {GOAL * flops["plm"] / flops["guide"]:.2f}× as fast as the guide's on
-the same shapes. They do on a CPU where oneDNN's fp32 matmul beats MKL's (plmcli.models.dense; AMD EPYC, Zen 4): the
+the same shapes. They do on a CPU where oneDNN's fp32 matmul beats MKL's (plmcli.kernels; AMD EPYC, Zen 4): the
 linears run on oneDNN with the feed-forward's GELU fused into its matmul (a 3 ms pass over each (2,048 × 1,024)
 activation on its own), and the output layer is oneDNN's (n, V) product with cross-entropy's own kernel instead
 of MKL's (V, n) one with logsumexp across rows (2.9 against 3.6 ms a chunk of 256 rows at V = 4,096). On
 the same windows, eval-ppl's own time with these and without (torch's F.linear, the MKL head), interleaved on
 AMD EPYC, 2 threads: 3.77 s against 4.59 s (median of 5; 2026-12-06). Then, since the weights hold still for a
-scoring pass, each is copied once into oneDNN's blocked layout (`dense.packed_weights`), which oneDNN otherwise
+scoring pass, each is copied once into oneDNN's blocked layout (`kernels.packed_weights`), which oneDNN otherwise
 reorders the plain weight into on every call: 3.91 s against 4.14 s (median of 5, interleaved, the same numbers
 to the last digit; 2026-12-06). What is left is FLOP-bound: the linears run at ~200 GFLOP/s in place against
 ~220 in isolation (a fresh output's page faults: the feed-forward's 8 MB GELU output takes 6.7 ms a call in

@@ -17,17 +17,18 @@ def list_recipes() -> list[dict]:
     """Every shipped recipe: name, family, objective, params, description.
 
     Read from the YAML files and the shipped parameter table (plmcli/recipe_params.py), so listing
-    imports no torch and builds no model; tests/test_recipes.py validates every shipped recipe."""
+    imports no torch and builds no model while the table is current (it brings itself up to date when the
+    recipes or the model code change); tests/test_recipes.py validates every shipped recipe."""
     from plmcli.config import raw_recipe, shipped_recipes
-    from plmcli.recipe_params import read_table, recipe_params
+    from plmcli.recipe_params import current_table
 
-    table = read_table()
+    table = current_table()
     rows = []
     for name in shipped_recipes():
         raw = raw_recipe(name)
         rows.append({"name": name, "family": (raw.get("model") or {}).get("family"),
                      "objective": (raw.get("objective") or {}).get("name"),
-                     "params": recipe_params(name, raw, table), "description": str(raw.get("description") or "")})
+                     "params": table[name]["params"], "description": str(raw.get("description") or "")})
     return rows
 
 
@@ -154,7 +155,7 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
 
     `lr`, `epochs` and `batch_size` may be lists and `seeds` a count of runs per setting (= the config's
-    `grid` section): more than one finetune is a grid, run by `finetune_grid`, and returns OUT/grid.json.
+    `grid` section): more than one finetune is a grid (pipelines/finetune_grid.py), and returns OUT/grid.json.
 
     `config`: a finetune config YAML (sections task, model, train, optim; a finished finetune's
     OUT/finetune.yaml is one); `overrides`: `section.key=value` strings (or a nested dict) over it. Every
@@ -187,18 +188,6 @@ def finetune(task: str | None = None, from_run: str | None = None, data_dir: str
     if len(cells) > 1:
         return run_grid(cfg, out, console)
     return run_finetune(cell_config(cfg, cells[0]), out, eval_only, console)
-
-
-def finetune_grid(task: str | None = None, lr: list[float] | None = None, epochs: list[int] | None = None,
-                  batch_size: list[int] | None = None, seeds: int | None = None, out: str | None = None,
-                  console=None, **finetune_args) -> dict:
-    """Devlin et al.'s finetuning protocol: a finetune for every lr × epochs × batch_size × seed, each into
-    OUT/grid/<lr>-<epochs>-<batch>-seed<k>/, the best dev run kept as OUT; returns OUT/grid.json (every run,
-    mean ± std over the seeds per setting, the best). Lists left None take the config's (or its one value);
-    `finetune_args`: the rest of `finetune`'s arguments (from_run, data_dir, max_steps, config, ...). A grid of
-    one run is a plain finetune and returns its OUT/metrics.json."""
-    return finetune(task, lr=lr, epochs=epochs, batch_size=batch_size, seeds=seeds, out=out, console=console,
-                    **finetune_args)
 
 
 # ---------------------------------------------------------------- export

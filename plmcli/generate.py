@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 from plmcli.errors import PlmError
 from plmcli.models.base import CachesKeysValues, CarriesStateBatch, HasGenerationSession, HasPositionLimit
-from plmcli.models.dense import packed_weights
+from plmcli.models.registry import families_that, named
+from plmcli.kernels import packed_weights
 from plmcli.train.progress import StageProgress
 
 STRATEGIES = ("greedy", "beam", "sample")
@@ -431,7 +432,8 @@ class _Plan:
         seq2seq, causal = model.traits.seq2seq, model.traits.causal
         if not (seq2seq or causal):
             raise PlmError(f"a {cfg.get('family', type(model).__name__)} run cannot generate text (it is neither causal nor encoder-decoder)",
-                           "generate from a causal LM (gpt, rnn, ...) or a seq2seq / transformer run")
+                           f"generate from a causal LM ({named(families_that(lambda c: c.traits.causal))}) or an "
+                           f"encoder-decoder ({named(families_that(lambda c: c.traits.seq2seq))}) run")
         # A model that decodes in a vocabulary of its own (n-gram words, counted on the CPU) gives its own session.
         own = isinstance(model, HasGenerationSession)
         device = torch.device("cpu" if own else device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -1,22 +1,26 @@
 """Parameter counts of the shipped recipes, kept in plmcli/recipes/params.json so that `plm recipes`
 lists them from the YAML alone: no torch import, no model built.
 
-Each entry carries a fingerprint of what the count depends on in the recipe file (the resolved model
-section, and tokenizer.vocab_size, which fills a model.vocab_size of 0). An entry whose fingerprint no
-longer matches its recipe is recounted on the meta device, so an edited recipe is never listed with a
-stale number, only more slowly. A count that changes with the model code alone (a new bias, a changed
-default) leaves the fingerprint as it was: tests/test_recipes.py compares every entry with a fresh
-count and names the command that rewrites the table:
+Each entry carries a fingerprint of everything its count depends on: the resolved model section and
+tokenizer.vocab_size (which fills a model.vocab_size of 0) from the recipe file, and the bytes of the model code
+(plmcli/models and plmcli/kernels, read as files), since a count can change with the code alone (a new bias, a
+changed default). An entry whose fingerprint no longer matches is recounted on the meta device and the table
+rewritten where the package folder is writable (`current_table`): the table keeps itself current, with no
+command to run; the first listing after a change is the slow one. tests/test_recipes.py checks every entry
+against a fresh count. To rewrite every entry at once:
 
     python -m plmcli.recipe_params
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
+
+from plmcli.errors import PlmError
 
 TABLE_NAME = "params.json"
 REGENERATE = "python -m plmcli.recipe_params"
@@ -28,9 +32,21 @@ def table_path() -> Path:
     return Path(str(recipe_dir() / TABLE_NAME))
 
 
+@functools.cache
+def code_fingerprint() -> str:
+    """The model code's bytes hashed, file by file (read, not imported: listing stays torch-free)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for package in ("models", "kernels"):
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(f"{path.relative_to(root).as_posix()}\0".encode("utf-8") + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def fingerprint(raw: dict) -> str:
-    """What a recipe's parameter count depends on in its YAML (`config.raw_recipe`), hashed."""
-    key = {"model": raw.get("model"), "vocab_size": (raw.get("tokenizer") or {}).get("vocab_size")}
+    """What a recipe's parameter count depends on: its YAML (`config.raw_recipe`) and the model code, hashed."""
+    key = {"model": raw.get("model"), "vocab_size": (raw.get("tokenizer") or {}).get("vocab_size"),
+           "code": code_fingerprint()}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 
@@ -86,10 +102,28 @@ def recipe_params(name: str, raw: dict, table: dict) -> int:
 
 def build_table() -> dict:
     """Count every shipped recipe afresh (builds each model on the meta device: seconds)."""
+    return current_table({}, write=False)
+
+
+def current_table(table: dict | None = None, write: bool = True) -> dict:
+    """`table` (default: the shipped one) with exactly the shipped recipes, each entry whose fingerprint is stale
+    or missing counted afresh (this alone imports torch); written back when anything changed and `write`, unless the
+    package folder is read-only (an installed package keeps the table it shipped with and recounts)."""
     from plmcli.config import load_recipe, raw_recipe, shipped_recipes
 
-    return {name: {"params": count_params(load_recipe(name)), "fingerprint": fingerprint(raw_recipe(name))}
-            for name in shipped_recipes()}
+    old = read_table() if table is None else table
+    new = {}
+    for name in shipped_recipes():
+        raw = raw_recipe(name)
+        fp, entry = fingerprint(raw), old.get(name)
+        fresh = isinstance(entry, dict) and entry.get("fingerprint") == fp
+        new[name] = entry if fresh else {"params": count_params(load_recipe(name)), "fingerprint": fp}
+    if write and new != old:
+        try:
+            write_table(new)
+        except (OSError, PlmError):
+            pass  # a read-only install: counted each time, correctly, just not kept
+    return new
 
 
 def write_table(table: dict, path: Path | None = None) -> Path:

@@ -133,7 +133,7 @@ def counted_flops(fn) -> int:
     """FLOPs of every matmul fn() runs, forward and backward, as torch's FlopCounterMode counts them. On a
     CPU the counter does not see SDPA's fused kernel: record_attention (layers' attention) and the math
     backend (XLNet's) make its matmuls explicit. It has no formula for the in-place `addmm_` the fused LM
-    loss accumulates its weight gradient with, nor for oneDNN's linear (plmcli.models.dense), so those are given."""
+    loss accumulates its weight gradient with, nor for oneDNN's linear (plmcli.kernels), so those are given."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
@@ -147,3 +147,10 @@ def counted_flops(fn) -> int:
             record_attention(), sdpa_kernel(SDPBackend.MATH):
         fn()
     return counter.get_total_flops()
+
+
+def task_kwargs(options) -> dict:
+    """Task options (a TaskOptions or a dict) as plmcli.api.finetune's keyword arguments: the fields a caller set."""
+    from plmcli.pipelines.finetune import given_options
+
+    return given_options(options)

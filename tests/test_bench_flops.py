@@ -13,7 +13,7 @@ from helpers import counted_flops
 from benchmarks.gpt_train_step import train_step
 from plmcli.config import load_recipe
 from plmcli.models.bert import Bert, BertConfig
-from plmcli.models.dense import linear, onednn, onednn_enabled
+from plmcli.kernels import linear, onednn_enabled, switched
 from plmcli.models.electra import Electra, ElectraConfig
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.models.xlnet import XLNet, XLNetConfig
@@ -128,7 +128,7 @@ def test_probe_runners_follow_the_bf16_flags():
     assert list(common.probe_runners(args, ["avx2", "avx512f"])) == fp32
     assert list(common.probe_runners(args, ["avx512f", "avx512_bf16"])) == fp32 + ["gemm bf16"]
     assert list(common.probe_runners(args, ["amx_tile", "amx_bf16"])) == fp32 + ["gemm bf16"]
-    with onednn(False):
+    with switched(False):
         assert list(common.probe_runners(args, ["avx2"])) == ["gemm fp32"]
 
 

@@ -99,6 +99,7 @@ def test_bad_phase_rejected(tmp_path):
 
 def test_listing_imports_no_torch_and_matches_the_validated_recipes():
     """`plm recipes` reads the YAML and the shipped table only; its rows are what loading each recipe says."""
+    recipe_params.current_table()  # current as shipped: brought up to date here if the model code just changed
     code = ("import json, sys\nfrom plmcli import api\nrows = api.list_recipes()\n"
             "print(json.dumps([rows, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy') "
             "or m.startswith('plmcli.models'))]))")
@@ -120,7 +121,7 @@ def test_listing_imports_no_torch_and_matches_the_validated_recipes():
 def test_a_stale_or_missing_table_entry_is_recounted(tmp_path, monkeypatch):
     """An edited recipe (its fingerprint changed) or a missing table is counted on the meta device, never
     listed with the old number."""
-    shipped = recipe_params.read_table()
+    shipped = recipe_params.current_table()
     table = {k: v for k, v in shipped.items() if k != "nnlm-ptb"}
     table["gpt-mini"] = {"params": 1, "fingerprint": "0" * 16}
     table["bert-mini"] = {"params": 1, "fingerprint": shipped["bert-mini"]["fingerprint"]}  # trusted while it matches
@@ -130,17 +131,21 @@ def test_a_stale_or_missing_table_entry_is_recounted(tmp_path, monkeypatch):
     assert rows["gpt-mini"] == shipped["gpt-mini"]["params"] == api.count_params(load_recipe("gpt-mini"))
     assert rows["nnlm-ptb"] == shipped["nnlm-ptb"]["params"]
     assert rows["bert-mini"] == 1
+    assert recipe_params.read_table() == {**table, "gpt-mini": shipped["gpt-mini"], "nnlm-ptb": shipped["nnlm-ptb"]}  # kept
     monkeypatch.setattr(recipe_params, "table_path", lambda: tmp_path / "absent.json")
     assert recipe_params.read_table() == {}
     assert recipe_params.recipe_params("ngram-kn5", raw_recipe("ngram-kn5"), {}) == shipped["ngram-kn5"]["params"]
 
 
-def test_fingerprint_follows_what_the_count_depends_on():
+def test_fingerprint_follows_what_the_count_depends_on(monkeypatch):
     raw = raw_recipe("bert-mini")
     fp = recipe_params.fingerprint(raw)
     assert recipe_params.fingerprint({**raw, "description": "other", "train": {"max_steps": 1}}) == fp
     assert recipe_params.fingerprint({**raw, "model": {**raw["model"], "n_layer": 3}}) != fp
     assert recipe_params.fingerprint({**raw, "tokenizer": {**raw["tokenizer"], "vocab_size": 7}}) != fp
+    # the model code: a count can change with it alone
+    monkeypatch.setattr(recipe_params, "code_fingerprint", lambda: "other code")
+    assert recipe_params.fingerprint(raw) != fp
 
 
 def test_yaml_no_is_the_word_no_where_a_choice_has_it():

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import assert_clean_error, run as cli
+from families import tiny_model
+from helpers import assert_clean_error, run as cli, task_kwargs
 from plmcli.errors import PlmError
 from plmcli.models.base import HasLayerStates
 from plmcli.models.layers import ScalarMix
@@ -20,22 +21,16 @@ from plmcli.models.registry import model_class
 from plmcli.objectives.classify import CausalTransfer, SequenceClassifier
 from plmcli.objectives.heads import configure_features
 from plmcli.objectives.tagging import TokenClassifier
-from plmcli.pipelines.finetune import finetune
+from plmcli.api import finetune
 from plmcli.runs import load_finetuned
 from test_finetune_matrix import SAMPLE, TINY, tiny_run, tokenizer  # noqa: F401 (tokenizer: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAMILIES = {  # family -> a tiny config with ≥ 3 layers (concat_last_four needs 4 states)
-    "bert": {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16},
-    "bert-pre-ln": {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16, "norm_position": "pre"},
-    "albert": {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16, "embedding_size": 8},
-    "nezha": {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16},
-    "spanbert": {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16},
-    "electra": {"max_positions": 32, "n_layer": 3, "n_head": 4, "d_model": 16, "embedding_size": 8},
-    "gpt": {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16},
-}
-DEEP = {"bert3": ("bert", FAMILIES["bert"]), "gpt3": ("gpt", FAMILIES["gpt"])}
+DEEPER = ("model.n_layer=3",)  # over a family's tiny size: concat_last_four needs 4 states
+VARIANTS = {"bert-pre-ln": ("bert", ("model.norm_position=pre",))}
+DEEP = {"bert3": ("bert", {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16}),
+        "gpt3": ("gpt", {"max_positions": 32, "n_layer": 3, "n_head": 2, "d_model": 16})}
 
 
 def deep_run(path: Path, name: str, tok) -> Path:
@@ -46,10 +41,9 @@ def deep_run(path: Path, name: str, tok) -> Path:
 
 
 def build(name: str, seed: int = 0):
-    family = name.split("-")[0]
-    cls = model_class(family)
-    torch.manual_seed(seed)
-    return cls(cls.Config(vocab_size=50, **FAMILIES[name])).eval()
+    """A registered family (or a VARIANTS entry) at its tiny size with 3 layers, in eval mode."""
+    family, extra = VARIANTS.get(name, (name, ()))
+    return tiny_model(family, (*DEEPER, *extra), seed)
 
 
 def batch(B: int = 3, T: int = 7):
@@ -75,14 +69,15 @@ def test_scalar_mix_is_gamma_times_softmax_weighted_sum():
     torch.testing.assert_close(mix(hs), by_hand)
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_layer_states_last_entry_is_the_hidden_heads_read(name):
+    """Every registered family's last layer state is checked in test_conformance; here its variants'."""
     model = build(name)
     ids, types, mask = batch()
     assert isinstance(model, HasLayerStates)
     with torch.no_grad():
         states = model.layer_states(ids, types, mask)
-        hidden = model.hidden(ids) if name == "gpt" else model.encode(ids, types, mask)[0]
+        hidden = model.encode(ids, types, mask)[0]
     assert len(states) == 4  # embeddings + 3 layers
     assert all(s.shape == hidden.shape for s in states)
     assert torch.equal(states[-1], hidden)
@@ -171,7 +166,7 @@ def test_concat_last_four_is_the_hand_taken_layers_concatenated(name):
     with torch.no_grad():
         feats = head.layer_features(ids, types, mask)
         torch.testing.assert_close(feats, by_hand, rtol=0, atol=1e-6)
-        assert head.head.in_features == 4 * 16
+        assert head.head.in_features == 4 * model.cfg.d_model
         if name == "bert":  # [CLS]'s concatenated state, not the pooler
             torch.testing.assert_close(head(ids, types, mask), head.head(by_hand[:, 0]))
 
@@ -344,7 +339,7 @@ def test_other_families_finetune_with_mixed_features(tmp_path, tokenizer, name, 
     task, metric = TASKS[kind]
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
-    res = finetune(task, from_run=str(run), data_dir=data_dir, options=options, max_steps=2, batch_size=8, lr=1e-2,
+    res = finetune(task, from_run=str(run), data_dir=data_dir, **task_kwargs(options), max_steps=2, batch_size=8, lr=1e-2,
                    out=str(tmp_path / "ft"), features=features, freeze=True)
     assert metric in res["dev"]
     assert load_finetuned(str(tmp_path / "ft"))[0].features == features

@@ -14,7 +14,7 @@ from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.pipelines.finetune import finetune
+from plmcli.api import finetune
 from plmcli.runs import load_encoder, load_finetuned
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
@@ -238,8 +238,9 @@ def test_runs_without_a_representation_to_transfer_are_refused(tmp_path, tokeniz
     why = {"toycausal": "is a causal LM without per-position hidden states to transfer",
            "ngram": "counts n-grams and has no learned states to finetune",
            "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example"}
-    need = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
-            "word2vec run")
+    # named from the registry: the toy encoder the fixture registers is among them
+    need = ("an encoder run (bert, spanbert, albert, nezha, elmo, electra, xlnet or toycls), a causal LM run (gpt, rnn or "
+            "transformer_xl) or a seq2seq, transformer or word2vec run")
     for family, clause in why.items():
         with pytest.raises(PlmError) as e:
             finetune("sst2", from_run=str(tmp_path / family), data_dir=str(SAMPLE), out=str(tmp_path / "o"))

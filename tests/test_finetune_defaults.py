@@ -9,8 +9,10 @@ import pytest
 import torch
 import yaml
 
+from helpers import task_kwargs
 from plmcli.models.bert import Bert, BertConfig
-from plmcli.pipelines.finetune import backbone_size, finetune, finetune_config, size_defaults
+from plmcli.api import finetune
+from plmcli.pipelines.finetune import backbone_size, finetune_config, size_defaults
 from test_finetune import make_run, tokenizer  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +104,7 @@ def test_a_tiny_random_bert_learns_a_separable_task_at_the_default_lr(tmp_path, 
     synthetic_sentiment(tmp_path / "dev.tsv", 200, 1)
     out = tmp_path / "ft"
     res = finetune("classification", from_run=str(run), init="random", out=str(out), max_steps=240,
-                   options={"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")})
+                   **task_kwargs({"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")}))
     assert res["settings"]["lr"] == 3e-4 and res["steps"] == 240
     assert res["dev"]["accuracy"] > 0.9, res["history"]
     # what was chosen: said once on stderr, kept in metrics.json and in finetune.yaml (which repeats the run)

@@ -176,7 +176,7 @@ def test_a_config_file_holds_a_grid_and_a_flag_beats_it(gpt, tmp_path):
     assert written["grid"]["lr"] == [1e-3, 1e-4] and written["model"]["from_run"] == str(gpt.resolve())
     from plmcli import api  # the library's door: the same grid
 
-    lib = api.finetune_grid("sst2", lr=[1e-3, 1e-4], from_run=str(gpt), data_dir=str(SAMPLE), max_seq_len=16,
+    lib = api.finetune("sst2", lr=[1e-3, 1e-4], from_run=str(gpt), data_dir=str(SAMPLE), max_seq_len=16,
                             max_steps=1, out=str(tmp_path / "lib"))
     assert [r["dev"] for r in lib["runs"]] == [r["dev"] for r in res["runs"]] and lib["best"]["dir"] == res["best"]["dir"]
     one = ok_json(run("finetune", *common, "--lr", "1e-4", "--out", tmp_path / "one"))  # the flag: one lr, no grid

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from helpers import assert_clean_error, run as cli
+from helpers import assert_clean_error, run as cli, task_kwargs
 from plmcli.config_sections import TokenizerConfig
 from plmcli.config_sections import TaskOptions
 from plmcli.data.tasks.conll import Sentence
@@ -28,7 +28,7 @@ from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, tr
 from plmcli.errors import PlmError
 from plmcli.models.registry import model_class
 from plmcli.objectives.heads import pool
-from plmcli.pipelines.finetune import finetune
+from plmcli.api import finetune
 from plmcli.runs import load_finetuned, task_objective
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,7 +165,7 @@ def test_yes_cell_finetunes_and_writes_its_metric(tmp_path, tokenizer, name, kin
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
     out = tmp_path / "ft"
-    res = finetune(task, from_run=str(run), data_dir=data_dir, options=options, max_steps=3, batch_size=8, lr=1e-2,
+    res = finetune(task, from_run=str(run), data_dir=data_dir, **task_kwargs(options), max_steps=3, batch_size=8, lr=1e-2,
                    max_seq_len=32, out=str(out))
     saved = json.loads((out / "metrics.json").read_text())
     assert res["steps"] == 3 and saved["dev"][metric] == res["dev"][metric]
@@ -399,10 +399,10 @@ def test_word_case_is_collobert_s_capitalization_feature():
 
 # ------------------------------------------------------------------ the "no" cells
 
-NEED_SEQ = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
-            "word2vec run")
-NEED_TOK = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, transformer, "
-            "seq2seq, word2vec)")
+NEED_SEQ = ("an encoder run (bert, spanbert, albert, nezha, elmo, electra or xlnet), a causal LM run (gpt, rnn or transformer_xl) "
+            "or a seq2seq, transformer or word2vec run")  # named from the registry, by traits
+NEED_TOK = ("an encoder run (bert, spanbert, albert, nezha, elmo, electra or xlnet) or a run with per-token states (seq2seq, "
+            "transformer, rnn, transformer_xl or word2vec)")
 WHY = {
     "ngram": "counts n-grams and has no learned states to finetune",
     "nnlm": "is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole example",

@@ -27,6 +27,7 @@ LAYERS = (
     ("runs", "recipe_params"),
     ("objectives",),
     ("models", "data"),
+    ("kernels",),  # CPU kernels behind one switch: torch and numpy only, called by models and objectives
     ("config",),
     ("config_sections", "errors", "registry_util", "__init__"),
 )

@@ -6,42 +6,13 @@ import math
 import pytest
 import torch
 
+from families import tiny_overrides
 from helpers import tiny_corpus
 from plmcli.api import count_params, pretrain
 from plmcli.config import load_recipe, raw_recipe, shipped_recipes
 from plmcli.models.registry import build_model, model_class
 from plmcli.objectives.registry import objective_class
-from plmcli.recipe_params import REGENERATE, fingerprint, read_table
-
-# Per family: the keys that shrink a recipe to a seconds-sized model, everything else kept as shipped.
-TINY = {
-    "gpt": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.max_positions=16", "model.vocab_size=50"],
-    # 18 rows: RoBERTa's table starts 2 rows in (position_offset), leaving the 16 the test reads.
-    "bert": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=18",
-             "model.vocab_size=50"],
-    "spanbert": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=16",
-                 "model.sbo_d_position=8", "model.vocab_size=50"],
-    "albert": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.embedding_size=16",
-               "model.max_positions=16", "model.vocab_size=50"],
-    "nezha": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=16",
-              "model.max_relative_position=4", "model.vocab_size=50"],
-    "ngram": ["data.val_fraction=0.2"],  # counting is cheap at any order; hold out enough of the tiny corpus to score
-    "nnlm": ["model.d_embed=8", "model.d_hidden=16", "model.vocab_size=50"],
-    "rnn": ["model.d_embed=16", "model.d_hidden=16", "model.vocab_size=50"],
-    "seq2seq": ["model.d_embed=16", "model.d_hidden=16", "model.max_positions=16", "model.vocab_size=50"],
-    "elmo": ["model.d_proj=8", "model.d_hidden=16", "model.d_char=4", "model.max_chars=8", "model.filters=[[1,4],[2,4]]",
-             "model.vocab_size=50"],
-    "transformer_xl": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_head=0", "model.d_ff=64",
-                       "model.mem_len=8", "model.cutoffs=[]", "model.vocab_size=50"],
-    "electra": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.embedding_size=16",
-                "model.max_positions=16", "model.vocab_size=50"],
-    "transformer": ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.n_head=2",
-                    "model.d_ff=64", "model.max_positions=16", "model.vocab_size=50"],
-    # plain forward(x): the content stream's logits at every position
-    "xlnet": ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.mem_len=8",
-              "model.vocab_size=50", "objective.reuse_len=8", "objective.num_predict=3", "objective.perm_size=0"],
-    "word2vec": ["model.dim=8", "model.epochs=1", "model.min_count=1", "model.vocab_size=50"],  # SGD: well under a second
-}
+from plmcli.recipe_params import REGENERATE, current_table, fingerprint, read_table
 
 EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6,
                    # GPT-2's published sizes, exactly as transformers' GPT2LMHeadModel counts gpt2-large and gpt2-xl
@@ -62,12 +33,18 @@ EXPECTED_PARAMS = {"gpt2-small": 124.4e6, "gpt2-medium": 354.8e6, "gpt": 116.5e6
                    "xlnet-base": 117_340_928, "xlnet-large": 361_350_400}
 
 
-def test_params_table_lists_exactly_the_shipped_recipes():
-    assert sorted(read_table()) == shipped_recipes(), f"regenerate plmcli/recipes/params.json with `{REGENERATE}`"
+@pytest.fixture(scope="module")
+def table():
+    """The shipped parameter table, brought up to date as `plm recipes` does (and written back)."""
+    return current_table()
+
+
+def test_params_table_keeps_itself_current(table):
+    assert sorted(table) == shipped_recipes() and read_table() == table
 
 
 @pytest.mark.parametrize("name", shipped_recipes())
-def test_recipe_loads_and_builds(name, tmp_path):
+def test_recipe_loads_and_builds(name, tmp_path, table):
     r = load_recipe(name)
     n = count_params(r)
     fits = hasattr(model_class(r.family), "fit")  # no gradient: fitted by counting, no parameters
@@ -75,16 +52,16 @@ def test_recipe_loads_and_builds(name, tmp_path):
     if name in EXPECTED_PARAMS:
         assert n == pytest.approx(EXPECTED_PARAMS[name], rel=0.005)
     # `plm recipes` lists the shipped table's count: it must be this one
-    entry = read_table().get(name, {})
-    assert (entry.get("params"), entry.get("fingerprint")) == (n, fingerprint(raw_recipe(name))), \
-        f"plmcli/recipes/params.json is stale for {name}: regenerate it with `{REGENERATE}`"
-    tiny = load_recipe(name, TINY[r.family] + ["train.seq_len=16"])
+    # (an entry trusted by its fingerprint yet wrong: the count moved with something the fingerprint does not read)
+    assert table[name] == {"params": n, "fingerprint": fingerprint(raw_recipe(name))}, \
+        f"plmcli/recipes/params.json is wrong for {name}: rewrite it with `{REGENERATE}`"
+    tiny = load_recipe(name, tiny_overrides(r.family) + ["train.seq_len=16"])
     torch.manual_seed(0)
     model = build_model(tiny.family, tiny.model)
     objective_class(tiny.objective_name)(tiny.objective, None, {}, 16).check_model(model)
     if fits:
         summary = pretrain(name, data=[str(tiny_corpus(tmp_path / "c.txt"))], out=str(tmp_path / "run"),
-                           overrides=TINY[r.family])
+                           overrides=tiny_overrides(r.family))
         assert summary["stop_reason"] == "fit"
         # a family with a perplexity scores the held-out text; word vectors (no scoring) report their training loss
         assert math.isfinite(summary["val_ppl"] if model_class(r.family).traits.scoring else summary["loss"])

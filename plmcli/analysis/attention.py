@@ -17,9 +17,9 @@ no other sentence. Row i of a causal head spreads over i + 1 keys only, so its e
 ln(i + 1): early rows pull a causal head's entropy down (breadth divides by the same bound).
 Layers and heads are numbered from 1, as in the paper.
 
-The probabilities come from models.layers.record_attention, so every family whose self-attention is
-a layers.MultiHeadAttention (BERT, RoBERTa, ALBERT, ELECTRA's discriminator, SpanBERT, NEZHA, GPT) is
-covered without code of its own.
+The probabilities come from models.layers.record_attention, so every family that declares the RecordsAttention
+protocol (its self-attention a layers.MultiHeadAttention: BERT, RoBERTa, ALBERT, ELECTRA's discriminator, SpanBERT,
+NEZHA, GPT) is covered without code of its own.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from plmcli.analysis.attention_stats import (BROAD, PATTERNS, PatternSums, broad
                                              word_classes)
 from plmcli.data.pairs import encode_framed, encoder_frame
 from plmcli.errors import PlmError
-from plmcli.models.base import Encodes, HasHidden, uses_token_types
+from plmcli.models.base import Encodes, HasHidden, RecordsAttention, uses_token_types
 
 FORMAT = "plm-attention"
 
@@ -44,7 +44,10 @@ FORMAT = "plm-attention"
 
 
 def _kind(model_cls) -> str | None:
-    """How a model is fed: "encoder" (encode(ids, types, mask)), "causal" (hidden(ids)), or None."""
+    """How a model whose attention plm records is fed: "encoder" (encode(ids, types, mask)), "causal" (hidden(ids)),
+    or None: it declares no RecordsAttention, or has neither primitive."""
+    if not issubclass(model_cls, RecordsAttention):
+        return None
     if model_cls.traits.bidirectional and issubclass(model_cls, Encodes):
         return "encoder"
     if model_cls.traits.causal and issubclass(model_cls, HasHidden):
@@ -52,33 +55,11 @@ def _kind(model_cls) -> str | None:
     return None
 
 
-def _records_attention(family: str, model_cfg) -> bool:
-    """The family can be fed and its self-attention is a MultiHeadAttention: built on the meta device
-    (no memory, no time) to look at its modules."""
-    from plmcli.models.layers import MultiHeadAttention
-    from plmcli.models.registry import build_model, model_class
-
-    if _kind(model_class(family)) is None:
-        return False
-    try:
-        with torch.device("meta"):
-            model = build_model(family, model_cfg)
-    except Exception:  # a family that cannot be built from its defaults alone is not one we can vouch for
-        return False
-    return isinstance(model, torch.nn.Module) and any(isinstance(m, MultiHeadAttention) for m in model.modules())
-
-
 def attention_families() -> list[str]:
-    """The model families `attention` works on (checked on each family's default config)."""
-    from plmcli.models.registry import FAMILIES, model_config_class
+    """The model families `attention` works on: those declaring RecordsAttention that it can feed."""
+    from plmcli.models.registry import families_that
 
-    found = []
-    for family in FAMILIES:
-        cfg = model_config_class(family)()
-        cfg.vocab_size = 8
-        if _records_attention(family, cfg):
-            found.append(family)
-    return found
+    return families_that(lambda c: _kind(c) is not None)
 
 
 # ------------------------------------------------------------------ inputs
@@ -271,8 +252,7 @@ def _check_options(text, text_pair, corpus, out, batch_size, max_lines, max_seq_
 
 def _open_run(run: str | None, text_pair: str | None):
     """(run dir, its config.json, "encoder" | "causal", [CLS] layout), or PlmError for a run we cannot read."""
-    from plmcli.config import build_section
-    from plmcli.models.registry import model_class, model_config_class
+    from plmcli.models.registry import model_class
     from plmcli.runs import resolve_run, run_config
 
     path = resolve_run(run, "plm attention RUN")
@@ -280,7 +260,7 @@ def _open_run(run: str | None, text_pair: str | None):
     family, label = cfg["family"], run or f"runs/latest ({path.resolve().name})"
     cls = model_class(family)
     kind = _kind(cls)
-    if kind is None or not _records_attention(family, build_section(model_config_class(family), cfg["model"], "model")):
+    if kind is None:
         raise PlmError(f"run {label} is {family}, whose attention plm cannot record",
                        f"use a run of a family built on plm's self-attention layers: {', '.join(attention_families())}")
     special_ids = cfg.get("tokenizer", {}).get("special_token_ids", {})

@@ -173,7 +173,7 @@ def generate(
 @commands.command("zero-shot")
 @guarded
 def zero_shot(
-    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest): a causal LM (gpt)."),
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest) of a causal LM."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="sst2 (or another GLUE classification task, "
                                        "classification, pair-classification), swag, race, or lambada; a shipped "
                                        "config sets its prompt (sst2, race, swag, lambada). Default sst2."),

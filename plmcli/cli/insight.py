@@ -45,7 +45,8 @@ def plot(
 def export(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
     format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format; "
-                               "hf: a transformers directory (BERT, RoBERTa, SpanBERT, ERNIE, GPT-2, GPT, ALBERT, ELECTRA, XLNet runs); "
+                               "hf: a transformers directory (runs of the families with a transformers counterpart: any other run's refusal "
+                               "names them); "
                                "word2vec: word2vec runs, in the word2vec text format (gensim, fastText, … read it)."),
     out: str = typer.Option(..., "--out", "-o", help="File (arpa, word2vec) or directory (hf) to write."),
     force: bool = typer.Option(False, "--force", help="hf: replace an existing non-empty --out directory."),
@@ -108,7 +109,8 @@ def import_run(
 @commands.command()
 @guarded
 def attention(
-    run: str = typer.Argument(..., help="Run directory (pretrained or finetuned): bert, roberta, albert, electra, spanbert, nezha or gpt."),
+    run: str = typer.Argument(..., help="Run directory (pretrained or finetuned) of a family built on plm's self-attention "
+                             "layers (any other run's refusal names them)."),
     text: Optional[str] = typer.Argument(None, help="The text whose attention is drawn (default: the first line of --corpus)."),
     text_pair: Optional[str] = typer.Option(None, "--text-pair", help="Encoders: a second text, read as [CLS] TEXT [SEP] PAIR [SEP]."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Average the statistics over this file's lines (a tab splits a line into a pair)."),
@@ -147,8 +149,8 @@ def attention(
 @commands.command()
 @guarded
 def probe(
-    run: Optional[str] = typer.Argument(None, help="Run directory (pretrained or finetuned; default runs/latest): bert, roberta, "
-                                        "albert, electra, spanbert, nezha, xlnet or gpt."),
+    run: Optional[str] = typer.Argument(None, help="Run directory (pretrained or finetuned; default runs/latest) of a family with "
+                                        "per-layer states (any other run's refusal names them)."),
     task: str = typer.Option(..., "--task", "-t", help="pos | chunk | ner: CoNLL-2003's column 2, 3 or 4."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The CoNLL-2003 folder (eng.train + eng.testa, or train.txt + valid.txt)."),
     train: Optional[str] = typer.Option(None, "--train", help="Train file (word POS chunk NER per line) instead of --data-dir's."),

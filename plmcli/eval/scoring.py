@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
-from plmcli.models.dense import packed_weights
+from plmcli.kernels import packed_weights
 from plmcli.registry_util import resolve
 
 SCORERS: dict[str, str] = {

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plmcli.models import device as devices
-from plmcli.models.dense import linear
+from plmcli.kernels import linear
 from plmcli.models.vocab import real_columns
 
 

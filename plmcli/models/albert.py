@@ -22,7 +22,7 @@ from torch import nn
 
 from plmcli.errors import PlmError
 from plmcli.models.bert import BertConfig, MaskedLMEncoder, MLMHead, absolute_embeddings
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, bidirectional, init_weights,
                                   require_vocab)
@@ -61,6 +61,8 @@ class PostNorm(nn.Module):
 
 class Albert(MaskedLMEncoder):
     Config = AlbertConfig
+    tiny = ("model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64",
+            "model.embedding_size=16", "model.max_positions=16", "model.vocab_size=50")
     probe_layers = ("attention", "ffn")  # a layer runs attention[i % n] then ffn[i % n] (plmcli.analysis.hidden)
 
     def __init__(self, cfg: AlbertConfig):

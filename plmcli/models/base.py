@@ -107,6 +107,11 @@ class LanguageModel(nn.Module):
     probe_layers: ClassVar[str | tuple[str, ...] | None] = None
     """Where plmcli.analysis.hidden reads each layer's output: a ModuleList's dotted path, or ALBERT's
     (attention, ffn) pair of shared modules; None: the family has no per-layer states to probe."""
+    tiny: ClassVar[tuple[str, ...]] = ()
+    """`--set` overrides that shrink any of the family's recipes (or its Config's defaults, through the `model.`
+    keys) to a seconds-sized model at vocabulary 50 reading 16 tokens, plus the `objective.` / `data.` keys its
+    objective needs at that size. Every family-wide test builds each registered family from these alone (the recipe,
+    conformance and skip-init suites), so a new family brings its own and a subclass inherits its parent's."""
 
     def embedding_tables(self) -> list[nn.Parameter]:
         """The weights whose size follows the vocabulary rather than the network's capacity: every nn.Embedding's
@@ -240,6 +245,16 @@ class HasPositionLimit(Protocol):
 
     @property
     def max_positions(self) -> int: ...
+
+
+@runtime_checkable
+class RecordsAttention(Protocol):
+    """Self-attention that models.layers.record_attention captures (plm's MultiHeadAttention, NEZHA's relative one
+    too) in every layer its `encode` (an encoder) or `hidden` (a causal LM) runs: `plm attention` draws those maps.
+    `attention_modules()`: those modules, in the order they run. Declared, not detected: a family on attention of
+    its own (Transformer-XL's, XLNet's two streams) records nothing, whatever modules it happens to hold."""
+
+    def attention_modules(self) -> list[nn.Module]: ...
 
 
 @runtime_checkable

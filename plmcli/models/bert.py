@@ -22,10 +22,10 @@ from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probabil
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, NormPosition, bidirectional,
-                                   init_weights, require_vocab)
+from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, MultiHeadAttention, NormPosition,
+                                   bidirectional, init_weights, require_vocab)
 from plmcli.models.lm_loss import linear_cross_entropy
 from plmcli.models.vocab import PadsVocab, VocabHead
 
@@ -155,6 +155,10 @@ class MaskedLMEncoder(CheckpointedBlocks, LanguageModel):
     mlm_fraction = 0.15
     """Share of tokens the MLM head is computed at, for flops_per_token (BERT's mask_prob)."""
 
+    def attention_modules(self) -> list[nn.Module]:
+        """RecordsAttention: every layer's (ALBERT's shared ones, each run once per use)."""
+        return [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
+
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """`states` (a list): the embedding output and each layer's output are appended to it (layer_states)."""
         raise NotImplementedError
@@ -197,6 +201,9 @@ class MaskedLMEncoder(CheckpointedBlocks, LanguageModel):
 
 class Bert(MaskedLMEncoder):
     Config = BertConfig
+    tiny = (  # 18 rows: RoBERTa's table starts 2 rows in (position_offset), leaving 16
+        "model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.max_positions=18",
+        "model.vocab_size=50")
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
 
     def __init__(self, cfg: BertConfig):

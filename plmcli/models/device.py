@@ -1,14 +1,12 @@
-"""What a model may know without asking the device: which kernels it runs on, and how long a batch's rows are.
+"""What a model may know without asking the device: how long a batch's rows are, and a batch's token ids.
 
 On a GPU every host read (`.item()`, `bool(t)`, boolean-mask indexing, `.cpu()`) waits until all queued work
-has run, so a training step must not make one (ARCHITECTURE.md, "GPU first"). Two things here keep the models from needing to:
+has run, so a training step must not make one (ARCHITECTURE.md, "GPU first"). What keeps the models from needing to:
 
-- `cpu_kernels`, the one switch between plm's CPU-only kernels and the device-generic path a GPU takes. A few
-  places pick a faster way on a CPU: oneDNN linears (models/dense.py), numpy-drawn dropout masks and the explicit
-  attention that uses them (models/layers.py), the (V, n) layout, small chunks and an underflow fix-up of the
-  fused LM loss (models/lm_loss.py). A CPU has no queue to drain, so those ways may read the host; the generic
-  path must not. Every such choice asks this one function, so a test can monkeypatch it to run the generic path
-  on a CPU and count its host reads (tests/train/test_host_syncs.py).
+- Which kernels: `plmcli.kernels.enabled(device)`, the one switch between plm's CPU kernels and the
+  device-generic path a GPU takes (plmcli/kernels/__init__.py). A CPU has no queue to drain, so the CPU path may
+  read the host; the generic path must not (tests/train/test_host_syncs.py switches the kernels off on a CPU and
+  counts its host reads).
 - `row_lengths` / `lengths_of`: a right-padded batch's row lengths as the host counted them when it built the
   batch. Whether a batch is padded, how many tokens to unpad (models/layers.py: bidirectional) and how to pack
   an RNN's input (models/seq2seq.py) are then answered on the host instead of read back from the device;
@@ -21,19 +19,15 @@ reads the device as before (evaluation, scoring, a caller of its own).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 import torch
 
 
-def cpu_kernels(device: torch.device) -> bool:
-    """Whether work on `device` takes plm's CPU-only kernels rather than the device-generic path: on a CPU, outside
-    a torch.compile graph (Dynamo traces neither numpy nor host reads, and Inductor writes its own kernels)."""
-    return device.type == "cpu" and not torch.compiler.is_compiling()
-
-
-_known: list = []
-"""(tensor, "lengths" | "values", the host's numpy array) for each active `row_lengths` and `host_values`."""
+_known: ContextVar[tuple] = ContextVar("plm_host_known", default=())
+"""(tensor, "lengths" | "values", the host's numpy array) for each active `row_lengths` and `host_values`,
+innermost last: a context variable, so one thread's batch is never taken for another's."""
 
 
 @contextmanager
@@ -61,13 +55,12 @@ def _knowing(tensor, what: str, value):
     if torch.is_tensor(value):
         raise TypeError(f"the host's {what} must be ints (a list), not a tensor: that would be read back from its device")
     known = tensor is not None and value is not None and tensor.is_contiguous()
-    if known:
-        _known.append((tensor, what, np.asarray(value, dtype=np.int64)))
+    token = _known.set(_known.get() + ((tensor, what, np.asarray(value, dtype=np.int64)),)) if known else None
     try:
         yield
     finally:
-        if known:
-            _known.pop()
+        if token is not None:
+            _known.reset(token)
 
 
 def lengths_of(mask: torch.Tensor | None) -> np.ndarray | None:
@@ -83,9 +76,10 @@ def values_of(tensor: torch.Tensor | None) -> np.ndarray | None:
 
 
 def _held(tensor, what: str, numel) -> np.ndarray | None:
-    if tensor is None or not _known or torch.compiler.is_compiling() or not tensor.is_contiguous():
+    # compiling first: Dynamo does not trace a context variable's get
+    if tensor is None or torch.compiler.is_compiling() or not tensor.is_contiguous():
         return None
-    for held, kind, value in reversed(_known):
+    for held, kind, value in reversed(_known.get()):
         if (kind == what and held.device == tensor.device and held.dtype == tensor.dtype
                 and held.data_ptr() == tensor.data_ptr() and held.numel() == tensor.numel() == numel(value)):
             return value

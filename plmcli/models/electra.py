@@ -25,14 +25,15 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, NonNegative, Positive, Probability, Size
+from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings
 from plmcli.models.checkpointing import CheckpointedBlocks
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
-from plmcli.models.layers import ACTIVATIONS, Activation, Block, Dropout, bidirectional, init_weights, require_vocab
+from plmcli.models.layers import (ACTIVATIONS, Activation, Block, Dropout, MultiHeadAttention, bidirectional, init_weights,
+                                   require_vocab)
 from plmcli.models.vocab import PadsVocab, VocabHead
 
 PARTS = ("generator", "discriminator")
@@ -48,7 +49,7 @@ class ElectraConfig(PadsVocab):
     """Segment (token type) embeddings: 2 for sentence pairs, 0 = none."""
     n_layer: Size = 12
     """Transformer layers, in the discriminator and in the generator alike."""
-    n_head: Size = 12
+    n_head: Heads = 12
     """Discriminator attention heads per layer."""
     d_model: Size = 768
     """Discriminator hidden size."""
@@ -156,9 +157,15 @@ class DiscriminatorHead(nn.Module):
 class Electra(CheckpointedBlocks, LanguageModel):
     traits = Traits(bidirectional=True, replaced_token_detection=True, scoring="pseudo")
     Config = ElectraConfig
+    tiny = ("model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64",
+            "model.embedding_size=16", "model.max_positions=16", "model.vocab_size=50")
     probe_layers = "discriminator.blocks"  # what encode() runs (plmcli.analysis.hidden)
     mlm_fraction = 0.15
     """Share of tokens the generator's MLM head runs at, for flops_per_token (ELECTRA's mask_prob)."""
+
+    def attention_modules(self) -> list[nn.Module]:
+        """RecordsAttention: the discriminator's, which `encode` runs (the generator serves pretraining alone)."""
+        return [m for m in self.discriminator.modules() if isinstance(m, MultiHeadAttention)]
 
     def __init__(self, cfg: ElectraConfig):
         super().__init__()

@@ -32,7 +32,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.layers import Dropout, ScalarMix, require_vocab
 
 PAD_CHAR, BOW, EOW, BYTE0 = 0, 1, 2, 3  # char ids: padding, begin / end of word, then the 256 byte values
@@ -178,6 +178,8 @@ class ELMoTaskHead(nn.Module):
 class ELMo(LanguageModel):
     traits = Traits(bidirectional=True, bilm=True, scoring="bidirectional_lm")
     Config = ELMoConfig
+    tiny = ("model.d_proj=8", "model.d_hidden=16", "model.d_char=4", "model.max_chars=8",
+            "model.filters=[[1,4],[2,4]]", "model.vocab_size=50")
 
     def __init__(self, cfg: ELMoConfig):
         super().__init__()

@@ -18,8 +18,8 @@ from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf, without_prefix
-from plmcli.models.layers import (Activation, Block, Dropout, NormPosition, init_weights, require_vocab,
-                                   scale_residual_init)
+from plmcli.models.layers import (Activation, Block, Dropout, MultiHeadAttention, NormPosition, init_weights,
+                                   require_vocab, scale_residual_init)
 from plmcli.models.lm_loss import IGNORE_INDEX, linear_cross_entropy
 from plmcli.models.vocab import PadsVocab, VocabHead
 
@@ -63,7 +63,12 @@ class GPTConfig(PadsVocab):
 class GPT(CheckpointedBlocks, LanguageModel):
     traits = Traits(causal=True, scoring="window")
     Config = GPTConfig
+    tiny = ("model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.max_positions=16", "model.vocab_size=50")
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
+
+    def attention_modules(self) -> list[nn.Module]:
+        """RecordsAttention: each block's causal self-attention."""
+        return [m for m in self.blocks.modules() if isinstance(m, MultiHeadAttention)]
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()

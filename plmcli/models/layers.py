@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli import kernels
+from plmcli.kernels import ACTIVATIONS, Dropout, Linear, linear
 from plmcli.models import device as devices
-from plmcli.models.dense import ACTIVATIONS, Linear, linear
 
 Activation = Literal[tuple(ACTIVATIONS)]
 """A recipe's model.activation: one of ACTIVATIONS, checked when the recipe loads."""
@@ -26,8 +27,15 @@ def require_vocab(cfg) -> None:
         raise ValueError(f"{type(cfg).__name__}.vocab_size must be set (from the tokenizer) before building")
 
 
-_recorded: list | None = None
-"""The list `record_attention` is filling, else None (the only state the hot path reads)."""
+_recording: ContextVar[list | None] = ContextVar("plm_record_attention", default=None)
+"""The list `record_attention` is filling, else None: a context variable, so a recording in one thread does not
+catch another thread's forward passes."""
+
+
+def recording() -> list | None:
+    """The list the innermost `record_attention` fills, else None (always None in a torch.compile graph, which
+    records nothing and whose tracer does not read context variables)."""
+    return None if torch.compiler.is_compiling() else _recording.get()
 
 
 @contextmanager
@@ -36,19 +44,20 @@ def record_attention():
     probabilities (B, H, T, T), detached and before dropout, to the yielded list in call order: layers in
     depth order, ALBERT's shared layer once per use. SDPA does not return them, so recorded attention
     is computed explicitly (slower, same outputs); outside the context SDPA runs as always.
-    Process-wide, not per thread: record one forward pass at a time."""
-    global _recorded
-    outer, _recorded = _recorded, []
+    This thread (or asyncio task) only: record one forward pass at a time."""
+    maps: list = []
+    token = _recording.set(maps)
     try:
-        yield _recorded
+        yield maps
     finally:
-        _recorded = outer
+        _recording.reset(token)
 
 
 def recorded(p: torch.Tensor) -> torch.Tensor:
     """`p` (attention probabilities), noted when record_attention is active."""
-    if _recorded is not None:
-        _recorded.append(p.detach())
+    maps = recording()
+    if maps is not None:
+        maps.append(p.detach())
     return p
 
 
@@ -58,10 +67,10 @@ def unpadded_attention(device: torch.device) -> bool:
     On CUDA jagged SDPA runs flash / memory-efficient variable-length kernels, so the linear layers and
     attention spend nothing on padding (NVIDIA's unpadded BERT); on a CPU it attends row by row and is
     no faster than padding. Not while record_attention wants (B, H, T, T) maps. On a CPU whose own kernels are
-    switched off (`devices.cpu_kernels`, a test of the CUDA path) it runs too.
+    switched off (`kernels.enabled`, a test of the CUDA path) it runs too.
     """
-    generic_cpu = device.type == "cpu" and not devices.cpu_kernels(device) and not torch.compiler.is_compiling()
-    return (device.type == "cuda" or generic_cpu) and _recorded is None
+    generic_cpu = device.type == "cpu" and not kernels.enabled(device) and not torch.compiler.is_compiling()
+    return (device.type == "cuda" or generic_cpu) and recording() is None
 
 
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -82,7 +91,7 @@ def is_padded(attention_mask: torch.Tensor) -> bool:
     lengths = devices.lengths_of(attention_mask)
     if lengths is not None:
         return len(lengths) > 0 and int(lengths.min()) < attention_mask.shape[-1]
-    return not devices.cpu_kernels(attention_mask.device) or not bool(attention_mask.all())
+    return not kernels.enabled(attention_mask.device) or not bool(attention_mask.all())
 
 
 def bidirectional(layers, x: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -141,77 +150,14 @@ def token_index(keep: torch.Tensor, lengths) -> torch.Tensor:
     return torch.nonzero_static(keep.flatten(), size=int(lengths.sum())).squeeze(1)
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """F.dropout(x, p, training), with the masks drawn faster on a CPU.
-
-    torch's CPU dropout draws one Bernoulli variate per element from its Mersenne Twister, serially
-    (MKL's vectorised generator only serves Intel CPUs): ~20 ns an element, ~10% of a small Transformer's
-    training step. Here each mask is 16 random bits per element from numpy's SFC64, seeded by one draw
-    from torch's generator, so `torch.manual_seed` still fixes every mask and a resumed run (which restores
-    torch's RNG state) draws the same ones. P(drop) = round(p·2¹⁶)/2¹⁶, within 8e-6 of p (FlashAttention's
-    dropout rounds p to 8 bits); kept elements are scaled by 1/(1 − p) as torch does. 16 bits from SFC64 cost
-    0.45 ns an element where 32 from PCG64 cost 1.5 (AMD EPYC): ~4% of a bert-mini step. Elsewhere (CUDA's
-    fused kernel, jagged tensors, torch.compile graphs) this is F.dropout.
-    """
-    if not training or p == 0.0:
-        return x
-    if not devices.cpu_kernels(x.device) or x.is_nested or p >= 1.0 or torch.compiler.is_compiling():
-        return F.dropout(x, p, training)
-    n = x.numel()
-    seed = int(torch.randint(0, 2**62, (1,)))
-    bits = np.random.SFC64(seed).random_raw((n + 3) // 4).view(np.uint16)[:n]
-    keep = bits >= np.uint16(min(round(p * 2**16), 2**16 - 1))
-    if x.dtype == torch.float32:
-        noise = np.empty(n, dtype=np.float32)
-        np.multiply(keep, np.float32(1 / (1 - p)), out=noise)
-        return x * torch.from_numpy(noise).view(x.shape)
-    # bf16, fp16, fp64: x · 1/(1 − p) in the scalar arithmetic torch's own dropout uses; a mask in x's dtype
-    # would round the scale itself (bf16: 1.109375 for 1/0.9, every kept activation 0.16% small)
-    return (x * torch.from_numpy(keep).view(x.shape)).mul_(1 / (1 - p))
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout through `dropout` (same module, no state: checkpoints and names are unchanged)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
-
-
-_future_masks: dict = {}
-
-
-def _future(T: int, device: torch.device) -> torch.Tensor:
-    """(T, T) boolean, True above the diagonal: the keys a causal query must not see (built once per T)."""
-    key = (T, str(device))
-    if key not in _future_masks:
-        _future_masks[key] = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
-    return _future_masks[key]
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
            dropout_p: float = 0.0, *, causal: bool = False, scale: float | None = None,
            record: bool = False) -> torch.Tensor:
     """F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal=causal, scale=scale) for
-    (B, H, T, D) heads; `record`: the probabilities go to `record_attention` when it is active.
-
-    With dropout on a CPU SDPA falls back to a general composite that draws torch's Bernoulli masks (~20 ns
-    an element), scales k, builds the causal mask and guards against all-masked rows on every call; this one
-    does less and draws its masks with `dropout`. Recorded attention needs the probabilities explicit too.
-    """
-    if not (record and _recorded is not None) and (dropout_p == 0.0 or not devices.cpu_kernels(q.device)):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
-                                              scale=scale)
-    # scaled on the (B, H, T, D) side, the smaller one
-    scores = (q * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)) @ k.transpose(-1, -2)
-    # In place: the matmul's backward needs its inputs, not its output.
-    if causal:
-        scores.masked_fill_(_future(q.shape[-2], q.device), torch.finfo(scores.dtype).min)
-    elif attn_mask is not None and attn_mask.dtype == torch.bool:  # SDPA's boolean mask: True = attend
-        scores.masked_fill_(~attn_mask, torch.finfo(scores.dtype).min)
-    elif attn_mask is not None:  # a float mask is added
-        scores.add_(attn_mask)
-    p = F.softmax(scores, dim=-1)
-    return dropout(recorded(p) if record else p, dropout_p) @ v
+    (B, H, T, D) heads (`kernels.attention`: explicit, with faster dropout masks, on a CPU); `record`: the
+    probabilities go to `record_attention` when it is active."""
+    return kernels.attention(q, k, v, attn_mask, dropout_p, causal=causal, scale=scale,
+                             probabilities=recorded if record and recording() is not None else None)
 
 
 class MultiHeadAttention(nn.Module):
@@ -280,7 +226,7 @@ class MultiHeadAttention(nn.Module):
 
     def _jagged(self, x, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """x (B, j, C) from `unpad`: each row attends within its own tokens, none spent on padding."""
-        if causal or attn_mask is not None or _recorded is not None:
+        if causal or attn_mask is not None or recording() is not None:
             # Jagged SDPA has no causal kernel on a CPU, and recorded maps are (B, H, T, T): both take padded input.
             raise ValueError("unpadded (jagged) input takes unmasked bidirectional attention; pass padded input "
                              "with attn_mask for causal attention or record_attention")

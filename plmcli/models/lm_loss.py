@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plmcli.models import device as devices
-from plmcli.models.dense import linear, takes_onednn
+from plmcli import kernels
+from plmcli.kernels import linear, takes_onednn
 from plmcli.models.vocab import mask_padding
 
 IGNORE_INDEX = -100
@@ -31,7 +31,7 @@ def chunk_rows(vocab_size: int, device: torch.device) -> int:
     Fused head + loss, forward and backward, 2 threads (AMD EPYC): 608 rows × V 30,522 took 224 ms in
     chunks of 128 and 283 ms in chunks of 137; 2,048 rows × V 50,257 1.3 s at 128 and 3.1 s at 20.
     """
-    if not devices.cpu_kernels(device):
+    if not kernels.enabled(device):
         return max(16, 2**26 // max(1, vocab_size))
     rows = max(128, 2**20 // max(1, vocab_size))
     return 1 << (rows.bit_length() - 1)
@@ -60,7 +60,7 @@ def _nll(p: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, cols: bool) -> 
     On a CPU −log p[y], with logsumexp − logit[y] for the rows where p[y] is too small to log. On a GPU always
     logsumexp − logit[y], cross-entropy's own formula: finding those rows would stop the host every chunk.
     """
-    if not devices.cpu_kernels(p.device):
+    if not kernels.enabled(p.device):
         return _cross_entropy(logits, y, 0 if cols else 1)
     picked = p.gather(1, y[:, None]).squeeze(1)
     nll = -picked.log()
@@ -89,7 +89,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_b = None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device)
             # pretraining: no ignored rows, so no per-row masking passes. Asked on a CPU only: a GPU would wait for
             # the answer, and the masking passes give the same numbers.
-            every = devices.cpu_kernels(h.device) and bool(valid.all())
+            every = kernels.enabled(h.device) and bool(valid.all())
             # Every chunk's logits and probabilities go to the same two buffers: a fresh chunk-sized tensor is
             # paged in by the kernel on first touch, which took as long again as the softmax over it on a CPU.
             V, rows = weight.shape[0], min(chunk, h.shape[0])
@@ -160,14 +160,14 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     computes each chunk's logits as (V, n), weight · hᵀ: on a CPU MKL runs that 1.5–2× faster than the
     (n, V) product h · weightᵀ at these shapes (n ≥ 128 rows, V in the thousands), and softmax over its
     contiguous V axis is as fast. Without a gradient, None picks (n, V) wherever the product runs on oneDNN
-    (plmcli.models.dense), for the faster cross-entropy kernel along V.
+    (plmcli.kernels), for the faster cross-entropy kernel along V.
     `vocab_size` < V: `weight`'s rows from it on pad the vocabulary (plmcli.models.vocab), their logits masked in
     every chunk right after its matmul, so the loss and gradients are those of `weight[:vocab_size]`.
     """
     chunk = chunk or chunk_rows(weight.shape[0], h.device)
     vocab = vocab_size or weight.shape[0]
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad or bias is not None and bias.requires_grad):
-        cols = devices.cpu_kernels(h.device) if vocab_major is None else vocab_major
+        cols = kernels.enabled(h.device) if vocab_major is None else vocab_major
         if h.shape[0] <= chunk and not cols:  # the logits fit in one chunk: nothing to save, and torch's
             # own cross-entropy kernels beat the explicit softmax-minus-one-hot steps there (the (V, n)
             # matmuls of the fused path win even so)
@@ -182,7 +182,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     h, targets = h[valid], targets[valid]
     # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
     # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
-    cols = devices.cpu_kernels(h.device) and not takes_onednn(h, weight, bias) if vocab_major is None else vocab_major
+    cols = kernels.enabled(h.device) and not takes_onednn(h, weight, bias) if vocab_major is None else vocab_major
     total = torch.zeros((), dtype=acc, device=h.device)
     for s in range(0, h.shape[0], chunk):
         hc, yc = h[s : s + chunk], targets[s : s + chunk]

@@ -34,8 +34,8 @@ from torch import nn
 
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.models.bert import MaskedLMEncoder, MLMHead
-from plmcli.models.dense import Linear
-from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, dropout, init_weights,
+from plmcli.kernels import Linear, dropout
+from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, init_weights,
                                    padding_mask, recorded, require_vocab)
 from plmcli.models.vocab import PadsVocab
 
@@ -133,6 +133,8 @@ class NezhaBlock(nn.Module):
 
 class Nezha(MaskedLMEncoder):
     Config = NezhaConfig
+    tiny = ("model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64",
+            "model.max_positions=16", "model.max_relative_position=4", "model.vocab_size=50")
     probe_layers = "blocks"  # plmcli.analysis.hidden reads each layer's output there
 
     def __init__(self, cfg: NezhaConfig):

@@ -97,6 +97,7 @@ class NGramLM(LanguageModel):
 
     traits = Traits(causal=True, counts=True, scoring="counts")
     Config = NGramConfig
+    tiny = ("data.val_fraction=0.2",)  # counting is cheap at any order; hold out enough of a tiny corpus to score
 
     def __init__(self, cfg: NGramConfig):
         super().__init__()

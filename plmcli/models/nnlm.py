@@ -21,7 +21,7 @@ from torch import nn
 
 from plmcli.config_sections import Count, NonNegative, Probability, Range, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.layers import Dropout, require_vocab
 from plmcli.models.vocab import PadsVocab, VocabHead
 
@@ -47,6 +47,7 @@ class NNLMConfig(PadsVocab):
 class NNLM(LanguageModel):
     traits = Traits(causal=True, scoring="fixed_context")
     Config = NNLMConfig
+    tiny = ("model.d_embed=8", "model.d_hidden=16", "model.vocab_size=50")
     max_positions = 1 << 20
 
     def __init__(self, cfg: NNLMConfig):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from plmcli.registry_util import resolve
 
 FAMILIES: dict[str, str] = {
@@ -35,3 +37,14 @@ def build_model(family: str, cfg):
     """The family's model from its config, initialised (under models.skip_init.NoRandomInit: not, for a caller
     that loads every parameter next)."""
     return model_class(family)(cfg)
+
+
+def families_that(test: Callable[[type], bool]) -> list[str]:
+    """The registered families whose model class passes `test`, in registration order: what help and error texts
+    name, so that a family registered here is named wherever it serves (imports every family's module)."""
+    return [f for f in FAMILIES if test(model_class(f))]
+
+
+def named(families: list[str], last: str = "or") -> str:
+    """"a, b or c": a list of families for a sentence."""
+    return f"{', '.join(families[:-1])} {last} {families[-1]}" if len(families) > 1 else "".join(families)

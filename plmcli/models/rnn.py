@@ -29,7 +29,7 @@ from torch.func import functional_call
 
 from plmcli.config_sections import Count, NonNegative, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.layers import Dropout, require_vocab
 from plmcli.models.vocab import PadsVocab, VocabHead
 
@@ -64,6 +64,7 @@ class RNNConfig(PadsVocab):
 class RNNLM(LanguageModel):
     traits = Traits(causal=True, stateful=True, scoring="state", pooling="concat")
     Config = RNNConfig
+    tiny = ("model.d_embed=16", "model.d_hidden=16", "model.vocab_size=50")
 
     def __init__(self, cfg: RNNConfig):
         super().__init__()

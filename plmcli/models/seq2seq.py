@@ -40,7 +40,7 @@ from torch import nn
 from plmcli.config_sections import Count, NonNegative, Probability, Rule, Size
 from plmcli.models import device as devices
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.models.dense import Linear, linear
+from plmcli.kernels import Linear, linear
 from plmcli.models.layers import Dropout, require_vocab
 from plmcli.models.vocab import PadsVocab, VocabHead, real_columns
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -127,6 +127,7 @@ class Attention(nn.Module):
 class Seq2Seq(LanguageModel):
     traits = Traits(seq2seq=True, scoring="conditional", pair_layout="causal", pooling="mean")
     Config = Seq2SeqConfig
+    tiny = ("model.d_embed=16", "model.d_hidden=16", "model.max_positions=16", "model.vocab_size=50")
 
     def __init__(self, cfg: Seq2SeqConfig):
         super().__init__()

@@ -28,9 +28,9 @@ from torch import nn
 
 from plmcli.config_sections import Size
 from plmcli.errors import PlmError
-from plmcli.models import device as devices
+from plmcli import kernels
 from plmcli.models.bert import Bert, BertConfig, BertOutput
-from plmcli.models.dense import Linear, linear
+from plmcli.kernels import Linear, linear
 from plmcli.models.layers import ACTIVATIONS, init_weights
 from plmcli.models.vocab import real_columns
 
@@ -110,6 +110,8 @@ class SBOHead(nn.Module):
 
 class SpanBert(Bert):
     Config = SpanBertConfig
+    tiny = ("model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64",
+            "model.max_positions=16", "model.sbo_d_position=8", "model.vocab_size=50")
     hf_model_types: ClassVar[tuple[str, ...]] = ()
     """Exports as BERT; an HF BERT checkpoint imports as family bert (it has no SBO head to bring)."""
 
@@ -128,7 +130,7 @@ class SpanBert(Bert):
         sbo_logits = sbo_index = keep = None
         if mlm_positions is not None:
             sbo_index, left, right, offset, keep = span_targets(mlm_positions, input_ids.shape[1], self.cfg.sbo_max_span)
-            if devices.cpu_kernels(mlm_positions.device):  # a CPU reads the mask at no cost: the head skips the rest
+            if kernels.enabled(mlm_positions.device):  # a CPU reads the mask at no cost: the head skips the rest
                 sbo_index, left, right, offset, keep = sbo_index[keep], left[keep], right[keep], offset[keep], None
             flat = out.hidden.flatten(0, 1)  # (B·T, C)
             y = self.sbo(flat.index_select(0, left), flat.index_select(0, right), offset)  # (M, C)

@@ -25,7 +25,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks
-from plmcli.models.dense import linear
+from plmcli.kernels import linear
 from plmcli.models.layers import (Activation, Block, CrossAttention, Dropout, FeedForward, MultiHeadAttention,
                                    NormPosition, require_vocab)
 from plmcli.models.vocab import PadsVocab, VocabHead, real_columns
@@ -115,6 +115,8 @@ class DecoderLayer(nn.Module):
 class Transformer(CheckpointedBlocks, LanguageModel):
     traits = Traits(seq2seq=True, scoring="conditional", pair_layout="causal", pooling="mean")
     Config = TransformerConfig
+    tiny = ("model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32",
+            "model.n_head=2", "model.d_ff=64", "model.max_positions=16", "model.vocab_size=50")
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()

@@ -38,7 +38,7 @@ from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probab
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks
-from plmcli.models.dense import Linear, linear
+from plmcli.kernels import Linear, linear
 from plmcli.models.layers import Dropout, FeedForward, NormPosition, attend, require_vocab, sinusoid_table
 from plmcli.models.vocab import PadsVocab
 
@@ -172,6 +172,8 @@ class TXLLayer(nn.Module):
 class TransformerXL(CheckpointedBlocks, LanguageModel):
     traits = Traits(causal=True, stateful=True, has_memory=True, scoring="memory")
     Config = TransformerXLConfig
+    tiny = ("model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_head=0",
+            "model.d_ff=64", "model.mem_len=8", "model.cutoffs=[]", "model.vocab_size=50")
     state_batch_dim = 0
     """The memory is n_layer tensors (B, M, C): generation selects beams along dim 0."""
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from plmcli.config_sections import Size
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 
 
 @dataclass

@@ -127,6 +127,7 @@ class Word2Vec(LanguageModel):
     # init on ChnSentiCorp where the averaging network's gain stayed at 3.1 (BENCHMARKS: low-resource).
     traits = Traits(pair_layout="causal", pooling="cnn", head_layers=2, tag_window=2)
     Config = Word2VecConfig
+    tiny = ("model.dim=8", "model.epochs=1", "model.min_count=1", "model.vocab_size=50")  # SGD: well under a second
 
     def __init__(self, cfg: Word2VecConfig):
         super().__init__()

@@ -30,7 +30,7 @@ from torch import nn
 from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks
-from plmcli.models.dense import Linear, linear
+from plmcli.kernels import Linear, linear
 from plmcli.models.hf_names import HF_ACTIVATION, activation_from_hf, owned, require_hf
 from plmcli.models.layers import (Activation, Dropout, FeedForward, attend, init_weights, is_padded, require_vocab,
                                    sinusoid_table)
@@ -169,6 +169,9 @@ class XLNetBlock(nn.Module):
 class XLNet(CheckpointedBlocks, LanguageModel):
     traits = Traits(bidirectional=True, permutation_lm=True, has_memory=True, pair_layout="cls_last", scoring="left_to_right")
     Config = XLNetConfig
+    tiny = (  # plain forward(x): the content stream's logits at every position
+        "model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.d_ff=64", "model.mem_len=8",
+        "model.vocab_size=50", "objective.reuse_len=8", "objective.num_predict=3", "objective.perm_size=0")
     probe_layers = "blocks"  # the content stream h of each block (plmcli.analysis.hidden)
     predict_fraction = 85 / 512
     """Share of tokens the query stream and LM head run at, for flops_per_token (the paper's num_predict)."""

@@ -31,7 +31,9 @@ import torch
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.device import host_values
+from plmcli.models.registry import families_that, named
 from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.clm import stateless_causal
 
 
 @dataclass
@@ -91,7 +93,8 @@ class TruncatedBPTT(Objective):
     def check_model(self, model):
         if not traits_of(model).stateful:
             raise PlmError(f"{type(model).__name__} carries no recurrent state between segments",
-                           "use objective.name: bptt with family rnn or transformer_xl, or clm for stateless causal models (gpt, nnlm)")
+                           f"use objective.name: bptt with family {named(families_that(lambda c: c.traits.stateful))}, or clm "
+                           f"for stateless causal models ({named(families_that(stateless_causal), 'and')})")
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plmcli import kernels
 from plmcli.config_sections import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import Frame, causal_frame, encode_framed, encoder_frame
@@ -40,14 +41,26 @@ from plmcli.data.tasks import load_split, require_roles, save_split
 from plmcli.errors import PlmError
 from plmcli.models import device as devices
 from plmcli.models.base import HasHidden, HasLMHead, HasStateLogits, HasTaskHead, traits_of
+from plmcli.models.registry import families_that, named
 from plmcli.objectives.base import StepOutput
-from plmcli.objectives.heads import (ConvPooling, TaskHead, encoder_problem, freeze_unreached, pool,  # noqa: F401
-                                     state_width, states_problem)  # encoder_problem: its old home
+from plmcli.objectives.heads import (ConvPooling, TaskHead, encoder_problem, freeze_unreached, gives_states,  # noqa: F401
+                                     pool, state_width, states_problem)  # encoder_problem: its old home
 from plmcli.objectives.task import TaskObjective
 
-NEEDS = ("an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) or a transformer / seq2seq / "
-         "word2vec run")
-"""What sequence classification, regression and multiple choice can be finetuned from."""
+def transfers(model_cls) -> bool:
+    """Whether sequence classification, regression and multiple choice finetune runs of `model_cls`: GPT-style transfer
+    from a causal LM's `hidden` (read at once, not counted), or every token's state (heads.gives_states)."""
+    traits = model_cls.traits
+    return (traits.causal and not traits.stateful and not traits.counts and issubclass(model_cls, HasHidden)) \
+        or gives_states(model_cls)
+
+
+def needs() -> str:
+    """What sequence classification, regression and multiple choice can be finetuned from, named from the registry."""
+    encoders = families_that(lambda c: transfers(c) and c.traits.bidirectional)
+    causal = families_that(lambda c: transfers(c) and c.traits.causal)
+    rest = families_that(lambda c: transfers(c) and not (c.traits.bidirectional or c.traits.causal))
+    return f"an encoder run ({named(encoders)}), a causal LM run ({named(causal)}) or a {named(rest)} run"
 
 CAUSAL = "causal"
 """The `layout` of a causal LM (its class's traits.pair_layout): GPT's transforms."""
@@ -216,7 +229,7 @@ def lm_loss(lm_logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: to
     T = input_ids.shape[-1]
     ids, mask = input_ids.reshape(-1, T), attention_mask.reshape(-1, T).bool()
     keep = mask[:, 1:]
-    if devices.cpu_kernels(lm_logits.device):  # a CPU reads the mask at no cost, and then skips the padding's softmax
+    if kernels.enabled(lm_logits.device):  # a CPU reads the mask at no cost, and then skips the padding's softmax
         return F.cross_entropy(lm_logits[:, :-1][keep].float(), ids[:, 1:][keep])
     # the padding as ignored targets: selecting the real ones would make a GPU report how many there are
     return F.cross_entropy(lm_logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].masked_fill(~keep, -100).flatten(),
@@ -250,10 +263,7 @@ class Classify(TaskObjective):
         traits say. Not: n-gram counts, a feed-forward NNLM (it sees only n-1 tokens), encoder-decoders
         without encoder states (models/heads.states_problem says why and what to use instead).
         """
-        traits = model_cls.traits
-        if traits.causal and not traits.stateful and not traits.counts and issubclass(model_cls, HasHidden):
-            return None  # GPT-style transfer from `hidden`
-        return states_problem(model_cls, NEEDS)
+        return None if transfers(model_cls) else states_problem(model_cls, needs)
 
     def build_model(self, encoder: nn.Module) -> nn.Module:
         if self.layout == CAUSAL:
@@ -268,7 +278,7 @@ class Classify(TaskObjective):
         problem = self.backbone_problem(kind)
         if problem or kind.traits.pooling == "cls":
             raise PlmError(f"{kind.__name__} {problem or 'reads its pooled [CLS], not GPT-style inputs'}",
-                           "finetune from a gpt, rnn, transformer_xl, transformer, seq2seq or word2vec run")
+                           f"finetune from a {named(families_that(lambda c: transfers(c) and c.traits.pooling != 'cls'))} run")
         if not kind.traits.causal:
             self.aux_lm_weight = 0.0  # an encoder's states predict no next token: no auxiliary LM loss
         if self.aux_lm_weight > 0 and not isinstance(backbone, (HasStateLogits, HasLMHead)):

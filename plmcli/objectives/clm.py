@@ -10,7 +10,13 @@ import torch
 from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
+from plmcli.models.registry import families_that, named
 from plmcli.objectives.base import Objective, StepOutput
+
+
+def stateless_causal(model_cls) -> bool:
+    """The families clm trains: causal LMs that carry no state across batches and learn by gradient."""
+    return model_cls.traits.causal and not (model_cls.traits.stateful or model_cls.traits.counts)
 
 
 @dataclass
@@ -25,7 +31,8 @@ class CausalLM(Objective):
 
     def check_model(self, model):
         if not traits_of(model).causal:
-            raise PlmError(f"{type(model).__name__} is not a causal LM", "use objective.name: clm with a causal family (gpt)")
+            raise PlmError(f"{type(model).__name__} is not a causal LM", f"use objective.name: clm with a causal family "
+                           f"({named(families_that(stateless_causal))})")
         if traits_of(model).stateful:
             raise PlmError(f"{type(model).__name__} is a recurrent LM that carries state", "use objective.name: bptt")
 

@@ -11,7 +11,7 @@ best-weight selection and load_finetuned handle it whole.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -19,13 +19,23 @@ from torch import nn
 from plmcli.errors import PlmError
 from plmcli.models.base import (Encodes, HasHidden, HasLayerStates, HasTaskHead, HasTokenStates,
                                 head_dropout, head_init_std, traits_of, uses_token_types)
-from plmcli.models.dense import Linear
+from plmcli.kernels import Linear
 from plmcli.models.elmo import ELMoTaskHead
 from plmcli.models.layers import Dropout, ScalarMix
+from plmcli.models.registry import families_that, named
 
-NEEDS_STATES = ("an encoder run (bert) or a run with per-token states (rnn / lstm / gru, transformer_xl, "
-                "transformer, seq2seq, word2vec)")
-"""What a head that reads every token (tagging) or pools a row's states can be finetuned from."""
+def gives_states(model_cls) -> bool:
+    """Whether runs of `model_cls` give a task head every token's state: a bidirectional encoder (`encode`) or a
+    family that reads one example at a time (`HasTokenStates`)."""
+    return (model_cls.traits.bidirectional and issubclass(model_cls, Encodes)) or issubclass(model_cls, HasTokenStates)
+
+
+def needs_states() -> str:
+    """What a head that reads every token (tagging) or pools a row's states can be finetuned from, named from the
+    registry (imports every family: for an error's wording only)."""
+    encoders = families_that(lambda c: c.traits.bidirectional and gives_states(c))
+    per_row = families_that(lambda c: not c.traits.bidirectional and gives_states(c))
+    return f"an encoder run ({named(encoders)}) or a run with per-token states ({named(per_row)})"
 
 
 def encoder_problem(model_cls) -> str | None:
@@ -41,25 +51,25 @@ def encoder_problem(model_cls) -> str | None:
     return "has no encoder to finetune; it needs an encoder run"
 
 
-def states_problem(model_cls, needs: str = NEEDS_STATES) -> str | None:
+def states_problem(model_cls, needs: Callable[[], str] = needs_states) -> str | None:
     """Why runs of `model_cls` give no per-token states to a task head, or None when they do: bidirectional
     encoders (`encode`) and families that read one example at a time (`HasTokenStates`). GPT-style transfer
     (`hidden` alone) reads its last token only; the reasons for the rest say what to use instead (`needs`)."""
     traits = model_cls.traits
-    if (traits.bidirectional and issubclass(model_cls, Encodes)) or issubclass(model_cls, HasTokenStates):
+    if gives_states(model_cls):
         return None
     if traits.counts:
-        return "counts n-grams and has no learned states to finetune; it needs " + needs
+        return "counts n-grams and has no learned states to finetune; it needs " + needs()
     if traits.scoring == "fixed_context":
         return ("is a fixed-window LM: each prediction sees only its n-1 previous tokens, no state reads a whole "
-                "example; it needs " + needs)
+                "example; it needs " + needs())
     if traits.causal and not issubclass(model_cls, HasHidden):
-        return "is a causal LM without per-position hidden states to transfer; it needs " + needs
+        return "is a causal LM without per-position hidden states to transfer; it needs " + needs()
     if traits.causal:
-        return "is a causal LM; it needs " + needs
+        return "is a causal LM; it needs " + needs()
     if traits.seq2seq:
-        return "is an encoder-decoder whose encoder gives no per-token states (token_states); it needs " + needs
-    return "has no encoder to finetune; it needs " + needs
+        return "is an encoder-decoder whose encoder gives no per-token states (token_states); it needs " + needs()
+    return "has no encoder to finetune; it needs " + needs()
 
 
 def token_states(network: nn.Module, input_ids, token_type_ids=None, attention_mask=None):
@@ -253,9 +263,6 @@ class TaskHead(nn.Module):
         return freeze_unreached(self, lambda: self(x, types, mask).float().sum())
 
 
-FEATURE_FAMILIES = ("bert, roberta, albert, nezha, spanbert, electra, xlnet, gpt, transformer_xl, rnn / lstm / gru, "
-                    "transformer or elmo")
-"""The families that declare `HasLayerStates` (what --features other than last needs)."""
 
 
 def features_problem(network: nn.Module, features: str = "last", elmo_at_output: bool = False) -> tuple[str, str] | None:
@@ -269,7 +276,7 @@ def features_problem(network: nn.Module, features: str = "last", elmo_at_output:
         return None
     if not isinstance(network, HasLayerStates):
         return (f"--features {features}: {kind} gives no per-layer states",
-                f"leave --features out (last), or finetune a {FEATURE_FAMILIES} run")
+                f"leave --features out (last), or finetune a {named(families_that(lambda c: issubclass(c, HasLayerStates)))} run")
     n = _layer_count(network)
     if features == "concat_last_four" and n < 4:
         return (f"--features concat_last_four: {kind} has {n} layer states (embeddings included), fewer than 4",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from plmcli.errors import PlmError
 from plmcli.models.base import Fits
+from plmcli.models.registry import families_that, named
 from plmcli.objectives.base import Objective
 
 
@@ -25,7 +26,8 @@ class Counting(Objective):
     def check_model(self, model):
         if not isinstance(model, Fits):
             raise PlmError(f"{type(model).__name__} is trained by gradient descent, not by counting",
-                           "use objective.name: counts only with a family that fits itself (ngram, word2vec)")
+                           f"use objective.name: counts only with a family that fits itself "
+                           f"({named(families_that(lambda c: issubclass(c, Fits)))})")
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         raise PlmError("the counts objective has no batches: its models (n-gram, word2vec) fit themselves",

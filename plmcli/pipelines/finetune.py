@@ -44,39 +44,11 @@ ARGUMENT_KEYS = {
     "weight_decay": "optim.weight_decay", "dropout": "model.dropout", "classifier_dropout": "model.classifier_dropout",
     "freeze": "model.freeze", "features": "model.features", "elmo_at_output": "model.elmo_at_output",
 }
-"""finetune()'s keyword arguments (plm finetune's flags) and the config key each one sets."""
+"""api.finetune's keyword arguments (plm finetune's flags) and the config key each one sets."""
 
 GRID_KEYS = {"lr": "grid.lr", "epochs": "grid.epochs", "batch_size": "grid.batch_size", "seeds": "grid.seeds"}
 """The arguments that also take a list (plm finetune --lr 1e-4,5e-5): a list of several values sets the grid key,
 one value the ARGUMENT_KEYS key and empties the grid's list (the flag beats a grid in the --config file)."""
-
-
-def finetune(task: str | None = None, from_run: str | None = None, data_dir: str | None = None, epochs: int | None = None,
-             lr: float | None = None, batch_size: int | None = None, seed: int | None = None, out: str | None = None,
-             max_seq_len: int | None = None, max_steps: int | None = None, init: str | None = None,
-             warmup_ratio: float | None = None, weight_decay: float | None = None, classifier_dropout: float | None = None,
-             dropout: float | None = None, options=None, eval_only: bool = False, console=None,
-             config: str | None = None, overrides: list[str] | dict | None = None, freeze: bool | None = None,
-             features: str | None = None, elmo_at_output: bool | None = None) -> dict:
-    """Finetune run `from_run` (default runs/latest) on `task`; returns OUT/metrics.json.
-
-    Every argument left None takes its value from the config file `config`, its `overrides` (--set) or the
-    FinetuneConfig defaults, in that order of precedence (see config_sections' Finetune* sections):
-    max_seq_len: tokens per example after the special tokens (default min(128, the model's positions)).
-    max_steps: stop after this many optimizer steps instead of `epochs` full epochs (smoke tests).
-    init: "pretrained" (the run's weights) or "random" (the same architecture freshly initialised,
-    the baseline that shows what pretraining buys). dropout: the backbone's dropout and attention dropout
-    while finetuning (default: the run's own; a run pretrained without dropout may want 0.1 here);
-    classifier_dropout: before the task head (default: the backbone's dropout). options: a TaskOptions or a
-    dict of its fields (files, columns, QA windows, CRF, auxiliary LM weight). freeze, features,
-    elmo_at_output: feature-based use (config_sections.FinetuneModelConfig; heads.configure_features). eval_only: `from_run` is a
-    finetuned run of this task; its dev split is scored and its test split predicted, nothing is trained.
-    """
-    arguments = dict(task=task, from_run=from_run, data_dir=data_dir, epochs=epochs, lr=lr, batch_size=batch_size,
-                     seed=seed, max_seq_len=max_seq_len, max_steps=max_steps, init=init, warmup_ratio=warmup_ratio,
-                     weight_decay=weight_decay, classifier_dropout=classifier_dropout, dropout=dropout, freeze=freeze,
-                     features=features, elmo_at_output=elmo_at_output)
-    return run_finetune(finetune_config(config, overrides, options, **arguments), out, eval_only, console)
 
 
 def finetune_config(config: str | None = None, overrides: list[str] | dict | None = None, options=None,
@@ -84,7 +56,7 @@ def finetune_config(config: str | None = None, overrides: list[str] | dict | Non
     """The FinetuneConfig of a finetune: `arguments` (ARGUMENT_KEYS; None = not given) and `options` (the
     task's fields) beat `overrides` (--set), which beat the file `config`, which beats the defaults."""
     given = {k: v for k, v in arguments.items() if v is not None and not (isinstance(v, (list, tuple)) and not v)}
-    flags: dict = {"task": _given_options(options)}
+    flags: dict = {"task": given_options(options)}
     _check_arguments(flags["task"])
     for name, value in given.items():
         for key, v in _keys_set(name, value):
@@ -117,7 +89,7 @@ def _keys_set(name: str, value) -> list[tuple[str, typing.Any]]:
     return [(ARGUMENT_KEYS[name], values[0]), (GRID_KEYS[name], [])]
 
 
-def _given_options(options) -> dict:
+def given_options(options) -> dict:
     """The task options a caller set: a dict's non-None values, or a TaskOptions' fields that are not defaults."""
     if options is None:
         return {}

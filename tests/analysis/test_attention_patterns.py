@@ -13,7 +13,7 @@ from tokenizers.models import WordLevel
 from helpers import assert_clean_error, run
 from plmcli.analysis.attention_stats import BROAD, PatternSums, broad_heads, is_punctuation, punctuation_ids, word_classes
 from plmcli.api import pretrain
-from test_recipes import TINY
+from families import tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -191,7 +191,7 @@ def bert_run(tmp_path_factory):
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
         pretrain("bert-mini", [str(corpus)], str(root / "bert"), max_steps=2,
-                 overrides=TINY["bert"] + ["model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
+                 overrides=[*tiny_overrides("bert"), "model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
                                            "train.global_batch_size=4", "objective.dupe_factor=1", "train.eval_every=0"])
     return root / "bert"
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from families import tiny_model
 from objectives.test_tagging import _slice, make_tokenizer, tiny_bert_run
 from plmcli.analysis.hidden import families_with_layers, hidden_states
 from plmcli.analysis.probe import encode_rows, load_data, probe, row_layout, word_vectors
@@ -19,29 +20,21 @@ from plmcli.models.registry import model_class
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMALL = dict(vocab_size=60, n_layer=3, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn_dropout=0.0)
-MODELS = {  # family, config overrides
-    "bert": ("bert", {}),
-    "roberta": ("bert", dict(type_vocab_size=1, position_offset=2, max_positions=34, nsp_head=False)),
-    "spanbert": ("spanbert", dict(sbo_d_position=4)),
-    "albert-shared": ("albert", dict(embedding_size=8)),
-    "albert-ffn-shared": ("albert", dict(embedding_size=8, share="ffn")),
-    "nezha": ("nezha", dict(max_relative_position=3)),
-    "electra": ("electra", dict(embedding_size=8, generator_size=0.5)),
-    "xlnet": ("xlnet", {}),
-    "gpt1": ("gpt", dict(norm_position="post", final_norm=False)),
-    "gpt2": ("gpt", {}),
+DEEP = ("model.n_layer=3", "model.vocab_size=60")  # over each family's tiny size
+VARIANTS = {  # beside every family with layers: name -> (family, more overrides)
+    "roberta": ("bert", ("model.type_vocab_size=1", "model.position_offset=2", "model.max_positions=34",
+                         "model.nsp_head=false")),
+    "albert-ffn-shared": ("albert", ("model.share=ffn",)),
+    "gpt1": ("gpt", ("model.norm_position=post", "model.final_norm=false")),
 }
 
 
 def build(name):
-    family, extra = MODELS[name]
-    torch.manual_seed(0)
-    cls = model_class(family)
-    return cls(cls.Config(**{**SMALL, **extra})).eval()
+    family, extra = VARIANTS.get(name, (name, ()))
+    return tiny_model(family, (*DEEP, *extra))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", families_with_layers() + list(VARIANTS))
 def test_hook_states_are_what_the_model_computes(name):
     model = build(name)
     x = torch.randint(5, 60, (2, 7))
@@ -49,7 +42,7 @@ def test_hook_states_are_what_the_model_computes(name):
     mask[1, 5:] = 0  # right padding in the second row
     causal = not type(model).traits.bidirectional
     states = hidden_states(model, x, None if causal else mask)
-    assert len(states) == SMALL["n_layer"] + 1 and all(s.shape == (2, 7, 16) for s in states)
+    assert len(states) == model.cfg.n_layer + 1 and all(s.shape == (2, 7, model.cfg.d_model) for s in states)
     with torch.no_grad():
         if causal:
             final = model.hidden(x)
@@ -76,19 +69,21 @@ def test_each_bert_layer_is_one_block_applied_to_the_previous():
 
 
 def test_albert_shared_layer_yields_one_state_per_application():
-    model = build("albert-shared")
+    model = build("albert")
     assert len(model.attention) == len(model.ffn) == 1  # one set of weights, run n_layer times
     x = torch.randint(5, 60, (1, 5))
     states = hidden_states(model, x)
     with torch.no_grad():
         emb = model.emb_proj(model.ln_emb(model.wte(x) + model.wpe(torch.arange(5)) + model.wtt.weight[0]))
         torch.testing.assert_close(states[0], emb)
-        for i in range(SMALL["n_layer"]):
+        for i in range(model.cfg.n_layer):
             torch.testing.assert_close(states[i + 1], model.ffn[0](model.attention[0](states[i], False, None)))
 
 
 def test_families_with_layers():
-    assert families_with_layers() == ["albert", "bert", "electra", "gpt", "nezha", "spanbert", "xlnet"]
+    """Those declaring probe_layers, the shipped ones among them (a registered subclass inherits its parent's)."""
+    assert {"albert", "bert", "electra", "gpt", "nezha", "spanbert", "xlnet"} <= set(families_with_layers())
+    assert all(model_class(f).probe_layers is not None for f in families_with_layers())
 
 
 # ------------------------------------------------------------------ word vectors
@@ -181,7 +176,7 @@ def test_layer_zero_reads_the_word_and_beats_the_majority(tmp_path, family):
 
 
 def test_a_finetuned_run_is_probed_through_its_encoder(tmp_path):
-    from plmcli.pipelines.finetune import finetune
+    from plmcli.api import finetune
 
     data = conll_dir(tmp_path / "conll")
     run = tiny_bert_run(tmp_path, [" ".join(WORD_TAGS)])

@@ -9,29 +9,26 @@ import torch
 from safetensors.torch import save_model
 from typer.testing import CliRunner
 
+from families import families, tiny_model
 from helpers import ToyEncoder, ToyEncoderConfig, tiny_corpus
 from plmcli import api
 from plmcli.cli import app
 from plmcli.errors import PlmError
 from plmcli.eval.pseudo import plan_batches, sentence_pll
-from plmcli.models.albert import Albert, AlbertConfig
 from plmcli.models.base import Traits
-from plmcli.models.bert import Bert, BertConfig
-from plmcli.models.electra import Electra, ElectraConfig
-from plmcli.models.nezha import Nezha, NezhaConfig
-from plmcli.models.spanbert import SpanBert, SpanBertConfig
+from plmcli.models.registry import model_class
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 V, P, PAD, CLS, SEP, MASK = 40, 12, 0, 2, 3, 4
-SMALL = dict(vocab_size=V, max_positions=P, n_layer=2, n_head=2, d_model=16, d_ff=32)
-BUILD = {
-    "bert": lambda: Bert(BertConfig(**SMALL)),
-    "albert": lambda: Albert(AlbertConfig(**SMALL, embedding_size=8)),
-    "spanbert": lambda: SpanBert(SpanBertConfig(**SMALL, sbo_d_position=4)),
-    "nezha": lambda: Nezha(NezhaConfig(**SMALL, max_relative_position=4)),
-    "electra": lambda: Electra(ElectraConfig(**SMALL, embedding_size=8)),  # scored by its generator
-}
+
+
+def build(family: str, seed: int = 0):
+    """A masked LM at its tiny size, read at V tokens and P positions (ELECTRA is scored by its generator)."""
+    return tiny_model(family, [f"model.vocab_size={V}", f"model.max_positions={P}"], seed)
+
+
+PSEUDO = [f for f in families() if model_class(f).traits.scoring == "pseudo"]
 # Lengths 1..7 fit one window of P - 2 = 10 tokens; 10 just fits; 13 and 25 are windowed.
 SENTENCES = [np.random.default_rng(i).integers(5, V, n) for i, n in enumerate((7, 1, 3, 10, 4, 13, 25))]
 
@@ -54,10 +51,9 @@ def brute_force(model, sentence, max_length, cls=CLS, sep=SEP):
     return total
 
 
-@pytest.mark.parametrize("family", list(BUILD))
+@pytest.mark.parametrize("family", PSEUDO)
 def test_pll_equals_one_forward_per_masked_copy(family):
-    torch.manual_seed(0)
-    model = BUILD[family]().eval()
+    model = build(family)
     expected = np.array([brute_force(model, s, P) for s in SENTENCES])
     # Budgets: one copy per pass (every sentence split), a few sentences per pass, everything in one.
     for budget in (1, 60, 10_000):
@@ -68,8 +64,7 @@ def test_pll_equals_one_forward_per_masked_copy(family):
 
 
 def test_windows_shorter_than_the_model():
-    torch.manual_seed(1)
-    model = BUILD["bert"]().eval()
+    model = build("bert", seed=1)
     for L in (3, 6, 9):  # W = 1 (no context at all), 4, 7 tokens
         got = sentence_pll(model, SENTENCES, MASK, L, CLS, SEP, PAD, 50)
         np.testing.assert_allclose(got, [brute_force(model, s, L) for s in SENTENCES], rtol=1e-6)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from helpers import ToyEncoder, tiny_corpus, tiny_recipe
 from test_cli import assert_clean_error, run
 from test_finetune import SAMPLE, make_run
-from test_recipes import TINY
+from families import tiny_overrides
 from plmcli import api
 from plmcli.config import load_recipe
 from plmcli.data.corpus import tokenizer_entry
@@ -42,8 +42,8 @@ def _randomize(model, seed=1):
 
 
 def _recipe_run(path: Path, corpus: Path, recipe: str, extra=()):
-    """A run dir of `recipe` at TINY size with random weights and a tokenizer trained on the tiny corpus."""
-    r = load_recipe(recipe, TINY[load_recipe(recipe).family] + list(extra))
+    """A run dir of `recipe` at its tiny size with random weights and a tokenizer trained on the tiny corpus."""
+    r = load_recipe(recipe, tiny_overrides(load_recipe(recipe).family) + list(extra))
     lines = lambda: corpus.read_text().splitlines()  # noqa: E731
     tok, meta = tokenizer_entry(replace(r.tokenizer, vocab_size=300, min_frequency=1), lines)
     torch.manual_seed(0)

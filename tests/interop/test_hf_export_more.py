@@ -291,12 +291,12 @@ LEFT_BEHIND = {"albert": (), "electra": (), "xlnet": ("summary.",)}
 @pytest.mark.parametrize("family", sorted(E2E))
 def test_pretrained_run_exports_loads_in_transformers_and_imports_back(family, tmp_path):
     from helpers import tiny_corpus
-    from test_recipes import TINY
+    from families import tiny_overrides
 
     from plmcli import api
 
     recipe, auto, ours_logits, hf_logits = E2E[family]
-    over = TINY[family] + ["model.vocab_size=0", "tokenizer.vocab_size=100", "data.val_fraction=0.2", "train.seq_len=16",
+    over = tiny_overrides(family) + ["model.vocab_size=0", "tokenizer.vocab_size=100", "data.val_fraction=0.2", "train.seq_len=16",
                            "train.global_batch_size=4", "train.eval_every=0", "train.save_every=0"]
     over += ["objective.dupe_factor=1"] if family == "albert" else []  # static SOP data: one pass is plenty
     api.pretrain(recipe, [str(tiny_corpus(tmp_path / "c.txt", 20))], str(tmp_path / "run"), overrides=over, max_steps=1)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from test_recipes import TINY
+from families import tiny_overrides
 from plmcli import api
 from plmcli.config import load_recipe
 from plmcli.models.registry import build_model
@@ -39,8 +39,8 @@ CASES = {  # recipe: (transformers Auto class, our logits, theirs) on (ids, type
 
 
 def _padded_run(path: Path, recipe: str):
-    """A run directory of `recipe` at TINY size, vocabulary 50 padded to 64 with loud padding rows: (dir, model)."""
-    r = load_recipe(recipe, [*TINY[load_recipe(recipe).family], f"model.vocab_size={V}", "model.pad_vocab_multiple=64"])
+    """A run directory of `recipe` at its tiny size, vocabulary 50 padded to 64 with loud padding rows: (dir, model)."""
+    r = load_recipe(recipe, [*tiny_overrides(load_recipe(recipe).family), f"model.vocab_size={V}", "model.pad_vocab_multiple=64"])
     torch.manual_seed(0)
     model = build_model(r.family, r.model).eval()
     g = torch.Generator().manual_seed(1)

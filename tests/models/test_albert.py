@@ -168,7 +168,7 @@ def test_albert_mini_pretrains_with_sop_and_ngrams_then_finetunes_sst2(tmp_path)
     from safetensors.torch import load_file
 
     from plmcli import api
-    from plmcli.pipelines.finetune import finetune
+    from plmcli.api import finetune
     from plmcli.runs import load_finetuned
 
     r = load_recipe("albert-mini")

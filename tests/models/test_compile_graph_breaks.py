@@ -2,14 +2,14 @@
 
 A host read (`.item()`, `bool(t)`, a boolean mask's nonzero) breaks Dynamo's graph in two, and on a GPU it also
 stops the host (tests/train/test_host_syncs.py). plm's CPU-only kernels read the host freely, so inside a compiled
-graph the models take the device-generic path (models/device.py: cpu_kernels). `torch._dynamo.explain` traces
+graph the models take the device-generic path (plmcli/kernels: enabled). `torch._dynamo.explain` traces
 without compiling: the check costs a trace, not Inductor's code generation.
 """
 
 import pytest
 import torch
 
-from test_recipes import TINY
+from families import tiny_overrides
 from plmcli.config import load_recipe
 from plmcli.models.registry import build_model
 from plmcli.objectives.registry import objective_class
@@ -18,7 +18,7 @@ SPECIAL = {"pad": 0, "cls": 1, "sep": 2, "mask": 3}
 
 
 def _model_and_objective(recipe: str, family: str):
-    r = load_recipe(recipe, TINY[family] + ["train.seq_len=16"])
+    r = load_recipe(recipe, [*tiny_overrides(family), "train.seq_len=16"])
     torch.manual_seed(0)
     return build_model(r.family, r.model).train(), objective_class(r.objective_name)(r.objective, None, SPECIAL, 16)
 

@@ -166,7 +166,7 @@ train: {seq_len: 32, global_batch_size: 4, max_steps: 4, eval_every: 2, eval_bat
 
 def test_pretrain_tiny_electra_then_finetune_sst2(tmp_path):
     from plmcli import api
-    from plmcli.pipelines.finetune import finetune
+    from plmcli.api import finetune
     from plmcli.runs import load_encoder, load_finetuned
 
     (tmp_path / "r.yaml").write_text(TINY_ELECTRA)

@@ -170,7 +170,7 @@ def test_finetune_runs_from_an_elmo_run(tmp_path):
     """Feature-based transfer: the biLM stays frozen, the task's own scalar mix and BiLSTM head train."""
     from pathlib import Path
 
-    from plmcli.pipelines.finetune import finetune
+    from plmcli.api import finetune
 
     corpus = str(tiny_corpus(tmp_path / "c.txt"))
     over = ["model.d_proj=8", "model.d_hidden=16", "model.max_chars=8", "model.filters=[[1,4],[2,4]]",

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from plmcli.models.layers import Dropout, MultiHeadAttention, attend, dropout
+from plmcli.kernels import Dropout, dropout
+from plmcli.models.layers import MultiHeadAttention, attend
 
 
 def test_dropout_rate_scale_gradient_and_seeding():

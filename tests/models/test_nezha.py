@@ -176,7 +176,7 @@ def test_interface_and_tied_decoder():
 
 def test_nezha_mini_pretrains_then_finetunes_sst2(tmp_path):
     from plmcli import api
-    from plmcli.pipelines.finetune import finetune
+    from plmcli.api import finetune
     from plmcli.runs import load_finetuned
 
     r = load_recipe("nezha-mini")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from test_recipes import TINY
+from families import tiny_overrides
 from plmcli.api import count_params
 from plmcli.config import build_section, load_recipe
 from plmcli.errors import PlmError
@@ -29,7 +29,7 @@ V, PADDED = 50, 64
 
 def _build(recipe: str, multiple: int, extra=()):
     family = load_recipe(recipe).family
-    r = load_recipe(recipe, [*TINY[family], *extra, f"model.vocab_size={V}", f"model.pad_vocab_multiple={multiple}"])
+    r = load_recipe(recipe, [*tiny_overrides(family), *extra, f"model.vocab_size={V}", f"model.pad_vocab_multiple={multiple}"])
     torch.manual_seed(0)
     return build_model(r.family, r.model).eval()
 

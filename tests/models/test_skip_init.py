@@ -6,19 +6,14 @@ import threading
 import pytest
 import torch
 
-from plmcli.config import load_recipe, raw_recipe, shipped_recipes
-from plmcli.models.registry import FAMILIES, build_model
+from families import families, tiny_config
+from plmcli.models.registry import build_model
 from plmcli.models.skip_init import NoRandomInit
-from test_recipes import TINY
 
 
-def _recipe_of(family):
-    return next(n for n in shipped_recipes() if (raw_recipe(n).get("model") or {}).get("family") == family)
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", families())
 def test_a_build_without_init_draws_nothing_and_loads_exactly(family):
-    cfg = load_recipe(_recipe_of(family), TINY[family]).model
+    cfg = tiny_config(family)
     torch.manual_seed(0)
     made = build_model(family, cfg)
     before = torch.get_rng_state()

@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import TINY_RECIPE
+from helpers import TINY_RECIPE, task_kwargs
 from plmcli import api
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tasks import Example, TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.pipelines.finetune import finetune
+from plmcli.api import finetune
 from plmcli.runs import load_encoder, load_finetuned
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.objectives.choice import Choice, ChoiceConfig
@@ -172,8 +172,8 @@ def test_which_runs_transfer():
     why = {f: Classify.backbone_problem(model_class(f)) for f in ("ngram", "nnlm")}
     assert why["ngram"].startswith("counts n-grams and has no learned states to finetune")
     assert why["nnlm"].startswith("is a fixed-window LM: each prediction sees only its n-1 previous tokens")
-    assert all(w.endswith("; it needs an encoder run (bert), a causal LM run (gpt, rnn / lstm / gru, transformer_xl) "
-                          "or a transformer / seq2seq / word2vec run") for w in why.values())
+    assert all(w.endswith("; it needs an encoder run (bert, spanbert, albert, nezha, elmo, electra or xlnet), a causal LM "
+                          "run (gpt, rnn or transformer_xl) or a seq2seq, transformer or word2vec run") for w in why.values())
     # objectives that need every token's bidirectional state (tagging, span QA) keep to encoders
     assert encoder_problem(model_class("gpt")) == "is a causal LM; it needs an encoder run"
     assert encoder_problem(model_class("bert")) is None
@@ -234,7 +234,7 @@ def test_sst2_from_a_gpt_run(gpt_run, tmp_path):
 def test_swag_from_a_gpt_run(gpt_run, tmp_path):
     opts = swag_files(tmp_path / "swag", 32, 12, 6)
     out = tmp_path / "ft"
-    res = finetune("swag", from_run=str(gpt_run), options=opts, epochs=2, batch_size=8, lr=1e-3, out=str(out))
+    res = finetune("swag", from_run=str(gpt_run), **task_kwargs(opts), epochs=2, batch_size=8, lr=1e-3, out=str(out))
     assert res["examples"] == {"train": 32, "validation": 12, "test": 6} and res["steps"] == 8
     assert len(res["history"]) == 2 and 0 <= res["dev"]["accuracy"] <= 1
     sub = (out / "SWAG.tsv").read_text().splitlines()
@@ -242,11 +242,11 @@ def test_swag_from_a_gpt_run(gpt_run, tmp_path):
     assert {r.split("\t")[1] for r in sub[1:]} <= {"0", "1", "2", "3"}
     model, _, _ = load_finetuned(str(out))
     assert isinstance(model, CausalTransfer) and model.head.out_features == 1
-    again = finetune("swag", from_run=str(out), options=opts, eval_only=True, out=str(tmp_path / "again"))
+    again = finetune("swag", from_run=str(out), **task_kwargs(opts), eval_only=True, out=str(tmp_path / "again"))
     assert again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"])
     assert (tmp_path / "again" / "SWAG.tsv").read_text() == (out / "SWAG.tsv").read_text()
     # --aux-lm-weight 0: the task loss alone is trained and logged
     off = TaskOptions(**{**asdict(opts), "aux_lm_weight": 0.0})
-    finetune("swag", from_run=str(gpt_run), options=off, max_steps=2, batch_size=8, out=str(tmp_path / "off"))
+    finetune("swag", from_run=str(gpt_run), **task_kwargs(off), max_steps=2, batch_size=8, out=str(tmp_path / "off"))
     logged = [json.loads(x) for x in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
     assert all("lm_loss" not in r for r in logged) and any("loss" in r for r in logged)

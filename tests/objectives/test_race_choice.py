@@ -14,7 +14,7 @@ from plmcli.data.tasks.race import RaceExample
 from plmcli.data.tasks.registry import get_task
 from plmcli.objectives.choice import Choice, ChoiceConfig, encode_with_questions
 from plmcli.objectives.classify import CAUSAL, CausalTransfer, SequenceClassifier
-from plmcli.pipelines.finetune import finetune
+from plmcli.api import finetune
 from plmcli.runs import load_finetuned
 from test_choice import make_run
 from test_gpt_transfer import enc, make_tok

@@ -305,12 +305,12 @@ def test_fsdp_wraps_a_block_of_every_transformer_family():
     import yaml
     from accelerate.utils import DistributedType
 
-    from test_recipes import TINY
+    from families import tiny_overrides
 
     names = yaml.safe_load(api.accelerate_configs()["fsdp"].read_text())["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
     no_blocks = {"ngram", "seq2seq", "nnlm", "rnn", "elmo", "word2vec"}  # RNNs, counts, word vectors: sharded whole
     for recipe in shipped_recipes():
-        r = load_recipe(recipe, TINY[load_recipe(recipe).family])
+        r = load_recipe(recipe, tiny_overrides(load_recipe(recipe).family))
         if r.family in no_blocks:
             continue
         plugin = SimpleNamespace(transformer_cls_names_to_wrap=names.split(","))

@@ -3,7 +3,7 @@
 On a GPU a host read (`.item()`, `bool(t)`, `.cpu()`, boolean-mask indexing, `nonzero`, a tensor made from
 Python data) stalls the host until every queued kernel has run. Here each pretraining family that trains
 through the loop, and each finetune head, runs two optimizer steps on a CPU with plm's CPU-only kernels switched
-off (`plmcli.models.device.cpu_kernels`), and every host read inside the objective's `step` (forward and loss)
+off (`plmcli.kernels.switched(False)`), and every host read inside the objective's `step` (forward and loss)
 and `accelerator.backward` is counted; the batch is built outside them. A TorchDispatchMode sees the ops that
 read; `.cpu()`, `.numpy()` and `.tolist()` of a CPU tensor reach no op, so those methods are watched themselves.
 """
@@ -17,9 +17,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import tiny_corpus
+from helpers import task_kwargs, tiny_corpus
+from plmcli import kernels
 from test_finetune_matrix import ALL_TASKS, tiny_run, tokenizer, write_data  # noqa: F401 (tokenizer: a fixture)
-from test_recipes import TINY
+from families import tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,7 +110,6 @@ def counted(monkeypatch):
     pretrain or finetune runs. Evaluation (no gradient) is not counted."""
     import accelerate
 
-    import plmcli.models.device
     import plmcli.train.loop as loop
 
     log: list = []
@@ -142,14 +142,14 @@ def counted(monkeypatch):
         return method
 
     real_backward, real_train = accelerate.Accelerator.backward, loop.train
-    monkeypatch.setattr(plmcli.models.device, "cpu_kernels", lambda device: False)
     monkeypatch.setattr(accelerate.Accelerator, "backward", backward)
     monkeypatch.setattr(loop, "train", train)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", varlen_sdpa)
     for name in METHODS:
         monkeypatch.setattr(torch.Tensor, name, watched(name))
     monkeypatch.setitem(STATE, "jagged", 0)
-    return log, micro
+    with kernels.switched(False):
+        yield log, micro
 
 
 def _report(log: list, micro: list) -> str:
@@ -159,7 +159,7 @@ def _report(log: list, micro: list) -> str:
 STEPS = ["train.seq_len=16", "train.max_steps=2", "train.global_batch_size=4", "train.log_every=1000",
          "train.eval_every=0", "train.save_every=0"]
 
-PRETRAIN = {  # recipe[:variant]: (TINY's family, more overrides); masking variants differ on the host only
+PRETRAIN = {  # recipe[:variant]: (family for the tiny size, more overrides); masking variants differ on the host only
     "gpt-mini": ("gpt", []),
     "nnlm-ptb": ("nnlm", []),
     "bert-mini": ("bert", []),  # static masking, NSP
@@ -191,7 +191,7 @@ def test_pretraining_step_reads_nothing_from_the_host(name, counted, tmp_path):
 
     log, micro = counted
     family, extra = PRETRAIN[name]
-    tiny = [o for o in TINY[family] if not o.startswith("model.vocab_size")]
+    tiny = [o for o in tiny_overrides(family) if not o.startswith("model.vocab_size")]
     data = tiny_corpus(tmp_path / "c.txt")
     if name in PARALLEL:  # five words and the same reversed
         words = data.read_text().split()
@@ -212,13 +212,13 @@ FINETUNE = [("bert", "classification"), ("bert", "regression"), ("bert", "taggin
 
 @pytest.mark.parametrize("name,kind", FINETUNE)
 def test_finetune_step_reads_nothing_from_the_host(name, kind, counted, tokenizer, tmp_path):
-    from plmcli.pipelines.finetune import finetune
+    from plmcli.api import finetune
 
     log, micro = counted
     task, _ = ALL_TASKS[kind.split("+")[0]]
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
-    finetune(task, from_run=str(run), data_dir=data_dir, options=options, max_steps=2, batch_size=8, lr=1e-2,
+    finetune(task, from_run=str(run), data_dir=data_dir, **task_kwargs(options), max_steps=2, batch_size=8, lr=1e-2,
              max_seq_len=32, out=str(tmp_path / "ft"))
     assert micro[0] >= 2
     assert not log, _report(log, micro)
@@ -239,14 +239,13 @@ def test_the_device_generic_path_computes_what_the_cpu_path_does(recipe, family,
     """Same loss and gradients, up to rounding, with the CPU's own kernels and on the path a GPU takes (unpadded
     encoder rows, SpanBERT's fixed-shape boundary targets, the fused LM loss without its CPU fix-ups, adaptive
     clusters counted on the host), from the same weights and batch."""
-    import plmcli.models.device
     from plmcli.config import load_recipe
     from plmcli.models import lm_loss
     from plmcli.models.registry import build_model
     from plmcli.objectives.registry import objective_class
 
     adaptive = ["model.cutoffs=[20,35]", "model.div_val=2"] if family == "transformer_xl" else []
-    r = load_recipe(recipe, TINY[family] + adaptive + ["model.dropout=0", "model.attn_dropout=0", "train.seq_len=16"])
+    r = load_recipe(recipe, tiny_overrides(family) + adaptive + ["model.dropout=0", "model.attn_dropout=0", "train.seq_len=16"])
     torch.manual_seed(0)
     model = build_model(r.family, r.model).train()
     objective = objective_class(r.objective_name)(r.objective, None, {"pad": 0, "cls": 1, "sep": 2, "mask": 3}, 16)
@@ -266,8 +265,8 @@ def test_the_device_generic_path_computes_what_the_cpu_path_does(recipe, family,
             batch |= {"token_type_ids": (torch.arange(16) >= 5).long().expand(3, 16).contiguous(),
                       "nsp_labels": torch.tensor([0, 1, 0])}
     cpu_loss, cpu_grads = _step_and_grads(objective, model, batch)
-    monkeypatch.setattr(plmcli.models.device, "cpu_kernels", lambda device: False)
-    loss, grads = _step_and_grads(objective, model, batch)
+    with kernels.switched(False):
+        loss, grads = _step_and_grads(objective, model, batch)
     torch.testing.assert_close(loss, cpu_loss, rtol=1e-5, atol=1e-6)
     assert grads.keys() == cpu_grads.keys()
     for name, g in grads.items():
@@ -330,7 +329,7 @@ def test_the_whole_optimizer_step_reads_nothing_but_on_its_last_step(name, count
     # CPU tensors made there wait for no device.
     monkeypatch.setattr(loop._Training, "micro_batches", _counts_outside(loop._Training.micro_batches, paused))
     family = "bert" if name != "gpt-mini" else "gpt"
-    tiny = [o for o in TINY[family] if not o.startswith("model.vocab_size")]
+    tiny = [o for o in tiny_overrides(family) if not o.startswith("model.vocab_size")]
     extra = ["model.max_positions=18"] if name == "roberta-mini" else []
     steps = [o for o in STEPS if not o.startswith("train.max_steps")] + ["train.max_steps=4", "train.micro_batch_size=2"]
     pretrain(name, data=[str(tiny_corpus(tmp_path / "c.txt"))], out=str(tmp_path / "run"), overrides=tiny + steps + extra)

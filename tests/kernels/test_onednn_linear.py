@@ -1,5 +1,5 @@
-"""plmcli.models.dense: oneDNN's linears give F.linear's numbers (to rounding) and its gradients, and step
-aside wherever they do not apply."""
+"""plmcli.kernels.onednn: oneDNN's linears give F.linear's numbers (to rounding) and its gradients, and step
+aside wherever they do not apply (tests/kernels/test_kernel_conformance.py holds every kernel to its torch op)."""
 
 import os
 import subprocess
@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.models import dense
-from plmcli.models.dense import ACTIVATIONS, Linear, linear, onednn, packed_weights, takes_onednn
+import plmcli.kernels.onednn as onednn_module
+from plmcli.kernels import (ACTIVATIONS, Linear, linear, onednn_available, onednn_enabled, packed_cache, packed_weights,
+                            switched, takes_onednn)
 from plmcli.models.lm_loss import linear_cross_entropy
 
-needs_onednn = pytest.mark.skipif(dense._onednn_linear is None, reason="this torch has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
 
 
 def _inputs(seed=0, shape=(3, 5, 24), out=40):
@@ -78,7 +79,7 @@ def test_a_model_trains_the_same_on_onednn_and_on_f_linear():
         opt = torch.optim.SGD(net.parameters(), lr=0.5)
         x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
         losses = []
-        with onednn(on):
+        with switched(on):
             for _ in range(60):
                 loss = F.cross_entropy(net(x), y)
                 opt.zero_grad()
@@ -100,11 +101,11 @@ def test_steps_aside_where_onednn_does_not_apply():
         assert not takes_onednn(x, w, b)
         got = linear(x, w, b, "relu")
         assert got.dtype == torch.bfloat16  # autocast's bf16 linear, as F.linear under autocast
-    with onednn(False):
+    with switched(False):
         assert not takes_onednn(x, w, b)
         with torch.no_grad():
             assert torch.equal(linear(x, w, b, "gelu"), F.gelu(F.linear(x, w, b)))  # bitwise: F.linear itself
-    assert takes_onednn(x, w, b) == (dense._onednn_linear is not None)  # restored after the block
+    assert takes_onednn(x, w, b) == onednn_available()  # restored after the block
 
 
 @needs_onednn
@@ -120,10 +121,10 @@ def test_empty_rows_and_zero_features():
 
 
 def test_a_torch_without_the_op_takes_f_linear(monkeypatch):
-    monkeypatch.setattr(dense, "_onednn_linear", None)
-    monkeypatch.setattr(dense, "_enabled", [False])
+    monkeypatch.setattr(onednn_module, "_onednn_linear", None)
     x, w, b = _inputs(5)
-    with onednn(True):  # asking for it cannot turn on what is missing
+    with switched(True):  # the switch on cannot turn on what is missing
+        assert not onednn_enabled()
         assert not takes_onednn(x, w, b)
         assert torch.equal(linear(x, w, b), F.linear(x, w, b))
 
@@ -147,7 +148,7 @@ def test_packed_weights_one_copy_per_weight_a_new_one_when_it_changes():
     x, w, b = _inputs(7)
     w = nn.Parameter(w)
     with torch.no_grad(), packed_weights():
-        cache = dense._packed[0]
+        cache = packed_cache()
         linear(x, w, b)
         linear(x[:1], w, b)
         linear(x, w[:20], b[:20])  # another view of the same memory: its own copy
@@ -158,9 +159,9 @@ def test_packed_weights_one_copy_per_weight_a_new_one_when_it_changes():
         w.mul_(-1)  # changed in place: the copy made before must not be used
         torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
         with packed_weights():  # nested: the same cache
-            assert dense._packed[0] is cache
-        assert dense._packed[0] is cache
-    assert dense._packed[0] is None  # the copies go with the outermost context
+            assert packed_cache() is cache
+        assert packed_cache() is cache
+    assert packed_cache() is None  # the copies go with the outermost context
 
 
 @needs_onednn
@@ -169,13 +170,13 @@ def test_packed_weights_leave_gradients_and_odd_inputs_alone(monkeypatch):
     w = nn.Parameter(w)
     with packed_weights():
         linear(x, w, b).sum().backward()  # with a gradient: the plain weight, never a copy
-        assert dense._packed[0] == {}
+        assert packed_cache() == {}
         torch.testing.assert_close(w.grad, torch.ones(3, 5, 40).reshape(15, 40).t() @ x.reshape(15, 24))
         with torch.no_grad():
             empty = linear(torch.randn(2, 0, 24), w, b)
             strided = linear(x, w.detach().t().contiguous().t(), b)  # a transposed weight stays as it is
-            assert list(dense._packed[0]) == [(w.data_ptr(), (40, 24), w._version)]
-            monkeypatch.setattr(dense, "_onednn_reorder", None)  # a torch without the reorder
+            assert list(packed_cache()) == [(w.data_ptr(), (40, 24), w._version)]
+            monkeypatch.setattr(onednn_module, "_onednn_reorder", None)  # a torch without the reorder
             without = linear(x, w, b)
     assert empty.shape == (2, 0, 40)
     torch.testing.assert_close(strided, F.linear(x, w.detach(), b), rtol=1e-5, atol=1e-5)
@@ -198,7 +199,7 @@ def test_scoring_head_on_onednn_equals_cross_entropy(vocab):
     ref = F.cross_entropy(F.linear(h, w), y, ignore_index=-100)
     with torch.no_grad():
         on = linear_cross_entropy(h, w, y, chunk=128)
-        with onednn(False):
+        with switched(False):
             off = linear_cross_entropy(h, w, y, chunk=128)
     torch.testing.assert_close(on, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(off, ref, rtol=1e-5, atol=1e-6)
@@ -206,11 +207,11 @@ def test_scoring_head_on_onednn_equals_cross_entropy(vocab):
 
 @needs_onednn
 @pytest.mark.parametrize("value, on", [("0", False), ("1", True), (None, True)])
-def test_plm_onednn_in_the_environment_turns_the_onednn_linears_off(value, on):
+def test_plm_cpu_kernels_in_the_environment_turns_the_onednn_linears_off(value, on):
     # A CPU whose own GEMM is faster than oneDNN's keeps torch's F.linear, with no code change.
-    env = {k: v for k, v in os.environ.items() if k != "PLM_ONEDNN"} | ({} if value is None else {"PLM_ONEDNN": value})
-    code = ("import torch, torch.nn.functional as F; from plmcli.models import dense; x, w = torch.randn(4, 8), torch.randn(3, 8); "
-            "print(dense.onednn_enabled(), dense.takes_onednn(x, w), torch.equal(dense.linear(x, w), F.linear(x, w)))")
+    env = {k: v for k, v in os.environ.items() if k != "PLM_CPU_KERNELS"} | ({} if value is None else {"PLM_CPU_KERNELS": value})
+    code = ("import torch, torch.nn.functional as F; from plmcli import kernels; x, w = torch.randn(4, 8), torch.randn(3, 8); "
+            "print(kernels.onednn_enabled(), kernels.takes_onednn(x, w), torch.equal(kernels.linear(x, w), F.linear(x, w)))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out[:2] == [str(on), str(on)]
     assert on or out[2] == "True"  # off: F.linear itself, bitwise

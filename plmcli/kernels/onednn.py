@@ -8,23 +8,21 @@ it also applies the activation that follows (GELU, ReLU, SiLU) while the output 
 feed-forward's tanh-GELU then costs 0.6 ms over (2,048 × 1,024) instead of a 3 ms pass of its own.
 
 With a gradient the forward and the input gradient (g · W) run on oneDNN and the weight gradient
-(gᵀ · x) on MKL: oneDNN takes those transposed operands 20–40% slower. Anything else (autocast, bf16,
-fp64, a GPU, jagged tensors, a compiled graph, a torch without the op) takes `F.linear` as before.
+(gᵀ · x) on MKL: oneDNN takes those transposed operands 20–40% slower. Anything else (the switch off,
+autocast, bf16, fp64, a GPU, jagged tensors, a compiled graph, a torch without the op) takes `F.linear`.
 The numbers are the same product's up to rounding (the summation order differs, as between any two BLAS).
-`PLM_ONEDNN=0` in the environment keeps every fp32 linear on `F.linear`, for a CPU where torch's own
-GEMM is the faster one (only measured on the Zen 4 above).
 """
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.models import device as devices
+from plmcli.kernels.switch import enabled, switched_on
 
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -55,27 +53,20 @@ ONEDNN_ACTIVATIONS = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh":
                       "relu": ("relu", ""), "silu": ("swish", "")}
 """ACTIVATIONS' names -> oneDNN's post-op (attr, algorithm)."""
 
-_enabled = [_onednn_linear is not None and os.environ.get("PLM_ONEDNN", "1") != "0"]
+
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's linear op (fixed at import)."""
+    return _onednn_linear is not None
 
 
 def onednn_enabled() -> bool:
-    """Whether fp32 linears on a CPU run on oneDNN here: torch has the op, and neither `PLM_ONEDNN=0` (read at
-    import) nor `onednn(False)` has turned it off."""
-    return _enabled[0]
+    """Whether fp32 linears on a CPU run on oneDNN here: torch has the op and the kernels' switch is on."""
+    return _onednn_linear is not None and switched_on()
 
 
-@contextmanager
-def onednn(enabled: bool):
-    """Within: oneDNN's linears on (where they apply) or off (torch's own `F.linear`), e.g. to compare the two."""
-    saved = _enabled[0]
-    _enabled[0] = enabled and _onednn_linear is not None
-    try:
-        yield
-    finally:
-        _enabled[0] = saved
-
-
-_packed: list[dict | None] = [None]
+_packed: ContextVar[dict | None] = ContextVar("plm_packed_weights", default=None)
+"""The cache of `packed_weights` this thread or task is inside, else None: a context variable, so a pass with
+packed weights in one thread does not pack (and pin) another thread's training weights."""
 
 
 @contextmanager
@@ -85,12 +76,16 @@ def packed_weights():
     plain weight on every call (x · Wᵀ 2–4% faster at a Transformer's shapes, on AMD EPYC Zen 4). The same
     numbers, for one more copy of the weights' memory while the outermost context lasts. Not for sharded
     weights (FSDP, ZeRO-3), which are gathered into new memory at every forward."""
-    saved = _packed[0]
-    _packed[0] = {} if saved is None else saved
+    token = _packed.set({} if _packed.get() is None else _packed.get())
     try:
         yield
     finally:
-        _packed[0] = saved
+        _packed.reset(token)
+
+
+def packed_cache() -> dict | None:
+    """The innermost `packed_weights` cache ((data_ptr, shape, version) -> (weight, its packed copy)), else None."""
+    return _packed.get()
 
 
 def _packed_weight(cache: dict, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -110,10 +105,10 @@ def _packed_weight(cache: dict, weight: torch.Tensor, x: torch.Tensor) -> torch.
 
 def takes_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` runs on oneDNN."""
-    return (onednn_enabled() and devices.cpu_kernels(x.device) and x.dtype == weight.dtype == torch.float32
+    return (_onednn_linear is not None and enabled(x.device) and x.dtype == weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32) and not x.is_nested and x.dim() >= 2
             and x.shape[-1] > 0  # oneDNN has no inner product over 0 features; F.linear gives the bias
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+            and not torch.is_autocast_enabled("cpu"))
 
 
 class _Linear(torch.autograd.Function):
@@ -147,8 +142,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y = _Linear.apply(x, weight, bias)
     else:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
-        if _packed[0] is not None:
-            weight = _packed_weight(_packed[0], weight, x)
+        cache = _packed.get()
+        if cache is not None:
+            weight = _packed_weight(cache, weight, x)
         return _onednn_linear(x, weight, bias, attr, [], algorithm)
     return y if activation is None else ACTIVATIONS[activation](y)
 
