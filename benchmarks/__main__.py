@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in BENCHMARKS.items():
         # Modules import torch lazily inside run(), so building the parser (and --help) stays fast.
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP,
+        p = sub.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP,  # argparse %-formats help
                            formatter_class=_Help)
         module.add_arguments(p)
         p.add_argument("--threads", type=int, default=2, help="torch CPU threads (torch.set_num_threads)")

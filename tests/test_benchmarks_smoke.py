@@ -6,6 +6,9 @@ checks its GPT2LMHeadModel copy against plm's logits itself before it times anyt
 """
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -262,3 +265,11 @@ def test_input_pipeline_sets_each_builder_against_what_an_h100_consumes(capsys):
         rate, gpu, supply = (float(r[i].replace(",", "").rstrip("×")) for i in (4, 5, 8))
         assert rate > 0 and gpu > 0 and supply == pytest.approx(8 * rate / gpu, rel=0.01, abs=0.06)
         assert r[-1].rstrip(" |") == ("yes" if supply >= 2 else "**no**")
+
+
+def test_the_benchmarks_help_lists_every_benchmark():
+    """`python -m benchmarks --help` (argparse %-formats each help text: a "45% MFU" once crashed it)."""
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, cwd=root)
+    assert p.returncode == 0, p.stderr
+    assert "input-pipeline" in p.stdout and "45% MFU" in p.stdout
