@@ -121,15 +121,20 @@ class Seq2SeqSession(_Lazy):
         self._logits = None if self._logits is None else self._logits[index]
 
 
+def _token_buffer(contexts: list[list[int]], max_new: int, device) -> torch.Tensor:
+    """(rows, room for the longest context and max_new more) of token ids, each context at its row's start."""
+    buf = torch.zeros((len(contexts), max(map(len, contexts)) + max_new + 1), dtype=torch.long, device=device)
+    for i, c in enumerate(contexts):
+        buf[i, : len(c)] = torch.tensor(c)
+    return buf
+
+
 class CausalSession(_Lazy):
     """Right-padded token buffer; each step reruns the model over each row's last max_positions tokens."""
 
     def __init__(self, model, contexts: list[list[int]], max_new: int, max_positions: int | None, device):
         self.model, self.P = model, max_positions
-        width = max(map(len, contexts)) + max_new + 1
-        self.buf = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
-        for i, c in enumerate(contexts):
-            self.buf[i, : len(c)] = torch.tensor(c)
+        self.buf = _token_buffer(contexts, max_new, device)
         self.len = torch.tensor([len(c) for c in contexts], device=device)
         self._pending, self._logits = None, None
 
@@ -165,10 +170,7 @@ class CachedSession(_Lazy):
 
     def __init__(self, model, contexts: list[list[int]], max_new: int, max_positions: int | None, device):
         self.model, self.P = model, max_positions
-        width = max(map(len, contexts)) + max_new + 1
-        self.buf = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
-        for i, c in enumerate(contexts):
-            self.buf[i, : len(c)] = torch.tensor(c)
+        self.buf = _token_buffer(contexts, max_new, device)
         # Lengths and window starts live on the host: every step adds one token to every row, nothing is read back.
         self.len = [len(c) for c in contexts]
         self.start = [max(0, n - self.P) if self.P else 0 for n in self.len]
