@@ -129,11 +129,6 @@ def usage_line(e, command: str) -> str:
     return f"error: {msg[0].lower() + msg[1:] if msg else 'bad usage'} — see `{command} --help`"
 
 
-def guarded(fn):
-    """Marks a command whose errors the app reports (ReportingGroup does it for every command)."""
-    return fn
-
-
 class Commands:
     """A command module's commands, added to the one app by plmcli.cli (`register`): a module declares
     them without importing the app, so no command module imports plmcli.cli or another one."""

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from plmcli.cli._common import Commands, floats, guarded, print_json
+from plmcli.cli._common import Commands, floats, print_json
 from plmcli.errors import PlmError
 
 commands = Commands()
@@ -16,7 +16,6 @@ commands = Commands()
 
 
 @commands.command()
-@guarded
 def tokenize(
     inputs: List[str] = typer.Argument(..., help="Text files, directories of them, .gz files, - for stdin; JSON Lines / "
                                        "JSON / CSV / Parquet files, a save_to_disk directory, or a Hub dataset NAME[:CONFIG[:SPLIT]] "
@@ -71,7 +70,6 @@ def tokenize(
 
 
 @commands.command("make-mlm-data")
-@guarded
 def make_mlm_data(
     corpus: str = typer.Argument(..., help="A `plm tokenize` output directory."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (dataset/, meta.json, tokenizer.json)."),

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from plmcli.cli._common import Commands, guarded, print_json
+from plmcli.cli._common import Commands, print_json
 from plmcli.errors import PlmError
 
 commands = Commands()
@@ -16,7 +16,6 @@ commands = Commands()
 
 
 @commands.command("eval-ppl")
-@guarded
 def eval_ppl(
     files: List[str] = typer.Argument(..., help="Text files to score (each one continuous text), or JSON Lines / CSV / "
                                       "Parquet files, a save_to_disk directory (its test split, else validation) or a Hub "
@@ -86,7 +85,6 @@ def eval_ppl(
 
 
 @commands.command("eval-vectors")
-@guarded
 def eval_vectors(
     vectors: Optional[str] = typer.Argument(None, help="A word2vec run directory (default runs/latest), or a word2vec text "
                                             "file (`plm export --format word2vec`, gensim's save_word2vec_format)."),
@@ -131,7 +129,6 @@ def eval_vectors(
 
 
 @commands.command()
-@guarded
 def generate(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
     prompts: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text (repeatable); for an encoder-decoder run, the source."),
@@ -171,7 +168,6 @@ def generate(
 
 
 @commands.command("zero-shot")
-@guarded
 def zero_shot(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest) of a causal LM."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="sst2 (or another GLUE classification task, "

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from plmcli.cli._common import Commands, guarded, print_json, stderr
+from plmcli.cli._common import Commands, print_json, stderr
 
 commands = Commands()
 
@@ -15,7 +15,6 @@ commands = Commands()
 
 
 @commands.command()
-@guarded
 def plot(
     runs: List[str] = typer.Argument(..., help="Run directories (each with a metrics.jsonl); several are overlaid."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="PNG to write (default RUN/plots.png for one run, ./plm-plot.png for several)."),
@@ -41,7 +40,6 @@ def plot(
 
 
 @commands.command()
-@guarded
 def export(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
     format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format; "
@@ -77,7 +75,6 @@ def export(
 
 
 @commands.command("import")
-@guarded
 def import_run(
     hf_dir: str = typer.Argument(..., help="A local transformers model directory (config.json, model.safetensors or "
                                  "pytorch_model.bin, tokenizer.json or vocab.txt or vocab.json + merges.txt)."),
@@ -107,7 +104,6 @@ def import_run(
 
 
 @commands.command()
-@guarded
 def attention(
     run: str = typer.Argument(..., help="Run directory (pretrained or finetuned) of a family built on plm's self-attention "
                              "layers (any other run's refusal names them)."),
@@ -147,7 +143,6 @@ def attention(
 
 
 @commands.command()
-@guarded
 def probe(
     run: Optional[str] = typer.Argument(None, help="Run directory (pretrained or finetuned; default runs/latest) of a family with "
                                         "per-layer states (any other run's refusal names them)."),

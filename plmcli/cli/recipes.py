@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from plmcli.cli._common import ReportingGroup, guarded, print_json
+from plmcli.cli._common import ReportingGroup, print_json
 from plmcli.errors import PlmError
 
 app = typer.Typer(help="List the shipped recipes or show one fully resolved.", invoke_without_command=True,
@@ -17,7 +17,6 @@ app = typer.Typer(help="List the shipped recipes or show one fully resolved.", i
 
 
 @app.callback()
-@guarded
 def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the list as JSON.")):
     """List every shipped recipe: name, family, objective, parameters, and the first sentence of its
     description, one line each; `plm recipes show NAME` prints a recipe whole, --json lists them all.
@@ -62,7 +61,6 @@ def recipes_list(as_json: bool = typer.Option(False, "--json", help="Print the l
 
 
 @app.command("show")
-@guarded
 def recipes_show(
     name: str = typer.Argument(..., help="A shipped recipe name or a path to a .yaml recipe."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: section.key=value (repeatable)."),
@@ -77,7 +75,6 @@ def recipes_show(
 
 
 @app.command("accelerate")
-@guarded
 def recipes_accelerate(name: Optional[str] = typer.Argument(None, help="ddp | fsdp | deepspeed-zero2 | deepspeed-zero3")):
     """Where the shipped `accelerate launch` configs are (all of them, or NAME's path alone).
 

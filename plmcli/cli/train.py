@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from plmcli.cli._common import Commands, guarded, parse_duration, print_json, process, stderr
+from plmcli.cli._common import Commands, parse_duration, print_json, process, stderr
 from plmcli.errors import PlmError
 
 commands = Commands()
@@ -16,7 +16,6 @@ commands = Commands()
 
 
 @commands.command()
-@guarded
 def pretrain(
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
     data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, "
@@ -86,7 +85,6 @@ ELMO_AT_OUTPUT = typer.Option(None, "--elmo-at-output", help="ELMo runs: ELMo ve
 
 
 @commands.command()
-@guarded
 def finetune(
     task: Optional[str] = typer.Option(None, "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
                                        "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag | race; own data: "
