@@ -165,12 +165,12 @@ class SyncRecorder:
         events = self.events
 
         def marked(training, *args, **kwargs):
-            # optimizer_step runs step loop["step"] + 1; after_step follows it, the count already moved on
-            events.append(Mark(phase, training.loop["step"] + (phase == "step")))
+            # optimizer_step runs step loop.step + 1; after_step follows it, the count already moved on
+            events.append(Mark(phase, training.loop.step + (phase == "step")))
             try:
                 return fn(training, *args, **kwargs)
             finally:
-                events.append(Mark("out", training.loop["step"]))
+                events.append(Mark("out", training.loop.step))
 
         return marked
 

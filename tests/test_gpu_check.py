@@ -102,21 +102,22 @@ def test_the_recorder_marks_the_loops_steps_and_keeps_the_stack(monkeypatch):
     Marks, a sync warning recorded with its site and the innermost plmcli frame (none here), other warnings
     passed on once, and the methods and filters put back afterwards."""
     from plmcli.train import loop
+    from plmcli.train.checkpoint import LoopState
 
     def optimizer_step(self):
-        if self.loop["step"] == 2:
+        if self.loop.step == 2:
             warnings.warn(SYNC_TEXT)
         warnings.warn("not a sync")
-        self.loop["step"] += 1
+        self.loop.step += 1
 
     def after_step(self, stop_asked):
-        if self.loop["step"] == 4:
+        if self.loop.step == 4:
             warnings.warn(SYNC_TEXT)
 
     monkeypatch.setattr(loop._Training, "optimizer_step", optimizer_step)
     monkeypatch.setattr(loop._Training, "after_step", after_step)
     training = object.__new__(loop._Training)
-    training.loop = {"step": 0}
+    training.loop = LoopState()
     filters = list(warnings.filters)
     with warnings.catch_warnings(record=True) as outer:
         warnings.simplefilter("always")
