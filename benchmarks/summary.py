@@ -286,8 +286,8 @@ ROWS: dict[str, tuple[Reader, Reader]] = {
     "readme-command": (
         lambda s: "val ppl {}, held-out eval-ppl {}".format(
             *find(s, r"val loss [\d.]+ \(ppl ([\d.]+)\); eval-ppl ([\d.]+)")),
-        lambda s: "command 1 {}; test suite {}".format(
-            find(s, r"→ (\d+ s) in all")[0], find(s, r"in ([\d.]+ s) \(\d+ min")[0])),
+        lambda s: "command 1 {}; unit tests {}, .ci/run {}".format(
+            find(s, r"→ (\d+ s) in all")[0], find(s, r"skipped in ([\d.]+ s); then")[0], find(s, r"; (\d+ s) \(\d+ min")[0])),
     "generate-cache": (
         lambda s: "greedy output byte-identical to recomputing",
         lambda s: "1,000 tokens from gpt-mini in {} instead of {} (medians of 3)".format(
