@@ -453,8 +453,7 @@ def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
             fit = max(n for n in range(1, min(v, total) + 1) if total % n == 0)
             raise PlmError(f"{where}.{c.other} {total} is not divisible by {key} {v}",
                            f"pick {k} dividing {c.other}, e.g. --set {key}={fit}")
-        example = default if default is not None and c.holds(default, values) else _inside(c)
-        raise PlmError(f"{key} {v} must be {c}", f"e.g. --set {key}={example}")
+        raise PlmError(f"{key} {v} must be {c}", f"e.g. --set {key}={_example(c, default, values)}")
 
 
 def check_value(cls, name: str, value, label: str) -> None:
@@ -471,9 +470,13 @@ def check_value(cls, name: str, value, label: str) -> None:
         if isinstance(c, _Choices):
             raise PlmError(f"{label} {value!r} is not one of {', '.join(map(str, c.choices))}",
                            f"use {label} {default if default in c.choices else c.choices[0]}")
-        example = default if default is not None and c.holds(default, {}) else _inside(c)
         raise PlmError(f"{label} {value} is out of range: must be {c}",  # as typed: -1, not the float -1.0
-                       f"e.g. {label} {_yaml_scalar(example)}" + (", or leave it out" if default is None else ""))
+                       f"e.g. {label} {_yaml_scalar(_example(c, default, {}))}" + (", or leave it out" if default is None else ""))
+
+
+def _example(c, default, values: dict):
+    """A value for a hint: the field's default where it meets the check `c`, else one inside its Range."""
+    return default if default is not None and c.holds(default, values) else _inside(c)
 
 
 def _inside(r) -> float:

@@ -222,7 +222,11 @@ def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it")
     """(model in eval mode, tokenizer, run config) of a finished language-model run; a finetuned run is refused
     (its weights are a task model)."""
     path = resolve_run(run, usage)
-    cfg = run_config(path)
+    return load_run_at(path, run_config(path), run, usage, doing)
+
+
+def load_run_at(path: Path, cfg: dict, run: str | None, usage: str = "--model RUN", doing: str = "use it"):
+    """load_run for a caller that has resolved the run and read its config already (to check its family first)."""
     refuse_task_model(path, cfg, run, usage, doing)
     return load_run_model(path, cfg), load_run_tokenizer(path, cfg), cfg
 

@@ -169,7 +169,7 @@ def _bytes_in(path: Path) -> int:
         return 0
 
 
-def _write_failure(e: BaseException, where: Path, written: int, needed: int | None) -> str:
+def _write_failure(e: BaseException, tmp: Path, needed: Callable[[], int | None] | None) -> str:
     """Why a write failed, in the user's words; a full disk with what is free and what the write needs."""
     import resource
 
@@ -185,19 +185,21 @@ def _write_failure(e: BaseException, where: Path, written: int, needed: int | No
     if code == errno.EFBIG:
         return reason
     try:
-        free = f"{_size(shutil.disk_usage(where).free)} free"
+        free = f"{_size(shutil.disk_usage(tmp.parent).free)} free"
     except OSError:
         free = "free space unknown"
-    need = f"it needs about {_size(needed)}" if needed else f"{_size(written)} were written when it failed"
+    size = needed() if needed else None
+    need = f"it needs about {_size(size)}" if size else f"{_size(_bytes_in(tmp))} were written when it failed"
     return f"{reason} ({free} there, {need})"
 
 
 @contextmanager
-def writing(what: str, tmp, continue_with: str | None = None, needed: int | None = None, every_oserror: bool = True):
+def writing(what: str, tmp, continue_with: str | None = None, needed: Callable[[], int | None] | None = None,
+            every_oserror: bool = True):
     """Around a write of `what` into the temp path `tmp` (a file or directory) that is renamed into place: a
     failure (Ctrl-C too) removes `tmp`, and a failed write (disk full, quota, file size limit; with
-    `every_oserror` any OSError) becomes the one-line WriteFailed naming what, where and why. `needed`:
-    the bytes the write takes, when the caller knows (a checkpoint: the last one's size)."""
+    `every_oserror` any OSError) becomes the one-line WriteFailed naming what, where and why. `needed`: the bytes
+    the write takes, when the caller knows (a checkpoint: the last one's size), asked only once the disk is full."""
     tmp = Path(tmp)
     try:
         yield
@@ -207,11 +209,11 @@ def writing(what: str, tmp, continue_with: str | None = None, needed: int | None
             raise
         raise _write_failed(e.message, e.fix, continue_with) from e.__cause__
     except BaseException as e:
-        written = _bytes_in(tmp)
-        remove(tmp)
         if not _is_write_failure(e, every_oserror):
+            remove(tmp)
             raise
-        reason = _write_failure(e, tmp.parent, written, needed)
+        reason = _write_failure(e, tmp, needed)  # before the temp goes: what it holds says how far the write got
+        remove(tmp)
         fix = ("raise the file size limit (ulimit -f)" if "ulimit" in reason
                else "free some space there (or write elsewhere)" if reason.startswith(("no space", "disk quota"))
                else "check that place and its permissions")
@@ -226,7 +228,8 @@ def _write_failed(message: str, fix: str, continue_with: str | None) -> WriteFai
 
 
 @contextmanager
-def atomic_path(dest, tmp=None, continue_with: str | None = None, needed: int | None = None) -> Iterator[Path]:
+def atomic_path(dest, tmp=None, continue_with: str | None = None,
+                needed: Callable[[], int | None] | None = None) -> Iterator[Path]:
     """A temp path beside `dest` to write (a file or a link); a clean exit renames it onto `dest`, a failure
     (Ctrl-C too) removes it, and a full disk or file size limit is the one-line WriteFailed (`writing`, which
     takes `continue_with` and `needed`). `tmp` names the temp path when a caller must know it (several processes)."""

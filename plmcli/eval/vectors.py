@@ -178,14 +178,15 @@ def load_vectors(source: str | None) -> tuple[list[str], np.ndarray, str]:
         return words, vectors, f"file {source}"
     from plmcli.models.base import HasWordVectors
     from plmcli.models.registry import model_class
-    from plmcli.runs import load_run, resolve_run, run_config, run_label
+    from plmcli.runs import load_run_at, resolve_run, run_config, run_label
 
     path = resolve_run(source, USAGE)
-    family = run_config(path)["family"]
+    cfg = run_config(path)
+    family = cfg["family"]
     if not issubclass(model_class(family), HasWordVectors):
         raise PlmError(f"run {run_label(source, path)} ({family}) has no static word vectors to score",
                        "pass a word2vec run (a word2vec-* recipe) or a word2vec text file")
-    model, tok, _ = load_run(source, USAGE, "score its word vectors")
+    model, tok, _ = load_run_at(path, cfg, source, USAGE, "score its word vectors")
     words, vectors = model.word_vectors([tok.id_to_token(i) or "" for i in range(tok.get_vocab_size())])
     return words, vectors, f"run {run_label(source, path)}"
 

@@ -352,7 +352,7 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
     from plmcli.eval.perplexity import window_length
     from plmcli.models.base import traits_of
     from plmcli.models.registry import model_class
-    from plmcli.runs import load_run, resolve_run, run_config, run_label
+    from plmcli.runs import load_run_at, resolve_run, run_config, run_label
 
     if batch_size < 1:
         raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 8")
@@ -360,12 +360,13 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
         raise PlmError(f"--max-length {max_length} must be ≥ 1", "e.g. --max-length 128, or leave it out for the "
                        "run's training seq_len")
     path = resolve_run(run, "RUN")
-    family = run_config(path)["family"]
+    run_cfg = run_config(path)
+    family = run_cfg["family"]
     traits = traits_of(model_class(family))
     if not traits.causal or traits.stateful:  # before loading the weights
         raise PlmError(f"zero-shot scoring needs a causal LM that reads whole sequences, and run {run_label(run, path)} is a "
                        f"{family} model", "pass a gpt run (plm pretrain --recipe gpt-mini)")
-    model, tok, run_cfg = load_run(run, "RUN", "score a task zero-shot")
+    model, tok, _ = load_run_at(path, run_cfg, run, "RUN", "score a task zero-shot")
     check_model(model)
     positions = model.max_positions
     window, why = window_length(max_length, positions, run_cfg.get("seq_len"))

@@ -81,9 +81,10 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, loop_state: LoopState
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    previous = list_checkpoints(run_dir)
-    # The last checkpoint's size is what this one needs: a full disk says how much to free.
-    needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else None
+    def needed() -> int | None:  # the last checkpoint's size is what this one needs: a full disk says how much to free
+        previous = list_checkpoints(run_dir)
+        return sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else None
+
     with writing(f"the checkpoint of step {step}", tmp, continue_with, needed):
         accelerator.save_state(str(tmp), safe_serialization=False)
         accelerator.wait_for_everyone()

@@ -424,8 +424,10 @@ def save_weights(accelerator, model, run_dir: Path, tied: dict[str, str]) -> Non
     tmp, final = Path(run_dir) / ".model.safetensors.tmp", Path(run_dir) / "model.safetensors"
     state = accelerator.get_state_dict(model) if sharded(accelerator) else None  # collective
     if accelerator.is_main_process:
-        weights = state if state is not None else accelerator.unwrap_model(model).state_dict()
-        needed = sum(t.nbytes for k, t in weights.items() if k not in tied)  # what a full disk must make room for
+        def needed() -> int:  # what a full disk must make room for
+            weights = state if state is not None else accelerator.unwrap_model(model).state_dict()
+            return sum(t.nbytes for k, t in weights.items() if k not in tied)
+
         with atomic_path(final, tmp, needed=needed):
             if state is not None:
                 save_file({k: v.contiguous() for k, v in state.items() if k not in tied}, str(tmp), metadata=dict(tied) or None)
