@@ -79,9 +79,11 @@ def run(args) -> int:
     results = {}
     for init in ("pretrained", "random"):
         t0 = time.perf_counter()
-        res = api.finetune("sst2", from_run=str(root / "pretrain"), data_dir=str(common.SHARED_DATA / "glue"),
-                           epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=42,
-                           out=str(root / f"sst2-{init}"), max_steps=args.max_finetune_steps, init=init)
+        cfg = api.finetune_config(None, common.given({
+            "task.name": "sst2", "model.from_run": str(root / "pretrain"), "task.data_dir": str(common.SHARED_DATA / "glue"),
+            "train.epochs": args.epochs, "optim.lr": args.lr, "train.batch_size": args.batch_size, "train.seed": 42,
+            "train.max_steps": args.max_finetune_steps, "model.init": init}))
+        res = api.finetune(cfg, str(root / f"sst2-{init}"))
         results[init] = (res, time.perf_counter() - t0)
     acc = {k: v[0]["dev"]["accuracy"] for k, v in results.items()}
     gain = acc["pretrained"] - acc["random"]

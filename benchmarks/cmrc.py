@@ -70,10 +70,12 @@ def run(args) -> int:
         source = root / "bert-mini-zh"
         pre, _, _ = pretrain_compute("bert-mini", build_corpus(root / "corpus-zh.txt"), source, args.pretrain_tflop, OVERRIDES)
     t0 = time.perf_counter()
-    res = api.finetune("cmrc2018", from_run=str(source), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                       seed=42, out=str(root / "cmrc"), max_seq_len=args.max_seq_len, max_steps=args.max_steps,
-                       train=str(CHINESE / "cmrc2018" / "cmrc2018_dev.json"),
-                       dev=str(CHINESE / "cmrc2018" / "cmrc2018_trial.json"))
+    cfg = api.finetune_config(None, common.given({
+        "task.name": "cmrc2018", "model.from_run": str(source), "train.epochs": args.epochs, "optim.lr": args.lr,
+        "train.batch_size": args.batch_size, "train.seed": 42, "task.max_seq_len": args.max_seq_len,
+        "train.max_steps": args.max_steps, "task.train": str(CHINESE / "cmrc2018" / "cmrc2018_dev.json"),
+        "task.dev": str(CHINESE / "cmrc2018" / "cmrc2018_trial.json")}))
+    res = api.finetune(cfg, str(root / "cmrc"))
     wall = time.perf_counter() - t0
     d = res["dev"]
     print(f"  CMRC2018 trial: EM {d['exact_match']:.2f} F1 {d['f1']:.2f}")

@@ -29,6 +29,11 @@ other load: sections marked *Preliminary* were measured on a shared machine.
 """
 
 
+def given(keys: dict) -> dict:
+    """Config keys given a value, as an override layer (None: left to the config's default)."""
+    return {k: v for k, v in keys.items() if v is not None}
+
+
 def set_threads(n: int) -> None:
     """Pin torch's intra-op threads so both sides of a comparison get the same CPU budget."""
     import torch

@@ -50,9 +50,11 @@ def run(args) -> int:
     rows, f1 = [], {}
     for crf in (False, True):
         t0 = time.perf_counter()
-        res = api.finetune("conll2003", from_run=str(source), data_dir=str(args.data_dir), epochs=args.epochs,
-                           lr=args.lr, batch_size=args.batch_size, seed=42, out=str(root / f"ner-crf{int(crf)}"),
-                           max_steps=args.max_steps, crf=crf)
+        cfg = api.finetune_config(None, common.given({
+            "task.name": "conll2003", "model.from_run": str(source), "task.data_dir": str(args.data_dir),
+            "train.epochs": args.epochs, "optim.lr": args.lr, "train.batch_size": args.batch_size, "train.seed": 42,
+            "train.max_steps": args.max_steps, "task.crf": crf}))
+        res = api.finetune(cfg, str(root / f"ner-crf{int(crf)}"))
         wall = time.perf_counter() - t0
         d = res["dev"]
         f1[crf] = d["f1"]

@@ -68,9 +68,11 @@ def run(args) -> int:
             res = json.loads((d / "sst2" / "metrics.json").read_text())
             ft_wall = res["elapsed_s"]
         else:
-            res = api.finetune("sst2", from_run=str(d / "pretrain"), data_dir=str(common.SHARED_DATA / "glue"),
-                               epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=42, out=str(d / "sst2"),
-                               max_seq_len=args.max_seq_len, max_steps=args.max_finetune_steps)
+            cfg = api.finetune_config(None, common.given({
+                "task.name": "sst2", "model.from_run": str(d / "pretrain"), "task.data_dir": str(common.SHARED_DATA / "glue"),
+                "train.epochs": args.epochs, "optim.lr": args.lr, "train.batch_size": args.batch_size, "train.seed": 42,
+                "task.max_seq_len": args.max_seq_len, "train.max_steps": args.max_finetune_steps}))
+            res = api.finetune(cfg, str(d / "sst2"))
             ft_wall = time.perf_counter() - t0
         print(f"  {name}: SST-2 dev accuracy {res['dev']['accuracy']:.4f}")
         rows.append([f"`{name}`", r.objective_name, f"{api.count_params(r) / 1e6:.2f}M", f"{fpt / 1e6:.1f}M", f"{pre['steps']:,}",

@@ -193,7 +193,7 @@ def pretrain_run(ctx: Ctx, recipe: str, name: str, overrides: list[str], steps: 
     import torch
 
     from plmcli import api
-
+    from plmcli.config import override_layers
     from plmcli.errors import Interrupted
 
     out = ctx.root / name
@@ -208,7 +208,7 @@ def pretrain_run(ctx: Ctx, recipe: str, name: str, overrides: list[str], steps: 
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     try:
-        res["summary"] = api.pretrain(recipe, None, str(out), overrides=over, max_steps=steps,
+        res["summary"] = api.pretrain(recipe, None, str(out), override_layers(over, {"train.max_steps": steps}),
                                       time_budget=ctx.args.time_budget)
     except Exception as e:  # noqa: BLE001 (one failed run is a row of the table, not the end of the part)
         ctx.stopped = isinstance(e, (Interrupted, CapReached))

@@ -259,6 +259,7 @@ def one_run(name: str, batch: int, root: Path, args, peak: float | None) -> dict
     import torch
 
     from plmcli import api
+    from plmcli.config import override_layers
     from plmcli.config import load_recipe
     from plmcli.models.registry import build_model, model_class
 
@@ -274,7 +275,8 @@ def one_run(name: str, batch: int, root: Path, args, peak: float | None) -> dict
     t0 = time.perf_counter()
     try:
         with attention_kernels(flash_only=not MODELS[name]["mlm"] or args.bert_data == "dynamic"):
-            summary = api.pretrain(str(recipe_path), None, str(out), overrides=over, max_steps=args.warmup + args.steps,
+            summary = api.pretrain(str(recipe_path), None, str(out),
+                                   override_layers(over, {"train.max_steps": args.warmup + args.steps}),
                                    time_budget=args.time_budget)
     except torch.OutOfMemoryError:
         res["error"] = f"out of GPU memory at batch {batch} × {recipe.train.seq_len}: pass --batch {name}={max(1, batch // 2)}"

@@ -151,21 +151,24 @@ def worker(job: dict) -> dict:
     common.set_threads(job["threads"])
     os.environ["PLM_RUNS"], os.environ["PLM_CACHE"] = job["runs"], job["cache"]
     from plmcli import api
+    from plmcli.config import override_layers
 
     if job["kind"] == "pretrain":
         root = Path(job["root"])
         root.mkdir(parents=True, exist_ok=True)
         corpus = CORPORA[job["lang"]](root / "corpus.txt")
         t0, c0 = time.perf_counter(), time.process_time()
-        pre = api.pretrain(job["recipe"], [str(corpus)], str(root / "pretrain"), overrides=job["overrides"],
-                           max_steps=job["steps"], time_budget=job["budget"])
+        pre = api.pretrain(job["recipe"], [str(corpus)], str(root / "pretrain"),
+                           override_layers(job["overrides"], {"train.max_steps": job["steps"]}), time_budget=job["budget"])
         # CPU time of this process (tokenizer training, encoding, steps, evaluations): the CPU-minutes
         return {"summary": pre, "wall": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                 "tok_per_s": pre["tokens"] / pre["elapsed_s"], "corpus_mb": corpus.stat().st_size / 1e6}
 
     t0 = time.perf_counter()
-    res = api.finetune(job["task"], from_run=job["run"], data_dir=job["data"], out=job["out"], seed=job["seed"],
-                       init=job["init"], epochs=job.get("epochs"), max_steps=job.get("max_steps"))
+    cfg = api.finetune_config(None, common.given({
+        "task.name": job["task"], "model.from_run": job["run"], "task.data_dir": job["data"], "train.seed": job["seed"],
+        "model.init": job["init"], "train.epochs": job.get("epochs"), "train.max_steps": job.get("max_steps")}))
+    res = api.finetune(cfg, job["out"])
     return {**res, "wall": time.perf_counter() - t0}
 
 

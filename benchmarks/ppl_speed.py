@@ -131,11 +131,12 @@ def _run_dir(args, root: Path) -> tuple[str, str]:
     if args.run:
         return args.run, f"the run `{common.shown(args.run)}`"
     from plmcli import api
+    from plmcli.config import override_layers
 
     data = args.train_data or str(common.shared_or_sample("ptb/ptb.train.txt", Path(api.default_corpus())))
     out = root / "run"
     print(f"pretraining {args.recipe} for {args.train_steps} steps on {data} ...")
-    api.pretrain(args.recipe, [data], str(out), overrides=args.set or None, max_steps=args.train_steps)
+    api.pretrain(args.recipe, [data], str(out), override_layers(args.set, {"train.max_steps": args.train_steps}))
     return str(out), f"`{args.recipe}` pretrained here for {args.train_steps} steps on `{common.shown(data)}`"
 
 

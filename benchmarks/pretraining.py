@@ -16,20 +16,20 @@ def pretrain_for(recipe_name: str, corpus: Path, root: Path, budget: float, over
     ends when the budget does instead of being cut mid-decay by the time limit.
     """
     from plmcli import api
-    from plmcli.config import load_recipe
+    from plmcli.config import load_recipe, override_layers
 
     recipe = load_recipe(recipe_name, overrides)
     tokens_per_step = recipe.train.global_batch_size * recipe.train.seq_len
     # logged every 5 steps whatever the recipe says, so that 30 steps give rates past the first (warm-up) one
     calibrate = [*(overrides or []), "train.log_every=5"]
-    api.pretrain(recipe_name, [str(corpus)], str(root / "calibrate"), overrides=calibrate, max_steps=30)
+    api.pretrain(recipe_name, [str(corpus)], str(root / "calibrate"), override_layers(calibrate, {"train.max_steps": 30}))
     rates = [r["tok_per_s"] for r in map(json.loads, (root / "calibrate" / "metrics.jsonl").read_text().splitlines())
              if "tok_per_s" in r][1:]
     rate = statistics.median(rates)
     steps = max(10, int(0.93 * budget * rate / tokens_per_step))  # evaluations and checkpoints take the rest
     t0 = time.perf_counter()
-    pre = api.pretrain(recipe_name, [str(corpus)], str(root / "pretrain"), overrides=overrides,
-                       max_steps=steps, time_budget=budget)
+    pre = api.pretrain(recipe_name, [str(corpus)], str(root / "pretrain"),
+                       override_layers(overrides, {"train.max_steps": steps}), time_budget=budget)
     return pre, time.perf_counter() - t0, rate
 
 
@@ -59,6 +59,6 @@ def pretrain_compute(recipe_name: str, corpus: Path, out: Path, tflop: float, ov
     steps, fpt = steps_for(load_recipe(recipe_name, overrides), tflop)
     print(f"pretraining {recipe_name} for {steps} steps ({tflop:g} TFLOP at {fpt / 1e6:.1f} MFLOP/token) ...")
     t0 = time.perf_counter()
-    pre = api.pretrain(recipe_name, [str(corpus)], str(out), max_steps=steps,
-                       overrides=list(overrides or []) + [f"train.eval_every={steps}", f"train.save_every={steps}"])
+    pre = api.pretrain(recipe_name, [str(corpus)], str(out),
+                       list(overrides or []) + [f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}"])
     return pre, time.perf_counter() - t0, fpt

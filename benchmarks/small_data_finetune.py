@@ -19,7 +19,7 @@ from benchmarks import common
 NAME = "small-data-finetune"
 HELP = ("plm finetune's defaults on 2,000 SST-2 rows from a 30-step bert-mini and from random init; "
         "plm's classifier vs transformers' BertForSequenceClassification on the same batches")
-OLD = {"lr": 2e-5, "epochs": 3}
+OLD = {"optim.lr": 2e-5, "train.epochs": 3}
 """BERT-base's defaults (Devlin et al.), plm finetune's for every model before the size defaults."""
 BERT_MINI_WEIGHTS = 3_300_000
 """bert-mini's weights outside its embedding tables (the finetunes' size-defaults line prints 3.30M)."""
@@ -67,7 +67,7 @@ def make_slice(root: Path, rows: int) -> Path:
 
 
 def finetune(run: Path, data: Path, out: Path, **flags) -> dict:
-    """metrics.json of one `plm finetune --task sst2` (flags: only those given; the rest are the defaults). A
+    """metrics.json of one `plm finetune --task sst2` (flags: config keys given; the rest are the defaults). A
     finished one under --keep is read back: separate processes can each run some, and a last call gathers."""
     import json
     import shutil
@@ -77,7 +77,8 @@ def finetune(run: Path, data: Path, out: Path, **flags) -> dict:
     if (out / "metrics.json").is_file():
         return json.loads((out / "metrics.json").read_text())
     shutil.rmtree(out, ignore_errors=True)
-    result = api.finetune(task="sst2", from_run=str(run), data_dir=str(data), out=str(out), **flags)
+    cfg = api.finetune_config(None, {"task.name": "sst2", "model.from_run": str(run), "task.data_dir": str(data), **flags})
+    result = api.finetune(cfg, str(out))
     shutil.rmtree(out / "data", ignore_errors=True)
     (out / "model.safetensors").unlink(missing_ok=True)
     return result
@@ -248,7 +249,7 @@ def run(args) -> int:
     data = make_slice(root, args.rows)
     run_dir = root / f"pretrain-{args.pretrain_steps}"
     if not (run_dir / "summary.json").is_file():
-        api.pretrain(recipe="bert-mini", out=str(run_dir), max_steps=args.pretrain_steps)
+        api.pretrain("bert-mini", out=str(run_dir), overrides={"train.max_steps": args.pretrain_steps})
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     results, chosen = {}, ""
     kinds = {"defaults": ("defaults", {}), "bert-base": ("lr 2e-5, 3 epochs (BERT-base's)", OLD)}
@@ -256,7 +257,7 @@ def run(args) -> int:
         for kind in [x for x in args.kinds.split(",") if x]:
             label, flags = kinds[kind]
             for seed in seeds if not flags else seeds[:1]:
-                r = finetune(run_dir, data, root / f"ft-{init}-{kind}-{seed}", init=init, seed=seed, **flags)
+                r = finetune(run_dir, data, root / f"ft-{init}-{kind}-{seed}", **{"model.init": init, "train.seed": seed}, **flags)
                 chosen = r.get("size_defaults") or r["settings"].get("size_defaults") or chosen
                 results.setdefault((init, label), []).append(r)
                 print(f"{init}, {label}, seed {seed}: dev accuracy by epoch "

@@ -45,6 +45,7 @@ def run(args) -> int:
         return 0
     common.set_threads(args.threads)
     from plmcli import api
+    from plmcli.config import override_layers
     from plmcli.config import load_recipe
 
     info = common.machine_info()
@@ -60,7 +61,7 @@ def run(args) -> int:
             out = root / recipe
             print(f"training {recipe} for {args.steps} steps into {out} ...")
             t0 = time.perf_counter()
-            s = api.pretrain(recipe, [str(train)], str(out), overrides=over, max_steps=args.steps)
+            s = api.pretrain(recipe, [str(train)], str(out), override_layers(over, {"train.max_steps": args.steps}))
             results[recipe] = {"summary": s, "wall": time.perf_counter() - t0}
             print(f"  val loss {s['val_loss']:.4f} in {s['elapsed_s']:.0f} s")
         evals = [

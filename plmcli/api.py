@@ -96,9 +96,11 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
 def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
-                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True,
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), packing: str = "full_sentences",
                   knowledge_units: str | None = None) -> dict:
     """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics).
+
+    `packing` (pairs none): full_sentences (RoBERTa's FULL-SENTENCES) | doc_sentences (no instance spans two documents).
 
     ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT);
     `lexicon` gives the units of masking "knowledge" (ERNIE), or `knowledge_units` (phrases | entities) has jieba's
@@ -112,74 +114,62 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
                  num_proc=num_proc, force=force, span_p=span_p, span_max=span_max, lexicon=lexicon,
-                 ngram_probs=ngram_probs, cross_documents=cross_documents, knowledge_units=knowledge_units)
+                 ngram_probs=ngram_probs, packing=packing, knowledge_units=knowledge_units)
 
 
 # ---------------------------------------------------------------- pretrain
 
 
-def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
-             overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
+def pretrain(recipe=None, data: list[str] | None = None, out: str | None = None, overrides=None, *,
              time_budget: float | None = None, resume: bool | str = False, stop_after: int | None = None,
-             console=None, streaming: bool = False, text_column: str | None = None) -> dict:
+             streaming: bool = False, console=None) -> dict:
     """Train a model from a recipe; returns the run summary (also written to RUN/summary.json).
 
-    A recipe with `phases` trains them in order (RUN/phases/<name>/ each), every phase continuing the
-    previous one's weights with a fresh optimizer and schedule. `streaming`: read, tokenize and pack the
-    text files as training goes (plmcli/data/streaming.py) instead of tokenizing them first.
-    `resume` continues RUN from its last checkpoint; a run stopped before its first one starts again
-    from step 0 (its recipe, tokenizer and config are there); `resume="auto"` continues the run at `out` when
-    there is one and starts it there when not (one command for a requeued job). One process at a time trains
-    into a run. SIGINT, SIGTERM and SIGUSR1 stop it at the next optimizer step with a checkpoint of that step
-    (plmcli.errors.Interrupted).
-    `text_column` (= data.text_column): the text column of `datasets` inputs (data/tables.py).
+    `recipe`: a shipped recipe's name, a .yaml path, or a plmcli.config.Recipe (config.load_recipe), and
+    `overrides` over a name or path: `section.key=value` strings or a dict (nested, or {"train.max_steps": 500});
+    every setting is a recipe key. A recipe with `phases` trains them in order (RUN/phases/<name>/ each), every
+    phase continuing the previous one's weights with a fresh optimizer and schedule. `streaming`: read, tokenize
+    and pack the text files as training goes (plmcli/data/streaming.py) instead of tokenizing them first.
+    `resume` continues RUN from its last checkpoint (`overrides` over its recipe); a run stopped before its first
+    one starts again from step 0 (its recipe, tokenizer and config are there); `resume="auto"` continues the run
+    at `out` when there is one and starts it there when not (one command for a requeued job). One process at a
+    time trains into a run. `time_budget`: seconds for the whole run, its phases together. SIGINT, SIGTERM and
+    SIGUSR1 stop it at the next optimizer step with a checkpoint of that step (plmcli.errors.Interrupted).
     """
     from plmcli.pipelines.pretrain import pretrain as run_pretrain
 
-    return run_pretrain(recipe, data, out, overrides, max_steps=max_steps, max_tokens=max_tokens, time_budget=time_budget,
-                        resume=resume, stop_after=stop_after, console=console, streaming=streaming,
-                        text_column=text_column)
+    return run_pretrain(recipe, data, out, overrides, time_budget=time_budget, resume=resume, stop_after=stop_after,
+                        streaming=streaming, console=console)
 
 
 # ---------------------------------------------------------------- finetune
 
 
-def finetune(task: str | None = None, from_run: str | None = None, data_dir: str | None = None,
-             epochs: int | None = None, lr: float | None = None, batch_size: int | None = None, seed: int | None = None,
-             out: str | None = None, max_seq_len: int | None = None, max_steps: int | None = None,
-             init: str | None = None, console=None, eval_only: bool = False, warmup_ratio: float | None = None,
-             weight_decay: float | None = None, dropout: float | None = None, classifier_dropout: float | None = None,
-             *, config: str | None = None, overrides: list[str] | dict | None = None, seeds: int | None = None,
-             freeze: bool | None = None, features: str | None = None, elmo_at_output: bool | None = None,
-             **options) -> dict:
-    """Finetune a pretrained run on a task; returns OUT/metrics.json (see plmcli.pipelines.finetune).
+def finetune_config(path: str | None = None, overrides=None):
+    """A plmcli.config.FinetuneConfig: the YAML file `path` (sections task, model, train, optim, grid; a finished
+    finetune's OUT/finetune.yaml is one; None: the defaults) with `overrides` over it (`section.key=value`
+    strings, or a dict: nested, or {"task.name": "sst2", "train.epochs": 2}). Checked as it loads: an unknown
+    key or a value out of its range is a PlmError naming it."""
+    from plmcli.config import load_finetune_config
 
-    `lr`, `epochs` and `batch_size` may be lists and `seeds` a count of runs per setting (= the config's
-    `grid` section): more than one finetune is a grid (pipelines/finetune_grid.py), and returns OUT/grid.json.
+    return load_finetune_config(path, overrides)
 
-    `config`: a finetune config YAML (sections task, model, train, optim; a finished finetune's
-    OUT/finetune.yaml is one); `overrides`: `section.key=value` strings (or a nested dict) over it. Every
-    other argument sets one config key, and one that is given beats both (None: not given; the defaults of
-    plmcli.config.FinetuneConfig then apply). `options`: the task settings of
-    plmcli.data.tasks.TaskOptions (train, dev, test, text_col, crf, ...). `freeze`, `features`, `elmo_at_output`:
-    feature-based use (model.freeze / model.features / model.elmo_at_output).
+
+def finetune(config, out: str | None = None, *, eval_only: bool = False, console=None) -> dict:
+    """Finetune as the FinetuneConfig `config` says (see finetune_config) into `out` (default
+    runs/<run>-<task>-<time>); returns OUT/metrics.json (see plmcli.pipelines.finetune).
+
+    A config whose grid section lists several lr / epochs / batch sizes or seeds is a grid
+    (pipelines/finetune_grid.py): every combination finetuned, the best dev run kept; it returns OUT/grid.json.
+    `eval_only`: model.from_run is a finetuned run of the task: score its dev set, predict test, train nothing.
     """
-    from dataclasses import fields
-
-    from plmcli.data.tasks import TaskOptions
-    from plmcli.pipelines.finetune import finetune_config, run_finetune
+    from plmcli.pipelines.finetune import run_finetune
     from plmcli.pipelines.finetune_grid import cell_config, grid_cells, run_grid
 
-    known = {f.name for f in fields(TaskOptions)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise PlmError(f"unknown finetune option(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
-    cfg = finetune_config(config, overrides, options, task=task, from_run=from_run, data_dir=data_dir, epochs=epochs,
-                          lr=lr, batch_size=batch_size, seed=seed, max_seq_len=max_seq_len, max_steps=max_steps,
-                          init=init, warmup_ratio=warmup_ratio, weight_decay=weight_decay, dropout=dropout,
-                          classifier_dropout=classifier_dropout, seeds=seeds, freeze=freeze, features=features,
-                          elmo_at_output=elmo_at_output)
-    cfg = replace(cfg, task=replace(cfg.task, data_dir=sample_data_dir(cfg.task.data_dir)))
+    if not config.task.name:
+        raise PlmError("no task given", "pass --task NAME (e.g. --task sst2), or name it in the --config file "
+                       "(task: {name: sst2}) or with --set task.name=sst2")
+    cfg = replace(config, task=replace(config.task, data_dir=sample_data_dir(config.task.data_dir)))
     quiet_datasets_off_terminal()
     cells = grid_cells(cfg)
     if len(cells) > 1 and eval_only:

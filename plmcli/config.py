@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
+import functools
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import yaml
 
-from plmcli.config_sections import (Count, DataConfig, Divides, FinetuneGridConfig, FinetuneModelConfig,
-                                    FinetuneOptimConfig, FinetuneTaskConfig, FinetuneTrainConfig, Folded, Fraction,
-                                    MixedPrecision, NonNegative, OptimizerName, Positive, Probability, Rule,
-                                    ScheduleName, Seed, Size, TaskOptions, TokenizerConfig, Workers)
+from plmcli.config_sections import (Count, DataConfig, FinetuneGridConfig, FinetuneModelConfig, FinetuneTaskConfig,
+                                    Folded, Fraction, MixedPrecision, NonNegative, OptimizerName, Positive, Probability,
+                                    Rule, ScheduleName, Seed, Size, TaskOptions, TokenizerConfig, Workers, build_section,
+                                    canonical, check_value, field_docs, plain_type, reject_unknown, yaml_scalar)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -30,14 +30,22 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @dataclass
 class TrainConfig:
+    """The `train` section, pretraining's and finetuning's: a finetune reads it with FINETUNE_DEFAULTS."""
+
     seq_len: Size = 128
-    """Tokens per training sequence (at most the model's max_positions)."""
+    """Tokens per training sequence (at most the model's max_positions). Pretraining only: a finetune's
+    examples are task.max_seq_len long."""
     global_batch_size: Size = 32
-    """Sequences per optimizer step, over all processes; accumulation = global / (micro × world)."""
+    """Sequences (finetuning: examples) per optimizer step, over all processes; accumulation = global /
+    (micro × world). Also read as `batch_size`."""
     micro_batch_size: Count = 0
     """Sequences per forward pass on one device; 0 = the whole global batch (no accumulation)."""
-    max_steps: Size = 1000
-    """Optimizer steps; also the horizon of the learning-rate schedule."""
+    max_steps: Optional[Size] = 1000
+    """Optimizer steps; also the horizon of the learning-rate schedule. Finetuning: none = epochs × the
+    steps of an epoch."""
+    epochs: Optional[Size] = None
+    """Finetuning: epochs; dev is evaluated after each and the best weights are kept. none = by the backbone's
+    size: 3 (Devlin et al.) for BERT-base-size models, more for small ones. Pretraining counts max_steps."""
     max_tokens: Optional[Size] = None
     """Stop after this many training tokens (whichever of max_steps / max_tokens comes first)."""
     time_budget: Optional[Positive] = None
@@ -58,7 +66,8 @@ class TrainConfig:
     """fp16: stop when the dynamic loss scale falls below this (below 1 the gradients overflow fp16 even
     unscaled: the run is diverging, and every further step would be skipped)."""
     eval_every: Count = 200
-    """Evaluate on the validation split every N steps (and at the end); 0 = only at the end."""
+    """Evaluate on the validation split every N steps (and at the end); 0 = only at the end (finetuning:
+    after every epoch, keeping the best dev weights)."""
     eval_batches: Count = 50
     """Validation batches per evaluation, of micro_batch_size sequences (global_batch_size when that is 0),
     whatever the number of processes; 0 = the whole split."""
@@ -69,16 +78,16 @@ class TrainConfig:
     loses at most that much); the step-based interval still applies."""
     keep_checkpoints: Size = 2
     """How many recent checkpoints to keep."""
-    log_every: Size = 10
-    """Log loss / lr / throughput every N steps."""
+    log_every: Count = 10
+    """Log loss / lr / throughput every N steps; 0 (finetuning) = four times an epoch, at most every 50 steps."""
     seed: Seed = 1337
-    """Seeds model init, data order, masking and dropout."""
+    """Seeds model init (a finetune's task head), data order, masking and dropout."""
     num_workers: Workers = "auto"
     """DataLoader worker processes that build the training batches. auto: none on a CPU-only run (the model
     needs the cores); with an accelerator, the cores this process may use shared among the node's processes,
     less one for the training process itself, at most 8 and at least 1."""
     compile: bool = False
-    """torch.compile the model (GPU runs)."""
+    """torch.compile the model: on a GPU, faster steps after a first step that compiles for a minute or so."""
     activation_checkpointing: bool = False
     """Keep only each Transformer block's input for backward and recompute the block's activations there (one
     more forward: ~1/3 more compute per step): a large model, a long seq_len or a bigger micro_batch_size then
@@ -92,8 +101,9 @@ class TrainConfig:
 class OptimConfig:
     name: Annotated[OptimizerName, Folded()] = "adamw"
     """adamw | adam | lamb | sgd."""
-    lr: Positive = 3e-4
-    """Peak learning rate."""
+    lr: Optional[Positive] = 3e-4
+    """Peak learning rate. Finetuning: none = by the backbone's size: 2e-5 (Devlin et al.) for BERT-base-size
+    models, higher for small ones (Turc et al. 2019)."""
     weight_decay: NonNegative = 0.01
     """Decoupled weight decay on matrices (never on biases or norm weights)."""
     betas: Annotated[list, Rule(lambda b, _: len(b) == 2 and all(0 <= x < 1 for x in b),
@@ -107,6 +117,9 @@ class OptimConfig:
     """linear | cosine | constant | inverse-sqrt | polynomial | step."""
     warmup_steps: Count = 0
     """Linear warmup steps."""
+    warmup_ratio: Optional[Probability] = None
+    """Warm up over this share of the steps instead of warmup_steps; 0 = no warmup (finetuning's default: 0.1,
+    Devlin et al.)."""
     min_lr_ratio: Fraction = 0.0
     """The decayed learning rate as a fraction of lr."""
     power: Positive = 1.0
@@ -117,6 +130,13 @@ class OptimConfig:
     """step schedule: steps between two decays."""
     decay_start: Count = 0
     """step schedule: the first decay happens after this many steps."""
+
+    def warmup(self, total_steps: int) -> int:
+        """Warmup steps of a run of `total_steps`: warmup_ratio's share, else warmup_steps as far as it goes
+        (a smoke test's --max-steps 3 keeps the recipe's warmup)."""
+        if self.warmup_ratio is not None:
+            return int(self.warmup_ratio * total_steps)
+        return min(self.warmup_steps, total_steps)
 
 
 SECTIONS = ("model", "tokenizer", "data", "objective", "train", "optim")
@@ -145,7 +165,7 @@ class Recipe:
     def phase(self, i: int) -> "Recipe":
         """The recipe of phase i: the base with that phase's overrides and max_steps."""
         ph = self.phases[i]
-        over = parse_overrides([f"{k}={_yaml_scalar(v)}" for k, v in (ph.get("set") or {}).items()])
+        over = parse_overrides([f"{k}={yaml_scalar(v)}" for k, v in (ph.get("set") or {}).items()])
         over = _merge(over, {"train": {"max_steps": ph["max_steps"]}})
         base = {k: v for k, v in self.raw.items() if k != "phases"}
         # --set beats the phase's own settings, so a smoke test can shrink every phase at once.
@@ -200,7 +220,7 @@ def _read_raw(name_or_path: str, seen: tuple = (), folder: Path | None = None) -
         chain = " → ".join([lbl for _, lbl in seen] + [label])
         raise PlmError(f"recipe {seen[0][1]} extends itself ({chain})", "break the cycle of `extends`")
     raw = _yaml_mapping(text, f"recipe {label}", SECTIONS)
-    _reject_unknown(raw, TOP_KEYS, "recipe")
+    reject_unknown(raw, TOP_KEYS, "recipe")
     raw.setdefault("name", path.stem if label == str(path) else name_or_path)
     base = raw.pop("extends", None)
     if base:
@@ -239,17 +259,16 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _reject_unknown(raw: dict, allowed, where: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
-            raise PlmError(f"unknown key '{key}' in {where}", hint)
-
-
-def parse_overrides(items: list[str] | None) -> dict:
-    """`section.key=value` strings into a nested dict; values parsed as YAML scalars."""
-    out: dict = {}
+def parse_overrides(items: list[str] | dict | None) -> dict:
+    """`section.key=value` strings into a nested dict; values parsed as YAML scalars. A dict is nested already, or
+    keyed by `section.key` ({"train.epochs": 2}, values as they are)."""
+    if isinstance(items, dict):
+        out: dict = {}
+        for key, value in items.items():
+            section, dot, name = str(key).partition(".")
+            out = _merge(out, {section: {name: value}} if dot else {key: value})
+        return out
+    out = {}
     for item in items or []:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise PlmError(f"--set '{item}' is not of the form section.key=value", "e.g. --set train.max_steps=500")
@@ -266,19 +285,21 @@ def parse_overrides(items: list[str] | None) -> dict:
     return out
 
 
+def override_layers(*layers) -> dict:
+    """Override layers (each `section.key=value` strings, a nested dict or a {"section.key": value} dict), later ones
+    beating earlier ones key by key: --set, then the flags a command was given."""
+    return functools.reduce(_merge, (canonical(parse_overrides(layer)) for layer in layers), {})
+
+
 def load_recipe(name_or_path: str, overrides: list[str] | dict | None = None) -> Recipe:
     raw = _read_raw(name_or_path)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    _reject_unknown(over, SECTIONS + ("name", "description"), "--set")
+    over = canonical(parse_overrides(overrides))
+    reject_unknown(over, SECTIONS + ("name", "description"), "--set")
     recipe = _from_raw(_merge(raw, over))
     recipe.raw, recipe.cli = raw, over
     for i in range(len(recipe.phases)):  # every phase must resolve now, not hours into a run
         recipe.phase(i)
     return recipe
-
-
-def _yaml_scalar(v) -> str:
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").strip()
 
 
 def _check_phases(phases, label) -> list:
@@ -287,7 +308,7 @@ def _check_phases(phases, label) -> list:
     for i, ph in enumerate(phases):
         if not isinstance(ph, dict):
             raise PlmError(f"recipe {label}: phase {i + 1} is not a mapping", "write {name: ..., max_steps: N, set: {...}}")
-        _reject_unknown(ph, PHASE_KEYS, f"phase {i + 1}")
+        reject_unknown(ph, PHASE_KEYS, f"phase {i + 1}")
         if not isinstance(ph.get("max_steps"), int) or ph["max_steps"] < 1:
             raise PlmError(f"recipe {label}: phase {i + 1} needs max_steps ≥ 1", "add max_steps: N to the phase")
         ph.setdefault("name", f"phase{i + 1}")
@@ -329,8 +350,17 @@ def _from_raw(raw: dict) -> Recipe:
 
 
 def _check_recipe(r: Recipe) -> None:
-    """What no single field's type can say: the fields' own ranges were checked as they were built."""
+    """What no single field's type can say (the fields' own ranges were checked as they were built), and what
+    pretraining asks of the train and optim sections that a finetune, which shares them, does not."""
     t = r.train
+    for key, value, wrong, hint in (("train.max_steps", t.max_steps, t.max_steps is None, "e.g. --set train.max_steps=1000"),
+                                    ("optim.lr", r.optim.lr, r.optim.lr is None, "e.g. --set optim.lr=3e-4"),
+                                    ("train.epochs", t.epochs, t.epochs is not None, "set train.max_steps instead"),
+                                    ("train.log_every", t.log_every, t.log_every == 0, "e.g. --set train.log_every=10")):
+        if wrong:
+            says = "is finetuning's: pretraining counts steps" if key == "train.epochs" else "must be ≥ 1" if value == 0 \
+                else "must be set for pretraining"
+            raise PlmError(f"{key} {yaml_scalar(value)} {says}", hint)
     if t.micro_batch_size and t.global_batch_size % t.micro_batch_size:
         raise PlmError(
             f"train.global_batch_size {t.global_batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
@@ -343,14 +373,22 @@ def _check_recipe(r: Recipe) -> None:
 
 FINETUNE_SECTIONS = ("task", "model", "train", "optim", "grid")
 
+FINETUNE_DEFAULTS = {
+    "train": {"global_batch_size": 32, "max_steps": None, "eval_every": 0, "eval_batches": 0, "save_every": 0,
+              "keep_checkpoints": 1, "log_every": 0, "seed": 42},
+    "optim": {"lr": None, "warmup_ratio": 0.1},
+}
+"""Where a finetune's train and optim sections differ from pretraining's (Devlin et al. 2018 §4.1: dev after every
+epoch on the whole dev set, the best weights kept; the lr and epochs chosen from the backbone's size; 10% warmup).
+A finetune does not resume, so it keeps no checkpoints."""
 
-@dataclass
-class LoopRecipe:
-    """What THE loop (plmcli.train.loop) reads of a recipe: its train and optim sections. A finetune builds
-    one from its FinetuneConfig; a pretraining Recipe is read the same way."""
+FINETUNE_REFUSES = {"train.seq_len": "a finetune's examples are task.max_seq_len long — e.g. --set task.max_seq_len=256"}
+"""Keys of the shared sections that mean nothing to a finetune: set, they are refused; they are not written to
+OUT/finetune.yaml."""
 
-    train: TrainConfig
-    optim: OptimConfig
+
+def _finetune_section(section: str, cls):
+    return lambda: cls(**FINETUNE_DEFAULTS[section])
 
 
 @dataclass
@@ -358,12 +396,13 @@ class FinetuneConfig:
     """`plm finetune`'s settings: the task, the run it starts from, the training and the optimizer.
 
     Loaded from YAML (`--config FILE`) with `--set section.key=value` overrides by `load_finetune_config`;
-    every flag of `plm finetune` sets one of these keys."""
+    every flag of `plm finetune` sets one of these keys. The train and optim sections are pretraining's, with
+    FINETUNE_DEFAULTS."""
 
     task: FinetuneTaskConfig = field(default_factory=FinetuneTaskConfig)
     model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
-    train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
-    optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
+    train: TrainConfig = field(default_factory=_finetune_section("train", TrainConfig))
+    optim: OptimConfig = field(default_factory=_finetune_section("optim", OptimConfig))
     grid: FinetuneGridConfig = field(default_factory=FinetuneGridConfig)
     """Several finetunes in one command, the best dev one kept (plmcli.pipelines.finetune_grid)."""
 
@@ -375,6 +414,9 @@ class FinetuneConfig:
         task = dataclasses.asdict(self.task)
         first = {k: task.pop(k) for k in ("name", "data_dir", "max_seq_len")}  # what a reader looks for first
         out = {"task": first | task, **{s: dataclasses.asdict(getattr(self, s)) for s in FINETUNE_SECTIONS[1:]}}
+        for key in FINETUNE_REFUSES:
+            section, name = key.split(".")
+            del out[section][name]
         if self.grid == FinetuneGridConfig():  # one finetune's config reads as it did before grids
             del out["grid"]
         return out
@@ -390,16 +432,21 @@ def load_finetune_config(path: str | None = None, overrides: list[str] | dict | 
     flags set) on top of those. Unknown keys, values of the wrong type and choices outside a Literal are
     one-line PlmErrors here, before anything runs."""
     raw = _read_finetune_file(path) if path else {}
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    _reject_unknown(over, FINETUNE_SECTIONS, "--set")
-    merged = _merge(_merge(raw, over), flags or {})
+    over = parse_overrides(overrides)
+    reject_unknown(over, FINETUNE_SECTIONS, "--set")
+    layers = [canonical(layer) for layer in (FINETUNE_DEFAULTS, raw, over, flags or {})]
+    merged = functools.reduce(_merge, layers)
+    for key, hint in FINETUNE_REFUSES.items():
+        section, name = key.split(".")
+        if any(name in (layer.get(section) or {}) for layer in layers[1:]):
+            raise PlmError(f"{key} is not a finetune setting", hint)
     cfg = FinetuneConfig(**{s: build_section(cls, merged.get(s) or {}, s) for s, cls in (
-        ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("train", FinetuneTrainConfig),
-        ("optim", FinetuneOptimConfig), ("grid", FinetuneGridConfig))})
+        ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("train", TrainConfig),
+        ("optim", OptimConfig), ("grid", FinetuneGridConfig))})
     t = cfg.train
-    if t.micro_batch_size and t.batch_size % t.micro_batch_size:
-        raise PlmError(f"train.batch_size {t.batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}",
-                       "pick a micro batch that divides the batch")
+    if t.micro_batch_size and t.global_batch_size % t.micro_batch_size:
+        raise PlmError(f"train.batch_size {t.global_batch_size} is not a multiple of train.micro_batch_size "
+                       f"{t.micro_batch_size}", "pick a micro batch that divides the batch")
     return cfg
 
 
@@ -409,186 +456,91 @@ def _read_finetune_file(path: str) -> dict:
         raise PlmError(f"finetune config '{path}' does not exist",
                        "check the path; a finished finetune writes its own as OUT/finetune.yaml")
     raw = _yaml_mapping(p.read_text(encoding="utf-8"), f"finetune config {path}", FINETUNE_SECTIONS)
-    _reject_unknown(raw, FINETUNE_SECTIONS, "finetune config")
+    reject_unknown(raw, FINETUNE_SECTIONS, "finetune config")
     return raw
 
 
-# ------------------------------------------------------------- typing
+# ---------------------------------------------------------------- flags
 
 
-def build_section(cls, raw: dict, where: str):
-    if not isinstance(raw, dict):
-        raise PlmError(f"section '{where}' must be a mapping", f"write {where}: followed by key: value lines")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _reject_unknown(raw, list(fields), where)
-    hints = typing.get_type_hints(cls, include_extras=True)
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
-    _check_values(fields, hints, kwargs, where)
-    return cls(**kwargs)
+@dataclass(frozen=True)
+class FlagSpec:
+    """What a command-line flag of a config key takes, as its field declares it (plmcli.cli generates the flag)."""
+
+    key: str
+    cls: type
+    """The section's dataclass."""
+    kind: type
+    """bool, int, float or str: the value typed after the flag (str for a choice, and for a list)."""
+    choices: tuple | None
+    axis: str | None
+    """The grid key that a comma list of values sets (grid.lr for optim.lr)."""
+    help: str
 
 
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+def _section_classes(root) -> dict:
+    """section -> its dataclass, of the config class `root` (FinetuneConfig, Recipe)."""
+    return {k: v for k, v in typing.get_type_hints(root).items() if dataclasses.is_dataclass(v)}
 
 
-def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
-    """Every field against what its type declares (config_sections: Literal, Range, Divides, Rule), defaults
-    included, so a recipe fails at load and never hours into a run. Cross-field checks come last: they
-    read fields that must already be valid."""
-    values = {k: kwargs[k] if k in kwargs else _default(f) for k, f in fields.items()}
-    checks = [(k, c) for k in fields for c in _constraints(hints[k])]
-    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], (Divides, Rule))):
-        v = values[k]
-        if v is None or c.holds(v, values):
-            continue
-        default = _default(fields[k])
-        key = f"{where}.{k}"
-        if isinstance(c, Rule):
-            hint = c.hint or (f"e.g. --set {key}={_yaml_scalar(default)}" if c.holds(default, values) else f"change {key}")
-            raise PlmError(f"{key} {v} {c.says.format(where=where, **values)}", hint.format(where=where, **values))
-        if isinstance(c, tuple):  # the choices of a Literal
-            raise PlmError(f"{key} {v!r} is not one of {', '.join(map(str, c.choices))}", f"e.g. --set {key}={c.choices[0]}")
-        if isinstance(c, Divides):
-            total = values[c.other]
-            fit = max(n for n in range(1, min(v, total) + 1) if total % n == 0)
-            raise PlmError(f"{where}.{c.other} {total} is not divisible by {key} {v}",
-                           f"pick {k} dividing {c.other}, e.g. --set {key}={fit}")
-        raise PlmError(f"{key} {v} must be {c}", f"e.g. --set {key}={_example(c, default, values)}")
+def _axes(root) -> dict:
+    """key -> the grid key whose list varies it, in `root`'s sections."""
+    out = {}
+    for section, cls in _section_classes(root).items():
+        for name, tp in typing.get_type_hints(cls, include_extras=True).items():
+            axis = plain_type(tp)[2]
+            if axis is not None:
+                out[axis.key] = f"{section}.{name}"
+    return out
 
 
-def check_value(cls, name: str, value, label: str) -> None:
-    """One field's `value` against what its type declares (its own checks: the cross-field rules need the whole
-    section), the error naming `label` as the user typed it (a flag: `--epochs 0 is out of range: must be ≥ 1`).
-    A flag and its config key are one declaration: the field."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    tp = typing.get_type_hints(cls, include_extras=True)[name]
-    v = _coerce(value, tp, label)
-    for c in _constraints(tp):
-        if v is None or isinstance(c, (Divides, Rule)) or c.holds(v, {}):
-            continue
-        default = _default(f)
-        if isinstance(c, _Choices):
-            raise PlmError(f"{label} {value!r} is not one of {', '.join(map(str, c.choices))}",
-                           f"use {label} {default if default in c.choices else c.choices[0]}")
-        raise PlmError(f"{label} {value} is out of range: must be {c}",  # as typed: -1, not the float -1.0
-                       f"e.g. {label} {_yaml_scalar(_example(c, default, {}))}" + (", or leave it out" if default is None else ""))
+def flag_spec(root, key: str) -> FlagSpec:
+    """The flag of `key` (section.field of the config class `root`): its type, choices and help, the field's
+    docstring with the key it sets and its default (when `root` has defaults: a finetune's; a recipe's are the
+    recipe's own)."""
+    section, name = key.split(".")
+    cls = _section_classes(root)[section]
+    kind, choices, _ = plain_type(typing.get_type_hints(cls, include_extras=True)[name])
+    axis = _axes(root).get(key)
+    part = next(f for f in dataclasses.fields(root) if f.name == section)
+    default = getattr(part.default_factory(), name) if part.default_factory is not dataclasses.MISSING else None
+    text = " ".join(field_docs(cls).get(name, "").split())
+    if axis:
+        example = "5e-5,3e-5,2e-5" if kind is float else "2,3,4" if name == "epochs" else "16,32"
+        text += f" A comma list ({example}) finetunes each: a grid (= {axis})."
+    shown = "" if default in (None, False, [], "") else f"; default {default:g}" if isinstance(default, float) \
+        else f"; default {default}"
+    return FlagSpec(key, cls, str if axis or choices else kind, choices, axis, f"{text} (= {key}{shown})")
 
 
-def _example(c, default, values: dict):
-    """A value for a hint: the field's default where it meets the check `c`, else one inside its Range."""
-    return default if default is not None and c.holds(default, values) else _inside(c)
+def flag_layer(root, given: dict) -> dict:
+    """The override layer (a nested dict, over --set) of the flags given: {key: (value, the flag as typed)}, each
+    value checked by its field, the error naming the flag. A key that a grid varies also takes a comma list: several
+    values set the grid's list, one value the key itself, emptying the grid's list (a flag beats a config file's
+    grid)."""
+    layer: dict = {}
+    axes = _axes(root)
+    for key, (value, label) in given.items():
+        spec = flag_spec(root, key)
+        values = _flag_values(value, label, spec) if spec.axis else [value]
+        for v in values:
+            check_value(spec.cls, key.split(".")[1], v, label)
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            raise PlmError(f"{label} lists {twice} twice", "give each value once")
+        sets = {axes[key]: values} if len(values) > 1 else {key: values[0], **({axes[key]: []} if key in axes else {})}
+        layer = _merge(layer, parse_overrides(sets))
+    return layer
 
 
-def _inside(r) -> float:
-    """A value within the Range `r`, for a hint when the field's default is not one (None)."""
-    if not r.lo_open:
-        return r.lo
-    return (r.lo + r.hi) / 2 if r.hi is not None else r.lo + 1
-
-
-class _Choices(tuple):
-    """A Literal's values as a check: the value must be one of them."""
-
-    @property
-    def choices(self):
-        return tuple(self)
-
-    def holds(self, v, values: dict) -> bool:
-        return v in self
-
-
-def _constraints(tp) -> list:
-    """The checks a field's type declares: Annotated metadata and Literal choices, through Optional."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return [c for a in typing.get_args(tp) if a is not type(None) for c in _constraints(a)]
-    if origin is Annotated:
-        return [*_constraints(tp.__origin__), *(m for m in tp.__metadata__ if hasattr(m, "holds"))]
-    if origin is Literal:
-        return [_Choices(typing.get_args(tp))]
-    return []
-
-
-def _coerce(value, tp, where: str):
-    origin = typing.get_origin(tp)
-    if origin is Annotated:  # the constraints are checked once every field is built
-        if any(isinstance(m, Folded) for m in tp.__metadata__) and isinstance(value, str):
-            folded = value.strip().lower()
-            value = folded if folded in typing.get_args(tp.__origin__) else value  # else the error shows it as written
-        return _coerce(value, tp.__origin__, where)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if isinstance(value, bool) and str(value).lower() not in choices:  # YAML 1.1 reads no / off / yes as booleans
-            value = next((c for c in choices if c in (("yes", "on", "true") if value else ("no", "off", "false"))), value)
-        return _coerce(value, type(choices[0]), where)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        refused = []
-        for arm in args:  # the first type that takes the value (a count, else the word auto)
-            try:
-                return _coerce(value, arm, where)
-            except PlmError as e:
-                refused.append(e)
-        raise refused[0]
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _type_error(where, value, "true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise _type_error(where, value, "an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _type_error(where, value, "a number")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _type_error(where, value, "a string")
-    if tp is list or origin is list:
-        item = typing.get_args(tp)  # list[float]: each item coerced as a float field is; a lone value, a list of one
-        if item:
-            items = value if isinstance(value, (list, tuple)) else [value]
-            return [_coerce(v, item[0], where) for v in items]
-        if isinstance(value, (list, tuple)):
-            return list(value)
-        raise _type_error(where, value, "a list, e.g. [0.9, 0.999]")
-    if tp is dict or origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-        raise _type_error(where, value, "a mapping")
-    return value
-
-
-def _type_error(where, value, want) -> PlmError:
-    return PlmError(f"{where} = {value!r} is not {want}", f"e.g. --set {where}=<{want.split(',')[0]}>")
-
-
-def field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings of a config dataclass (the string literal after each field)."""
-    import ast
-    import inspect
-    import textwrap
-
+def _flag_values(text, label: str, spec: FlagSpec) -> list:
+    """A grid flag's value: one number, or a comma list of them."""
+    if not isinstance(text, str):
+        return list(text) if isinstance(text, (list, tuple)) else [text]
+    item = plain_type(typing.get_type_hints(spec.cls, include_extras=True)[spec.key.split(".")[1]])[0]
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body
-    docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
-            docs[a.target.id] = str(b.value.value)
-    return docs
+        return [item(x) for x in text.split(",")]
+    except ValueError:
+        what, example = ("whole numbers", "2,3,4") if item is int else ("numbers", "5e-5,3e-5,2e-5")
+        raise PlmError(f"{label} '{text}' is not a number or a comma-separated list of {what}",
+                       f"e.g. {label} {example}") from None

@@ -7,15 +7,23 @@ another condition between fields of a section (what a model's constructor would 
 lists of the settings that pick an implementation (optimizer, schedule, tokenizer) live here, at the
 bottom, so a recipe is checked against them before anything is built.
 
-`plm finetune`'s config has its own four sections (task, model, train, optim: the Finetune* classes at
-the end), checked by the same machinery; `TaskOptions`, the part of the task section the tasks read, is
-re-exported by plmcli.data.tasks.
+`plm finetune`'s config shares the train and optim sections (config.TrainConfig, OptimConfig) with other
+defaults, and has three of its own (task, model, grid: the Finetune* classes at the end), checked by the same
+machinery; `TaskOptions`, the part of the task section the tasks read, is re-exported by plmcli.data.tasks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Literal, Optional, Union
+
+import yaml
+
+from plmcli.errors import PlmError
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,26 @@ class Folded:
     and schedule names were before their fields became choices."""
 
 
+@dataclass(frozen=True)
+class Formerly:
+    """An older key of this field, still read where a section is built (build_section): the old key's value,
+    mapped by `values`, sets the field (a value mapped to None leaves the field as it is). Given beside the field,
+    the field's default counts as unset — a saved config.json writes every field out —, and any other value
+    than the mapped one is refused as a contradiction. e.g. objective.cross_documents false is packing
+    doc_sentences: `Annotated[..., Formerly("cross_documents", {False: "doc_sentences", True: None})]`."""
+
+    key: str
+    values: dict
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A grid's list of values for the field `key` (grid.lr tries values of optim.lr): the flag of `key` also
+    takes a comma list, which sets this field instead (`plm finetune --lr 5e-5,3e-5`)."""
+
+    key: str
+
+
 Size = Annotated[int, Range(1)]
 """A count or width that must be ≥ 1."""
 Count = Annotated[int, Range(0)]
@@ -151,6 +179,273 @@ class DataConfig:
     """Worker processes for tokenization."""
 
 
+# ---------------------------------------------------------------- building and checking a section
+
+
+def reject_unknown(raw: dict, allowed, where: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
+            raise PlmError(f"unknown key '{key}' in {where}", hint)
+
+
+def yaml_scalar(v) -> str:
+    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+KEY_ALIASES = {"train": {"batch_size": "global_batch_size"}}
+"""Other names of a section's keys: finetuning's `train.batch_size` is the train section's global_batch_size."""
+
+
+def canonical(raw: dict) -> dict:
+    """`raw` (sections of keys) with every key under its field's name (KEY_ALIASES); both names at once are refused."""
+    out = dict(raw)
+    for section, aliases in KEY_ALIASES.items():
+        part = out.get(section)
+        if not isinstance(part, dict):
+            continue
+        part = dict(part)
+        for alias, name in aliases.items():
+            if alias in part:
+                if name in part:
+                    raise PlmError(f"{section}.{alias} and {section}.{name} name one setting", "keep one of them")
+                part[name] = part.pop(alias)
+        out[section] = part
+    return out
+
+
+def former_keys(fields: dict, hints: dict, raw: dict, where: str) -> dict:
+    """`raw` with each older key a field's type declares (Formerly) read as that field: the other name of a key
+    that also changed its values, where KEY_ALIASES renames a key alone."""
+    out = dict(raw)
+    for name, tp in hints.items():
+        for old in _formerly(tp):
+            if old.key not in out:
+                continue
+            v = out.pop(old.key)
+            known = [k for k in old.values if type(k) is type(v) and k == v]  # true is not 1; a list is no key
+            if not known:
+                choices = " or ".join(yaml_scalar(k) for k in old.values)
+                raise PlmError(f"{where}.{old.key} {v!r} is not {choices}", f"set {where}.{name} instead")
+            new = old.values[known[0]]
+            if new is None:
+                continue
+            given = out.get(name, new)
+            if given not in (new, _default(fields[name])):
+                raise PlmError(f"{where}.{old.key} {yaml_scalar(v)} (the older name of {where}.{name} {new}) contradicts "
+                               f"{where}.{name} {given}", f"drop {where}.{old.key}, and keep {where}.{name}={given} "
+                               f"or set {where}.{name}={new}")
+            out[name] = new
+    return out
+
+
+def _formerly(tp) -> list:
+    """The Formerly declarations of a field's type (Annotated metadata)."""
+    if typing.get_origin(tp) is not Annotated:
+        return []
+    return [m for m in tp.__metadata__ if isinstance(m, Formerly)]
+
+
+def build_section(cls, raw: dict, where: str):
+    if not isinstance(raw, dict):
+        raise PlmError(f"section '{where}' must be a mapping", f"write {where}: followed by key: value lines")
+    raw = canonical({where: raw})[where]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls, include_extras=True)
+    raw = former_keys(fields, hints, raw, where)
+    reject_unknown(raw, list(fields), where)
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
+    _check_values(fields, hints, kwargs, where)
+    return cls(**kwargs)
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _check_values(fields: dict, hints: dict, kwargs: dict, where: str) -> None:
+    """Every field against what its type declares (config_sections: Literal, Range, Divides, Rule), defaults
+    included, so a recipe fails at load and never hours into a run. Cross-field checks come last: they
+    read fields that must already be valid."""
+    values = {k: kwargs[k] if k in kwargs else _default(f) for k, f in fields.items()}
+    checks = [(k, c) for k in fields for c in _constraints(hints[k])]
+    for k, c in sorted(checks, key=lambda kc: isinstance(kc[1], (Divides, Rule))):
+        v = values[k]
+        if v is None or c.holds(v, values):
+            continue
+        default = _default(fields[k])
+        key = f"{where}.{k}"
+        if isinstance(c, Rule):
+            hint = c.hint or (f"e.g. --set {key}={yaml_scalar(default)}" if c.holds(default, values) else f"change {key}")
+            raise PlmError(f"{key} {v} {c.says.format(where=where, **values)}", hint.format(where=where, **values))
+        if isinstance(c, tuple):  # the choices of a Literal
+            raise PlmError(f"{key} {v!r} is not one of {', '.join(map(str, c.choices))}", f"e.g. --set {key}={c.choices[0]}")
+        if isinstance(c, Divides):
+            total = values[c.other]
+            fit = max(n for n in range(1, min(v, total) + 1) if total % n == 0)
+            raise PlmError(f"{where}.{c.other} {total} is not divisible by {key} {v}",
+                           f"pick {k} dividing {c.other}, e.g. --set {key}={fit}")
+        raise PlmError(f"{key} {v} must be {c}", f"e.g. --set {key}={_example(c, default, values)}")
+
+
+def check_value(cls, name: str, value, label: str) -> None:
+    """One field's `value` against what its type declares (its own checks: the cross-field rules need the whole
+    section), the error naming `label` as the user typed it (a flag: `--epochs 0 is out of range: must be ≥ 1`).
+    A flag and its config key are one declaration: the field."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    tp = typing.get_type_hints(cls, include_extras=True)[name]
+    v = _coerce(value, tp, label)
+    for c in _constraints(tp):
+        if v is None or isinstance(c, (Divides, Rule)) or c.holds(v, {}):
+            continue
+        default = _default(f)
+        if isinstance(c, _Choices):
+            raise PlmError(f"{label} {value!r} is not one of {', '.join(map(str, c.choices))}",
+                           f"use {label} {default if default in c.choices else c.choices[0]}")
+        raise PlmError(f"{label} {value} is out of range: must be {c}",  # as typed: -1, not the float -1.0
+                       f"e.g. {label} {yaml_scalar(_example(c, default, {}))}" + (", or leave it out" if default is None else ""))
+
+
+def _example(c, default, values: dict):
+    """A value for a hint: the field's default where it meets the check `c`, else one inside its Range."""
+    return default if default is not None and c.holds(default, values) else _inside(c)
+
+
+def _inside(r) -> float:
+    """A value within the Range `r`, for a hint when the field's default is not one (None)."""
+    if not r.lo_open:
+        return r.lo
+    return (r.lo + r.hi) / 2 if r.hi is not None else r.lo + 1
+
+
+class _Choices(tuple):
+    """A Literal's values as a check: the value must be one of them."""
+
+    @property
+    def choices(self):
+        return tuple(self)
+
+    def holds(self, v, values: dict) -> bool:
+        return v in self
+
+
+def _constraints(tp) -> list:
+    """The checks a field's type declares: Annotated metadata and Literal choices, through Optional."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return [c for a in typing.get_args(tp) if a is not type(None) for c in _constraints(a)]
+    if origin is Annotated:
+        return [*_constraints(tp.__origin__), *(m for m in tp.__metadata__ if hasattr(m, "holds"))]
+    if origin is Literal:
+        return [_Choices(typing.get_args(tp))]
+    return []
+
+
+def plain_type(tp):
+    """(the Python type a field's value has — bool, int, float, str or list —, its choices for a Literal, else
+    None, its Axis when a grid's list is one): what a command-line flag of the field takes."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return plain_type(next(a for a in typing.get_args(tp) if a is not type(None)))
+    if origin is Annotated:
+        base, choices, axis = plain_type(tp.__origin__)
+        return base, choices, next((m for m in tp.__metadata__ if isinstance(m, Axis)), axis)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        return type(choices[0]), choices, None
+    return (list if origin is list else tp), None, None
+
+
+def _coerce(value, tp, where: str):
+    origin = typing.get_origin(tp)
+    if origin is Annotated:  # the constraints are checked once every field is built
+        if any(isinstance(m, Folded) for m in tp.__metadata__) and isinstance(value, str):
+            folded = value.strip().lower()
+            value = folded if folded in typing.get_args(tp.__origin__) else value  # else the error shows it as written
+        return _coerce(value, tp.__origin__, where)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if isinstance(value, bool) and str(value).lower() not in choices:  # YAML 1.1 reads no / off / yes as booleans
+            value = next((c for c in choices if c in (("yes", "on", "true") if value else ("no", "off", "false"))), value)
+        return _coerce(value, type(choices[0]), where)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        refused = []
+        for arm in args:  # the first type that takes the value (a count, else the word auto)
+            try:
+                return _coerce(value, arm, where)
+            except PlmError as e:
+                refused.append(e)
+        raise refused[0]
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _type_error(where, value, "true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise _type_error(where, value, "an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _type_error(where, value, "a number")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _type_error(where, value, "a string")
+    if tp is list or origin is list:
+        item = typing.get_args(tp)  # list[float]: each item coerced as a float field is; a lone value, a list of one
+        if item:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            return [_coerce(v, item[0], where) for v in items]
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        raise _type_error(where, value, "a list, e.g. [0.9, 0.999]")
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise _type_error(where, value, "a mapping")
+    return value
+
+
+def _type_error(where, value, want) -> PlmError:
+    return PlmError(f"{where} = {value!r} is not {want}", f"e.g. --set {where}=<{want.split(',')[0]}>")
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings of a config dataclass (the string literal after each field), its bases' included:
+    the help of the field's flag, and the reference in `plm recipes show --help`."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for a, b in zip(body, body[1:]):
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+                docs[a.target.id] = str(b.value.value)
+    return docs
+
+
 # ---------------------------------------------------------------- finetuning (config.FinetuneConfig)
 
 
@@ -162,11 +457,12 @@ class TaskOptions:
     run's config.json keeps these fields as they are."""
 
     train: str | None = None
-    """A training file of the task's format (own data, SQuAD JSON, CoNLL, SWAG CSV), instead of --data-dir."""
+    """A training file of the task's format (own data TSV/CSV/JSONL, SQuAD JSON, CoNLL, SWAG CSV), instead of
+    data_dir."""
     dev: str | None = None
-    """The matching dev file (evaluated after every epoch; its main metric picks the best weights)."""
+    """The matching dev file: evaluated every epoch, its main metric keeps the best weights."""
     test: str | None = None
-    """An optional test file: predictions are written for it."""
+    """A test file: predictions are written for it."""
     text_col: str | None = None
     """Own data: the column (TSV/CSV header or JSONL key) holding the text."""
     text_pair_col: str | None = None
@@ -182,9 +478,10 @@ class TaskOptions:
     n_best: Size = 20
     """Span QA: start and end candidates combined per window."""
     crf: bool = False
-    """Token classification: a linear-chain CRF over the tag scores."""
+    """Token classification (NER): a linear-chain CRF over the tag scores, Viterbi decoding."""
     aux_lm_weight: NonNegative = 0.5
-    """Causal runs (GPT-style transfer): λ of the auxiliary language-modelling loss."""
+    """Causal runs (GPT-style transfer): λ, the weight of the auxiliary language-modelling loss; 0 = the task
+    loss alone."""
 
 
 @dataclass
@@ -193,11 +490,12 @@ class FinetuneTaskConfig(TaskOptions):
     TaskOptions the task itself reads."""
 
     name: Optional[str] = None
-    """The task: GLUE (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), squad, cmrc2018, conll2003, swag, race,
-    or own data (classification, regression, pair-classification). Required, here or by --task."""
+    """The task: GLUE (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), span QA (squad, cmrc2018), NER
+    (conll2003), multiple choice (swag, race), or own data (classification, regression, pair-classification).
+    Required."""
     data_dir: Optional[str] = None
-    """The task's data folder (GLUE: holding SST-2/, CoLA/, ... or one task's folder; glue-sample: the SST-2
-    sample shipped with plm); none = train/dev/test, else the Hub."""
+    """The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; SQuAD, CoNLL, SWAG, own data:
+    their files; glue-sample: the SST-2 sample shipped with plm); none = train/dev/test, else the Hub."""
     max_seq_len: Optional[Annotated[int, Range(8)]] = None
     """Tokens per example, special tokens included; none = min(128, the model's positions)."""
 
@@ -235,52 +533,6 @@ class FinetuneModelConfig:
     (Peters et al. 2018 §3.3)."""
 
 
-@dataclass
-class FinetuneTrainConfig:
-    """finetune's `train` section (Devlin et al. 2018 §4.1: dev evaluated after every epoch, best weights kept)."""
-
-    epochs: Optional[Size] = None
-    """Epochs; dev is evaluated after each and the best weights are kept. none = chosen from the backbone's size
-    (plmcli.pipelines.finetune.size_defaults): 3 (Devlin et al.) for BERT-base-size models, more for small ones."""
-    batch_size: Size = 32
-    """Examples per optimizer step, over all processes."""
-    micro_batch_size: Count = 0
-    """Examples per forward pass on one device; 0 = the whole batch (no accumulation)."""
-    max_steps: Optional[Size] = None
-    """Stop after this many optimizer steps instead of full epochs (also the schedule's horizon)."""
-    eval_every: Count = 0
-    """Evaluate dev (keeping the best weights) every N steps; 0 = after every epoch."""
-    log_every: Count = 0
-    """Log loss and lr every N steps; 0 = four times an epoch (at most every 50 steps)."""
-    seed: Seed = 42
-    """Seeds the head init, data order and dropout."""
-    grad_clip: NonNegative = 1.0
-    """Clip the global gradient norm to this; 0 disables."""
-    mixed_precision: MixedPrecision = "auto"
-    """auto | no | bf16 | fp16. auto: bf16 on a GPU that has it, else fp32."""
-    activation_checkpointing: bool = False
-    """Keep only each Transformer block's input for backward and recompute the block's activations there (one
-    more forward: ~1/3 more compute per step): a large backbone, a long max_seq_len or a bigger micro_batch_size
-    then fits in GPU memory. Turn it on when a step runs out of memory; the gradients are the same."""
-
-
-@dataclass
-class FinetuneOptimConfig:
-    """finetune's `optim` section: AdamW, linear warmup then linear decay to 0 (Devlin et al.)."""
-
-    name: Annotated[OptimizerName, Folded()] = "adamw"
-    """adamw | adam | lamb | sgd."""
-    lr: Optional[Positive] = None
-    """Peak learning rate. none = chosen from the backbone's size (plmcli.pipelines.finetune.size_defaults): 2e-5
-    (Devlin et al.) for BERT-base-size models, higher for small ones (Turc et al. 2019)."""
-    weight_decay: NonNegative = 0.01
-    """Decoupled weight decay (never on biases or norm weights)."""
-    warmup_ratio: Probability = 0.1
-    """Share of the steps spent warming the learning rate up."""
-    schedule: Annotated[ScheduleName, Folded()] = "linear"
-    """linear | cosine | constant | inverse-sqrt | polynomial | step: the decay after the warmup."""
-
-
 def _distinct_positive(values, _) -> bool:
     return all(v > 0 for v in values) and len(set(values)) == len(values)
 
@@ -292,14 +544,15 @@ class FinetuneGridConfig:
     OUT/grid/<lr>-<epochs>-<batch>-seed<k>/ and the best dev run kept as OUT. An empty list tries the one value
     of the train/optim section; a grid of one run is a plain finetune."""
 
-    lr: Annotated[list[float], Rule(_distinct_positive, "must be distinct learning rates > 0",
-                                    "e.g. --set {where}.lr=[5.0e-5,3.0e-5,2.0e-5]")] = field(default_factory=list)
+    lr: Annotated[list[float], Axis("optim.lr"), Rule(_distinct_positive, "must be distinct learning rates > 0",
+                                                      "e.g. --set {where}.lr=[5.0e-5,3.0e-5,2.0e-5]")] = field(default_factory=list)
     """Peak learning rates tried; empty = optim.lr alone."""
-    epochs: Annotated[list[int], Rule(_distinct_positive, "must be distinct epoch counts ≥ 1",
-                                      "e.g. --set {where}.epochs=[2,3,4]")] = field(default_factory=list)
+    epochs: Annotated[list[int], Axis("train.epochs"), Rule(_distinct_positive, "must be distinct epoch counts ≥ 1",
+                                                            "e.g. --set {where}.epochs=[2,3,4]")] = field(default_factory=list)
     """Epoch counts tried; empty = train.epochs alone."""
-    batch_size: Annotated[list[int], Rule(_distinct_positive, "must be distinct batch sizes ≥ 1",
-                                          "e.g. --set {where}.batch_size=[16,32]")] = field(default_factory=list)
+    batch_size: Annotated[list[int], Axis("train.global_batch_size"),
+                          Rule(_distinct_positive, "must be distinct batch sizes ≥ 1",
+                               "e.g. --set {where}.batch_size=[16,32]")] = field(default_factory=list)
     """Batch sizes tried; empty = train.batch_size alone."""
     seeds: Size = 1
     """Runs of each setting, seeded train.seed, train.seed + 1, …: the best dev run of all is kept."""

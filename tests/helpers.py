@@ -149,8 +149,20 @@ def counted_flops(fn) -> int:
     return counter.get_total_flops()
 
 
-def task_kwargs(options) -> dict:
-    """Task options (a TaskOptions or a dict) as plmcli.api.finetune's keyword arguments: the fields a caller set."""
-    from plmcli.pipelines.finetune import given_options
+def finetune(task: str | None = None, from_run=None, data_dir=None, out=None, *, eval_only: bool = False, console=None,
+             config=None, overrides=None, options=None, **keys) -> dict:
+    """plmcli.api.finetune of the config that names the task, the run and its data, with `keys` — config keys
+    written with `__` for the dot (train__max_steps=3, optim__lr=1e-2, grid__lr=[1e-3, 1e-4]) — over `overrides`
+    over the file `config`; `options`: task options (a TaskOptions or a dict), the fields a caller set."""
+    from dataclasses import asdict
 
-    return given_options(options)
+    from plmcli import api
+    from plmcli.config import override_layers
+    from plmcli.config_sections import TaskOptions
+
+    if isinstance(options, TaskOptions):
+        options = {k: v for k, v in asdict(options).items() if v != getattr(TaskOptions(), k)}
+    given = {"task.name": task, "model.from_run": from_run, "task.data_dir": data_dir,
+             **{f"task.{k}": v for k, v in (options or {}).items()}, **{k.replace("__", "."): v for k, v in keys.items()}}
+    cfg = api.finetune_config(config, override_layers(overrides, {k: v for k, v in given.items() if v is not None}))
+    return api.finetune(cfg, out, eval_only=eval_only, console=console)

@@ -207,11 +207,18 @@ def test_make_mlm_data_bad_inputs(tmp_path):
     one.write_text("just one document\nwith two lines\n")
     assert run("tokenize", one, "--out", tmp_path / "tok1", "--recipe", "bert-mini", "--val-fraction", "0").exit_code == 0
     assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o"), "at least 2 documents", "--pairs sop")
-    assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o", "--no-cross-documents"),
-                       "DOC-SENTENCES", "--pairs none")
+    for doc in (["--packing", "doc_sentences"], ["--no-cross-documents"]):  # the older name still works
+        assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o", *doc), "DOC-SENTENCES", "--pairs none")
+    assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o", "--pairs", "none", "--packing", "window"),
+                       "--packing 'window' is not one of full_sentences, doc_sentences")
+    assert_clean_error(run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "o", "--pairs", "none",
+                           "--packing", "full_sentences", "--no-cross-documents"),
+                       "--no-cross-documents (the older name of --packing doc_sentences) contradicts --packing full_sentences")
     assert not (tmp_path / "o").exists()
     res = run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "doc", "--pairs", "none", "--no-cross-documents", "--json")
-    assert res.exit_code == 0 and json.loads(res.stdout)["cross_documents"] is False
+    assert res.exit_code == 0 and json.loads(res.stdout)["packing"] == "doc_sentences"
+    new = run("make-mlm-data", tmp_path / "tok1", "--out", tmp_path / "doc", "--pairs", "none", "--packing", "doc_sentences", "--json")
+    assert new.exit_code == 0 and json.loads(new.stdout) == json.loads(res.stdout)  # one output: reused, same key
 
 
 def test_finetune_bad_inputs(files, tmp_path):

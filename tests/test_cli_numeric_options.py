@@ -173,5 +173,17 @@ def test_accepted_as_typed(command, option, name, value, tmp_path, monkeypatch):
     monkeypatch.setattr(api, function.__name__, record)
     res = run(*command.split(), *arguments(command, tmp_path), option, value)
     assert_clean_error(res, "stopped by the test")
-    given = {**calls[0], **calls[0].get("options", {})}  # finetune's task options come as **options
-    assert type(given[name]) in (int, float) and given[name] == value, given
+    handed = _handed(calls[0], name)
+    assert type(handed) in (int, float) and handed == value, calls[0]
+
+
+def _handed(arguments: dict, name: str):
+    """The value an api function got for the option `name`: its argument, or — for a flag generated from a config
+    field (plmcli.cli._common.config_flags names it flag_<section>__<field>) — that key of the config or the
+    overrides it was handed."""
+    if not name.startswith("flag_"):
+        return arguments[name]
+    section, field = name.removeprefix("flag_").split("__")
+    if "overrides" in arguments:  # pretrain: a recipe name and the override layers over it
+        return arguments["overrides"][section][field]
+    return getattr(getattr(arguments["config"], section), field)  # finetune: the FinetuneConfig

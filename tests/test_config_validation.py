@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from plmcli.cli import app
-from plmcli.config import build_section, load_recipe, shipped_recipes
+from plmcli.config import load_recipe, shipped_recipes
+from plmcli.config_sections import build_section
 from plmcli.config_sections import Count, Divides, Heads, Probability, Range, Size
 from plmcli.errors import PlmError
 from plmcli.models.registry import FAMILIES, model_config_class

@@ -2,6 +2,7 @@
 sentence heads): permutation classes by hand, instances checked against their source positions, the loss
 against a hand computation, and the recipe end to end (pretrain, finetune, export)."""
 
+from plmcli.config import override_layers
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import assert_clean_error, dirs_under, run
+from helpers import assert_clean_error, dirs_under, finetune, run
 from plmcli.data import sentence_tasks as st
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.objectives.ernie2 import Ernie2, Ernie2Config
@@ -216,7 +217,7 @@ def ernie2_run(tmp_path_factory):
     sample = Path(api.default_corpus("chinese-sample.txt")).read_text(encoding="utf-8").split("\n\n")[:40]
     (root / "zh.txt").write_text("\n\n".join(sample) + "\n", encoding="utf-8")
     with dirs_under(root):
-        summary = api.pretrain("ernie2-chinese-mini", [str(root / "zh.txt")], str(root / "run"), TINY, max_steps=10)
+        summary = api.pretrain("ernie2-chinese-mini", [str(root / "zh.txt")], str(root / "run"), overrides=override_layers(TINY, {"train.max_steps": 10}))
         yield root, summary
 
 
@@ -246,8 +247,8 @@ def test_finetune_and_export_from_the_run(ernie2_run, tmp_path):
     root, _ = ernie2_run
     glue = Path(api.default_corpus("glue-sample"))
     with dirs_under(root):
-        res = api.finetune("sst2", from_run=str(root / "run"), data_dir=str(glue), max_steps=2, batch_size=8,
-                           max_seq_len=16, out=str(tmp_path / "ft"))
+        res = finetune("sst2", from_run=str(root / "run"), data_dir=str(glue), train__max_steps=2, train__batch_size=8,
+                       task__max_seq_len=16, out=str(tmp_path / "ft"))
         assert res["steps"] == 2 and 0 <= res["dev"]["accuracy"] <= 1
         rep = api.export(str(root / "run"), "hf", str(tmp_path / "hf"))
     assert rep["architecture"] == "BertForMaskedLM" and any("ERNIE 2.0" in n for n in rep["notes"])
@@ -293,8 +294,8 @@ def test_resume_is_bitwise(ernie2_run, tmp_path):
     over = [*TINY, "train.save_every=2", "train.log_every=1", "train.eval_every=0"]
     data = [str(root / "zh.txt")]
     with dirs_under(root):
-        api.pretrain("ernie2-chinese-mini", data, str(tmp_path / "full"), over, max_steps=4)
-        api.pretrain("ernie2-chinese-mini", data, str(tmp_path / "half"), over, max_steps=4, stop_after=2)
+        api.pretrain("ernie2-chinese-mini", data, str(tmp_path / "full"), overrides=override_layers(over, {"train.max_steps": 4}))
+        api.pretrain("ernie2-chinese-mini", data, str(tmp_path / "half"), stop_after=2, overrides=override_layers(over, {"train.max_steps": 4}))
         api.pretrain(out=str(tmp_path / "half"), resume=True)
     a, b = (load_file(str(tmp_path / r / "model.safetensors")) for r in ("full", "half"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from families import tiny_model
-from helpers import assert_clean_error, run as cli, task_kwargs
+from helpers import assert_clean_error, run as cli
 from plmcli.errors import PlmError
 from plmcli.models.base import HasLayerStates
 from plmcli.models.layers import ScalarMix
@@ -21,7 +21,7 @@ from plmcli.models.registry import model_class
 from plmcli.objectives.classify import CausalTransfer, SequenceClassifier
 from plmcli.objectives.heads import configure_features
 from plmcli.objectives.tagging import TokenClassifier
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_finetuned
 from test_finetune_matrix import SAMPLE, TINY, tiny_run, tokenizer  # noqa: F401 (tokenizer: a fixture)
 
@@ -216,8 +216,8 @@ def test_frozen_backbone_gets_no_grad_and_runs_in_eval_mode(features):
 def test_frozen_finetune_keeps_the_backbone_bitwise_and_loads_back(tmp_path, tokenizer):  # noqa: F811
     run = deep_run(tmp_path / "bert", "bert3", tokenizer)
     out = tmp_path / "ft"
-    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=3, batch_size=8, lr=1e-2, out=str(out),
-                   freeze=True, features="scalar_mix")
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=3, train__batch_size=8,
+                   optim__lr=1e-2, out=str(out), model__freeze=True, model__features="scalar_mix")
     assert res["settings"]["freeze"] is True and res["settings"]["features"] == "scalar_mix"
     pre, got = load_file(str(run / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(torch.equal(pre[k], got[f"encoder.{k}"]) for k in pre)  # frozen weights still saved whole
@@ -251,7 +251,7 @@ def test_elmo_at_output_adds_a_second_mix_and_widens_the_classifier(tmp_path, to
 
     run = tiny_run(tmp_path / "elmo", "elmo", tokenizer)
     out = tmp_path / "ft"
-    finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=2, batch_size=8, out=str(out), elmo_at_output=True)
+    finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=2, train__batch_size=8, out=str(out), model__elmo_at_output=True)
     model, _, _ = load_finetuned(str(out))
     assert model.head.mix_out is not None
 
@@ -300,16 +300,15 @@ def test_a_family_without_layer_states_is_refused():
 def test_concat_last_four_needs_four_layer_states(tmp_path, tokenizer):  # noqa: F811
     run = tiny_run(tmp_path / "bert", "bert", tokenizer)  # 1 layer: 2 states
     with pytest.raises(PlmError, match="fewer than 4"):
-        finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=1, out=str(tmp_path / "ft"),
-                 features="concat_last_four")
+        finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=1, out=str(tmp_path / "ft"), model__features="concat_last_four")
     assert not (tmp_path / "ft").exists()
 
 
 def test_unfrozen_scalar_mix_trains_the_backbone_too(tmp_path, tokenizer):  # noqa: F811
     run = deep_run(tmp_path / "bert", "bert3", tokenizer)
     out = tmp_path / "ft"
-    finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=2, batch_size=8, lr=1e-2, out=str(out),
-             features="scalar_mix")
+    finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=2, train__batch_size=8, optim__lr=1e-2,
+             out=str(out), model__features="scalar_mix")
     pre, got = load_file(str(run / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert not torch.equal(pre["blocks.0.attn.qkv.weight"], got["encoder.blocks.0.attn.qkv.weight"])
 
@@ -339,8 +338,9 @@ def test_other_families_finetune_with_mixed_features(tmp_path, tokenizer, name, 
     task, metric = TASKS[kind]
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
-    res = finetune(task, from_run=str(run), data_dir=data_dir, **task_kwargs(options), max_steps=2, batch_size=8, lr=1e-2,
-                   out=str(tmp_path / "ft"), features=features, freeze=True)
+    res = finetune(task, from_run=str(run), data_dir=data_dir, options=options, train__max_steps=2,
+                   train__batch_size=8, optim__lr=1e-2, out=str(tmp_path / "ft"), model__features=features,
+                   model__freeze=True)
     assert metric in res["dev"]
     assert load_finetuned(str(tmp_path / "ft"))[0].features == features
 
@@ -371,6 +371,5 @@ def test_elmo_at_output_on_a_tagging_task_is_refused_and_leaves_nothing(tmp_path
     run = tiny_run(tmp_path / "elmo", "elmo", tokenizer)
     data_dir, _ = write_data(tmp_path / "data", "tagging")
     with pytest.raises(PlmError, match="not ELMo's BiLSTM classifier"):
-        finetune("conll2003", from_run=str(run), data_dir=data_dir, max_steps=1, out=str(tmp_path / "ft"),
-                 elmo_at_output=True)
+        finetune("conll2003", from_run=str(run), data_dir=data_dir, train__max_steps=1, out=str(tmp_path / "ft"), model__elmo_at_output=True)
     assert not (tmp_path / "ft").exists()

@@ -14,7 +14,7 @@ from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_encoder, load_finetuned
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "glue-sample"
@@ -113,7 +113,7 @@ def toy_run(tmp_path, tokenizer, families):
 
 def test_sst2_end_to_end(toy_run, tmp_path):
     out = tmp_path / "ft"
-    res = finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), epochs=3, lr=3e-2, batch_size=64, out=str(out))
+    res = finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), train__epochs=3, optim__lr=3e-2, train__batch_size=64, out=str(out))
     saved = json.loads((out / "metrics.json").read_text())
     assert saved == json.loads(json.dumps(res))
     assert {"task", "from_run", "init", "dev", "history", "best_step", "settings", "examples", "test_predictions"} <= set(res)
@@ -155,10 +155,10 @@ def test_random_init_and_from_a_finetuned_run(toy_run, tmp_path):
     pre, rnd = load_encoder(toy_run, cfg, pretrained=True), load_encoder(toy_run, cfg, pretrained=False, seed=3)
     assert not torch.equal(pre.emb.weight, rnd.emb.weight)
     assert torch.equal(rnd.emb.weight, load_encoder(toy_run, cfg, pretrained=False, seed=3).emb.weight)
-    res = finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), max_steps=3, init="random", out=str(tmp_path / "r"))
+    res = finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), train__max_steps=3, model__init="random", out=str(tmp_path / "r"))
     assert res["init"] == "random" and res["steps"] == 3 and len(res["history"]) == 1
     # A finetuned directory is itself a valid --from (e.g. MNLI first, then RTE): its encoder part is taken.
-    res2 = finetune("sst2", from_run=str(tmp_path / "r"), data_dir=str(SAMPLE), max_steps=2, out=str(tmp_path / "r2"))
+    res2 = finetune("sst2", from_run=str(tmp_path / "r"), data_dir=str(SAMPLE), train__max_steps=2, out=str(tmp_path / "r2"))
     assert res2["steps"] == 2
     ft_cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     ft_model, _, _ = load_finetuned(str(tmp_path / "r"))
@@ -199,7 +199,7 @@ def _write_mnli(root: Path):
 def test_mnli_two_dev_sets_and_two_submissions(toy_run, tmp_path):
     data = _write_mnli(tmp_path / "glue")
     out = tmp_path / "mnli"
-    res = finetune("MNLI", from_run=str(toy_run), data_dir=str(data), epochs=2, lr=1e-2, batch_size=8, out=str(out))
+    res = finetune("MNLI", from_run=str(toy_run), data_dir=str(data), train__epochs=2, optim__lr=1e-2, train__batch_size=8, out=str(out))
     assert {"accuracy", "loss", "mismatched_accuracy", "mismatched_loss"} == set(res["dev"])
     assert res["examples"] == {"train": 40, "validation": 18, "test": 7, "test_mismatched": 7}
     assert res["test_predictions"] == {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}
@@ -218,8 +218,8 @@ def test_stsb_regression(toy_run, tmp_path):
     (d / "train.tsv").write_text("\n".join(lab) + "\n")
     (d / "dev.tsv").write_text("\n".join(lab[:9]) + "\n")
     (d / "test.tsv").write_text("\n".join([head] + [f"{i}\tx\tx\tx\tx\tnone\tnone\t{a}\t{b}" for i, (a, b, _) in enumerate(pairs)]) + "\n")
-    res = finetune("stsb", from_run=str(toy_run), data_dir=str(tmp_path / "glue"), epochs=2, lr=1e-2, batch_size=4,
-                   out=str(tmp_path / "sts"))
+    res = finetune("stsb", from_run=str(toy_run), data_dir=str(tmp_path / "glue"), train__epochs=2, optim__lr=1e-2,
+                   train__batch_size=4, out=str(tmp_path / "sts"))
     assert res["main_metric"] == "spearman" and {"loss", "pearson", "spearman"} == set(res["dev"])
     preds = [float(r.split("\t")[1]) for r in (tmp_path / "sts" / "STS-B.tsv").read_text().splitlines()[1:]]
     assert len(preds) == 4 and all(0.0 <= p <= 5.0 for p in preds)
@@ -251,11 +251,11 @@ def test_runs_without_a_representation_to_transfer_are_refused(tmp_path, tokeniz
 
 def test_bad_settings(toy_run, tmp_path, tokenizer):
     with pytest.raises(PlmError, match="max-seq-len 65 is outside 8..64"):
-        finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), max_seq_len=65)
+        finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), task__max_seq_len=65)
     with pytest.raises(PlmError, match="unknown task 'sst3'"):
         finetune("sst3", from_run=str(toy_run), data_dir=str(SAMPLE))
-    with pytest.raises(PlmError, match="--init"):
-        finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), init="scratch")
+    with pytest.raises(PlmError, match="model.init 'scratch' is not one of pretrained, random"):
+        finetune("sst2", from_run=str(toy_run), data_dir=str(SAMPLE), model__init="scratch")
     with pytest.raises(PlmError, match="no --data-dir given and the Hub is unreachable"):
         finetune("sst2", from_run=str(toy_run))
     busy = tmp_path / "busy"
@@ -276,7 +276,7 @@ def test_from_runs_latest_by_default(toy_run, tmp_path, monkeypatch):
     from plmcli.runs import point_latest
 
     point_latest(toy_run)
-    res = finetune("sst2", data_dir=str(SAMPLE), max_steps=1)
+    res = finetune("sst2", data_dir=str(SAMPLE), train__max_steps=1)
     assert res["from_run"] == str(toy_run.resolve()) and Path(res["out_dir"]).name.startswith("pre-sst2-")
 
 
@@ -289,7 +289,7 @@ def test_from_a_tiny_bert(tmp_path, tokenizer):
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=tok.get_vocab_size(), max_positions=48, n_layer=1, n_head=2, d_model=16)
     run = make_run(tmp_path / "bert", "bert", Bert(cfg), tok, meta)
-    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=4, batch_size=16, out=str(tmp_path / "o"))
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=4, train__batch_size=16, out=str(tmp_path / "o"))
     assert res["settings"]["max_seq_len"] == 48 and res["steps"] == 4 and 0 <= res["dev"]["accuracy"] <= 1
     model, _, _ = load_finetuned(str(tmp_path / "o"))
     assert isinstance(model.encoder, Bert)
@@ -306,8 +306,9 @@ def test_dropout_warmup_and_weight_decay_settings(tmp_path, tokenizer):
     cfg = BertConfig(vocab_size=tok.get_vocab_size(), max_positions=48, n_layer=1, n_head=2, d_model=16,
                      dropout=0.0, attn_dropout=0.0)
     run = make_run(tmp_path / "bert", "bert", Bert(cfg), tok, meta)  # pretrained without dropout
-    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=10, batch_size=16, out=str(tmp_path / "o"),
-                   dropout=0.2, classifier_dropout=0.3, warmup_ratio=0.5, weight_decay=0.1)
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=10, train__batch_size=16,
+                   out=str(tmp_path / "o"), model__dropout=0.2, model__classifier_dropout=0.3, optim__warmup_ratio=0.5,
+                   optim__weight_decay=0.1)
     s = res["settings"]
     assert s["dropout"] == 0.2 and s["classifier_dropout"] == 0.3 and s["warmup_steps"] == 5 and s["weight_decay"] == 0.1
     model, _, run_cfg = load_finetuned(str(tmp_path / "o"))
@@ -316,9 +317,9 @@ def test_dropout_warmup_and_weight_decay_settings(tmp_path, tokenizer):
     assert model.dropout.p == 0.3
     # the pretrained run itself is untouched
     assert json.loads((run / "config.json").read_text())["model"]["dropout"] == 0.0
-    for kwargs, message in (({"dropout": 1.0}, "--dropout 1.0 is out of range"),
-                            ({"warmup_ratio": 1.5}, "--warmup-ratio 1.5 is out of range"),
-                            ({"weight_decay": -1}, "--weight-decay -1 is out of range")):
+    for kwargs, message in (({"model__dropout": 1.0}, r"model.dropout 1.0 must be in \[0, 1\)"),
+                            ({"optim__warmup_ratio": 1.5}, r"optim.warmup_ratio 1.5 must be in \[0, 1\)"),
+                            ({"optim__weight_decay": -1}, "optim.weight_decay -1.0 must be ≥ 0")):
         with pytest.raises(PlmError, match=message):
             finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), **kwargs)
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from helpers import assert_clean_error, run
+from helpers import assert_clean_error, finetune, run
 from plmcli.config import FinetuneConfig, load_finetune_config
 from plmcli.errors import PlmError
 from test_finetune import SAMPLE, families, tokenizer, toy_run  # noqa: F401  (fixtures)
@@ -75,11 +75,9 @@ def test_precedence_flag_over_set_over_file_over_defaults(toy_run, tmp_path):
 
 
 def test_the_library_surface_takes_a_config_and_overrides(toy_run, tmp_path):
-    from plmcli import api
 
     (tmp_path / "c.yaml").write_text(config_yaml(toy_run))
-    res = api.finetune(config=str(tmp_path / "c.yaml"), overrides=["train.max_steps=2", "optim.schedule=Cosine"],
-                       out=str(tmp_path / "o"))
+    res = finetune(config=str(tmp_path / "c.yaml"), overrides=["train.max_steps=2", "optim.schedule=Cosine"], out=str(tmp_path / "o"))
     assert res["steps"] == 2 and res["task"] == "sst2"
     assert yaml.safe_load((tmp_path / "o" / "finetune.yaml").read_text())["optim"]["schedule"] == "cosine"
 

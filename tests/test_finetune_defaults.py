@@ -9,10 +9,10 @@ import pytest
 import torch
 import yaml
 
-from helpers import task_kwargs
 from plmcli.models.bert import Bert, BertConfig
-from plmcli.api import finetune
-from plmcli.pipelines.finetune import backbone_size, finetune_config, size_defaults
+from helpers import finetune
+from plmcli.config import load_finetune_config
+from plmcli.pipelines.finetune import backbone_size, size_defaults
 from test_finetune import make_run, tokenizer  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,16 +44,16 @@ def test_backbone_size_counts_the_weights_outside_the_embeddings():
 def test_size_defaults_keep_bert_base_on_the_paper_and_raise_the_lr_of_small_models(size, lr):
     model = bert_on_meta(**size)
     # full SST-2 (2,105 steps an epoch): Devlin et al.'s 3 epochs for every size
-    cfg, note = size_defaults(finetune_config(task="sst2"), model, 2105)
+    cfg, note = size_defaults(load_finetune_config(None, {"task.name": "sst2"}), model, 2105)
     assert (cfg.optim.lr, cfg.train.epochs) == (lr, 3)
     assert note.split(":")[1].startswith(f" lr {lr:g}, 3 epochs;") and "--lr / --epochs override" in note
     # 2,000 rows (63 steps an epoch): the small models train for at least 600 steps, BERT-base stays at 3 epochs
-    cfg, note = size_defaults(finetune_config(task="sst2"), model, 63)
+    cfg, note = size_defaults(load_finetune_config(None, {"task.name": "sst2"}), model, 63)
     assert cfg.train.epochs == (3 if size is BASE else 10)
     if size is not BASE:
         assert "10 epochs (at least 600 steps at 63 an epoch)" in note
     # --max-steps fixes the step count: no epochs are added
-    cfg, _ = size_defaults(finetune_config(task="sst2", max_steps=50), model, 63)
+    cfg, _ = size_defaults(load_finetune_config(None, {"task.name": "sst2", "train.max_steps": 50}), model, 63)
     assert cfg.train.epochs == 3 and cfg.optim.lr == lr
 
 
@@ -62,19 +62,19 @@ def test_a_bag_of_words_counts_no_weights_outside_its_tables_and_takes_a_linear_
 
     w2v = Word2Vec(Word2VecConfig(vocab_size=500, dim=16))
     assert backbone_size(w2v) == 0
-    cfg, note = size_defaults(finetune_config(task="sst2"), w2v, 32)
+    cfg, note = size_defaults(load_finetune_config(None, {"task.name": "sst2"}), w2v, 32)
     assert (cfg.optim.lr, cfg.train.epochs) == (3e-3, 19) and "0.00M-weight backbone" in note
 
 
 def test_a_value_the_user_sets_wins_over_the_size_default():
     mini = bert_on_meta(**MINI)
-    cfg, note = size_defaults(finetune_config(task="sst2", lr=3e-5), mini, 63)  # a flag
+    cfg, note = size_defaults(load_finetune_config(None, {"task.name": "sst2", "optim.lr": 3e-5}), mini, 63)  # a flag
     assert cfg.optim.lr == 3e-5 and cfg.train.epochs == 10
     assert note.split(":")[1].startswith(" 10 epochs")  # only what it chose
-    cfg, note = size_defaults(finetune_config(overrides=["task.name=sst2", "train.epochs=7"]), mini, 63)  # --set
+    cfg, note = size_defaults(load_finetune_config(None, ["task.name=sst2", "train.epochs=7"]), mini, 63)  # --set
     assert cfg.train.epochs == 7 and cfg.optim.lr == 3e-4 and note.split(":")[1].startswith(" lr 0.0003;")
-    for given in (finetune_config(task="sst2", lr=5e-5, epochs=2),
-                  finetune_config(overrides={"task": {"name": "sst2"}, "optim": {"lr": 1e-3}, "train": {"epochs": 4}})):
+    for given in (load_finetune_config(None, {"task.name": "sst2", "optim.lr": 5e-5, "train.epochs": 2}),
+                  load_finetune_config(None, {"task": {"name": "sst2"}, "optim": {"lr": 1e-3}, "train": {"epochs": 4}})):
         assert size_defaults(given, mini, 63) == (given, None)  # nothing chosen, nothing said
         assert size_defaults(given, bert_on_meta(**BASE), 63) == (given, None)
 
@@ -103,8 +103,8 @@ def test_a_tiny_random_bert_learns_a_separable_task_at_the_default_lr(tmp_path, 
     synthetic_sentiment(tmp_path / "train.tsv", 640, 0)
     synthetic_sentiment(tmp_path / "dev.tsv", 200, 1)
     out = tmp_path / "ft"
-    res = finetune("classification", from_run=str(run), init="random", out=str(out), max_steps=240,
-                   **task_kwargs({"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")}))
+    res = finetune("classification", from_run=str(run), model__init="random", out=str(out), train__max_steps=240,
+                   options={"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")})
     assert res["settings"]["lr"] == 3e-4 and res["steps"] == 240
     assert res["dev"]["accuracy"] > 0.9, res["history"]
     # what was chosen: said once on stderr, kept in metrics.json and in finetune.yaml (which repeats the run)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import assert_clean_error, dirs_under, run, tiny_gpt_run
+from helpers import assert_clean_error, dirs_under, finetune, run, tiny_gpt_run
 from plm_process import env_for, plm_cmd
 from plmcli.pipelines.finetune_grid import summarise
 
@@ -174,10 +174,8 @@ def test_a_config_file_holds_a_grid_and_a_flag_beats_it(gpt, tmp_path):
     assert [(r["lr"], r["seed"]) for r in res["runs"]] == [(1e-3, 42), (1e-4, 42)]
     written = yaml.safe_load((tmp_path / "g" / "grid.yaml").read_text())
     assert written["grid"]["lr"] == [1e-3, 1e-4] and written["model"]["from_run"] == str(gpt.resolve())
-    from plmcli import api  # the library's door: the same grid
 
-    lib = api.finetune("sst2", lr=[1e-3, 1e-4], from_run=str(gpt), data_dir=str(SAMPLE), max_seq_len=16,
-                            max_steps=1, out=str(tmp_path / "lib"))
+    lib = finetune("sst2", grid__lr=[1e-3, 1e-4], from_run=str(gpt), data_dir=str(SAMPLE), task__max_seq_len=16, train__max_steps=1, out=str(tmp_path / "lib"))
     assert [r["dev"] for r in lib["runs"]] == [r["dev"] for r in res["runs"]] and lib["best"]["dir"] == res["best"]["dir"]
     one = ok_json(run("finetune", *common, "--lr", "1e-4", "--out", tmp_path / "one"))  # the flag: one lr, no grid
     assert one["settings"]["lr"] == 1e-4 and not (tmp_path / "one" / "grid.json").exists()

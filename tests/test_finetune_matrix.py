@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from helpers import assert_clean_error, run as cli, task_kwargs
+from helpers import assert_clean_error, run as cli
 from plmcli.config_sections import TokenizerConfig
 from plmcli.config_sections import TaskOptions
 from plmcli.data.tasks.conll import Sentence
@@ -28,7 +28,7 @@ from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, tr
 from plmcli.errors import PlmError
 from plmcli.models.registry import model_class
 from plmcli.objectives.heads import pool
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_finetuned, task_objective
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,8 +165,8 @@ def test_yes_cell_finetunes_and_writes_its_metric(tmp_path, tokenizer, name, kin
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
     out = tmp_path / "ft"
-    res = finetune(task, from_run=str(run), data_dir=data_dir, **task_kwargs(options), max_steps=3, batch_size=8, lr=1e-2,
-                   max_seq_len=32, out=str(out))
+    res = finetune(task, from_run=str(run), data_dir=data_dir, options=options, train__max_steps=3,
+                   train__batch_size=8, optim__lr=1e-2, task__max_seq_len=32, out=str(out))
     saved = json.loads((out / "metrics.json").read_text())
     assert res["steps"] == 3 and saved["dev"][metric] == res["dev"][metric]
     assert math.isfinite(res["dev"][metric]) and math.isfinite(res["dev"]["loss"])
@@ -177,7 +177,7 @@ def test_yes_cell_finetunes_and_writes_its_metric(tmp_path, tokenizer, name, kin
 
 def test_eval_only_rescores_an_lstm_finetune(tmp_path, tokenizer):
     run = tiny_run(tmp_path / "lstm", "lstm", tokenizer)
-    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=2, batch_size=8, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=2, train__batch_size=8, out=str(tmp_path / "ft"))
     again = finetune("sst2", from_run=str(tmp_path / "ft"), data_dir=str(SAMPLE), eval_only=True, out=str(tmp_path / "ev"))
     assert again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"])
 
@@ -283,8 +283,7 @@ def test_word2vec_heads_read_kims_cnn_over_the_word_vectors_and_train_them(tmp_p
         torch.testing.assert_close(got, model.head(want))
         torch.testing.assert_close(model(ids[1:, :3], None, mask[1:, :3]), got[1:])  # alone, unpadded
     before = v.detach().clone()
-    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=3, batch_size=8, lr=1e-2,
-                   out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=3, train__batch_size=8, optim__lr=1e-2, out=str(tmp_path / "ft"))
     tuned, _, _ = load_finetuned(str(tmp_path / "ft"))
     assert res["steps"] == 3 and not torch.equal(tuned.backbone.input_vectors, before)
     torch.testing.assert_close(tuned.backbone.output_vectors, backbone.output_vectors)

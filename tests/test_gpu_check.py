@@ -152,8 +152,9 @@ def test_the_recorder_around_a_real_run_finds_a_sync_in_the_loop(tiny, monkeypat
     monkeypatch.setattr(loop, "signal_number", signal_number)
     n = 5
     with gpu_syncs.SyncRecorder(debug=False) as rec:
-        api.pretrain(tiny[0], None, str(Path(tiny[0]).parent / "run"), max_steps=n,
-                     overrides=[f"train.log_every={n}", "train.eval_every=0", "train.save_every=0", "train.eval_batches=1"])
+        api.pretrain(tiny[0], None, str(Path(tiny[0]).parent / "run"),
+                     overrides=[f"train.max_steps={n}", f"train.log_every={n}", "train.eval_every=0", "train.save_every=0",
+                                "train.eval_batches=1"])
     got = attribute(rec.events, busy_steps(n, n, 0, 0))
     assert (got["quiet_steps"], got["quiet"], got["quiet_max"], got["first"], got["busy"]) == (3, 3, 1, 1, 1)
     [(site, count)] = got["sites"]["quiet"]

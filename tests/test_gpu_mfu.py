@@ -2,6 +2,7 @@
 are computed from (FLOPs counted against torch's FlopCounterMode, tokens/s from metrics.jsonl rows, the
 runs' recipes trained for a few steps at tiny width on the CPU)."""
 
+from plmcli.config import override_layers
 import json
 import math
 import sys
@@ -133,7 +134,7 @@ def test_the_runs_recipes_train_at_full_vocabulary_on_the_shipped_corpus(name, b
     shipped.pop("phases", None)
     assert load_recipe(str(path)).to_dict() == shipped  # the same recipe, the seq-512 phase of BERT-base dropped
     over = gpu_mfu.run_overrides(name, batch, args)
-    summary = api.pretrain(str(path), None, str(tmp_path / "run"), overrides=over, max_steps=3)
+    summary = api.pretrain(str(path), None, str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 3}))
     run = tmp_path / "run"
     cfg = json.loads((run / "config.json").read_text())
     recipe = load_recipe(str(path), over)

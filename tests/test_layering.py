@@ -51,8 +51,8 @@ _MODEL_SECTION = "a model config section (a dataclass, not a model): the fields 
 PROBE_ALLOWED = {
     # (path under plmcli/, attribute): why this getattr/hasattr is no capability check on a model
     ("config.py", "CSafeLoader"): "libyaml's C loader is optional in PyYAML builds",
-    ("config.py", "holds"): "Annotated[...] metadata: only constraint objects have .holds",
-    ("config.py", "value"): "an ast node read while collecting attribute docstrings",
+    ("config_sections.py", "holds"): "Annotated[...] metadata: only constraint objects have .holds",
+    ("config_sections.py", "value"): "an ast node read while collecting attribute docstrings",
     ("data/text.py", "buffer"): "sys.stdin may be a text-only stream (test runners, notebooks)",
     ("train/distributed.py", "accelerator"): "torch.accelerator exists from torch 2.6 on",
     ("train/distributed.py", "fsdp_plugin"): "older accelerate AcceleratorState has no fsdp_plugin",

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from helpers import assert_clean_error, run
 from plmcli import api
-from plmcli.config_sections import DataConfig, TokenizerConfig
+from plmcli.config import load_recipe
+from plmcli.config_sections import DataConfig, TokenizerConfig, build_section
 from plmcli.data.batching import TokenBudgetStream
 from plmcli.data.corpus import token_stream, tokenize_corpus
 from plmcli.data.packing import sentence_rows
@@ -305,33 +306,50 @@ def test_streamed_rows_are_the_tokenized_packing(tmp_path):
 
 def test_bad_combinations_refused_in_one_line(tok, tmp_path):
     data = str(corpus(tmp_path / "c.txt"))
-    for over, needle in [
+    for over, *needles in [
         (["objective.pairs=nsp", "objective.dynamic=false"],
          "objective.packing full_sentences packs single segments, and objective.pairs is nsp"),
         (["objective.dynamic=false", "objective.cross_documents=false"],
-         "objective.packing full_sentences contradicts objective.cross_documents false"),
-        (["objective.packing=doc_sentences", "objective.cross_documents=false"], "dynamic=false"),
+         "objective.cross_documents false (the older name of objective.packing doc_sentences) contradicts "
+         "objective.packing full_sentences", "drop objective.cross_documents"),
+        (["objective.cross_documents=maybe"], "objective.cross_documents 'maybe' is not false or true"),
         (["objective.packing=sentences"], "objective.packing 'sentences' is not one of window, full_sentences"),
     ]:
         args = [a for o in over for a in ("--set", o)]
         assert_clean_error(run("pretrain", "--recipe", "roberta-mini", "--data", data, "--out", tmp_path / "x", *args),
-                           needle)
+                           *needles)
     with pytest.raises(PlmError, match="contradicts objective.packing full_sentences"):
-        MaskedLM(MLMConfig(pairs="none", packing="full_sentences", cross_documents=False), None, {}, 16)
+        build_section(MLMConfig, {"pairs": "none", "packing": "full_sentences", "cross_documents": False}, "objective")
     with pytest.raises(PlmError, match="no room for a sentence"):
         _obj(tok[1], "full_sentences", T=2).stream(tok[0], "train", 2, 0, 0, 1, True)
 
 
+def test_cross_documents_false_still_loads_as_doc_sentences():
+    """The older key objective.cross_documents: false is packing doc_sentences (dynamic too), true leaves packing
+    as set; a saved config.json, which writes packing window beside it, loads as doc_sentences."""
+    for over, packing in [(["objective.packing=doc_sentences", "objective.cross_documents=false"], "doc_sentences"),
+                          (["objective.packing=window", "objective.cross_documents=false"], "doc_sentences"),
+                          (["objective.cross_documents=true"], "full_sentences"),  # roberta-mini's
+                          (["objective.packing=window", "objective.cross_documents=true"], "window")]:
+        cfg = load_recipe("roberta-mini", over).objective
+        assert cfg.packing == packing and cfg.dynamic and "cross_documents" not in vars(cfg)
+    assert build_section(MLMConfig, {"pairs": "none", "packing": "window", "cross_documents": False},
+                         "objective").packing == "doc_sentences"
+    assert build_section(MLMConfig, {"pairs": "none", "cross_documents": False}, "objective").packing == "doc_sentences"
+
+
 def test_static_doc_sentences_is_packing_too(tok, tmp_path, monkeypatch):
-    """make-mlm-data's DOC-SENTENCES is chosen by the one name as well (cache key as cross_documents false)."""
+    """make-mlm-data's DOC-SENTENCES is chosen by either name (objective.packing doc_sentences, or the older
+    objective.cross_documents false): the same settings, so the same cached instances."""
     d, ids = tok
     calls = []
     import plmcli.data.mlm_data as mlm_data
 
     monkeypatch.setattr(mlm_data, "make_mlm_data", lambda c, out, **kw: calls.append(kw) or out.mkdir(parents=True, exist_ok=True))
     a = MaskedLM(MLMConfig(pairs="none", packing="doc_sentences"), None, ids, 16).prepare(d, tmp_path / "c")
-    b = MaskedLM(MLMConfig(pairs="none", cross_documents=False), None, ids, 16).prepare(d, tmp_path / "c")
-    assert a == b and calls[0]["cross_documents"] is False
+    old = build_section(MLMConfig, {"pairs": "none", "cross_documents": False}, "objective")
+    b = MaskedLM(old, None, ids, 16).prepare(d, tmp_path / "c")
+    assert a == b and calls[0] == calls[1] and calls[0]["packing"] == "doc_sentences"
 
 
 def test_roberta_mini_pretrains_on_the_shipped_sample(tmp_path):

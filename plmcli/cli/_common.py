@@ -1,4 +1,5 @@
-"""What every `plm` command module shares: the error reporting group, json printing, option parsers.
+"""What every `plm` command module shares: the error reporting group, json printing, option parsers, and the
+flags generated from config fields.
 
 The one private module of plmcli.cli: command modules import it, never plmcli.cli itself or each other.
 It imports plmcli.api only inside functions, and only once something failed, so `plm --help` starts fast.
@@ -6,7 +7,11 @@ It imports plmcli.api only inside functions, and only once something failed, so 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from dataclasses import dataclass
+from typing import Optional
 
 import typer
 from typer.core import TyperGroup
@@ -175,3 +180,50 @@ class Program(typer.Typer):
             if main:
                 for s in (signal.SIGINT, *SCHEDULER_SIGNALS):
                     signal.signal(s, signal.SIG_IGN)
+
+
+# ---------------------------------------------------------------- flags generated from config fields
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A config key (section.field) offered as a flag; `names` where it is not --<field-name> (--from for
+    model.from_run); `panel` groups it in --help."""
+
+    key: str
+    names: tuple = ()
+    panel: str | None = None
+
+
+def config_flags(root, flags: tuple):
+    """A Typer command decorator: one option per Flag of `flags` (keys of the config class `root`: FinetuneConfig,
+    Recipe), whose type, help and checks are its field's (config.flag_spec). The command gets `flags`: the override
+    layer of those given (config.flag_layer), which beats --set."""
+    from plmcli.config import flag_spec
+
+    specs = [(f, flag_spec(root, f.key), (f.names or ("--" + f.key.split(".")[1].replace("_", "-"),))) for f in flags]
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+        params = [p for p in sig.parameters.values() if p.name != "flags"]
+        for f, spec, names in specs:
+            shown = "N[,N…]" if spec.axis else None
+            option = typer.Option(None, *names, help=spec.help, metavar=shown, rich_help_panel=f.panel, show_default=False)
+            params.append(inspect.Parameter(_flag_param(f.key), inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=Optional[spec.kind]))
+
+        @functools.wraps(fn)
+        def command(**kwargs):
+            from plmcli.config import flag_layer
+
+            given = {f.key: (kwargs.pop(_flag_param(f.key)), names[0]) for f, _, names in specs}
+            return fn(**kwargs, flags=flag_layer(root, {k: v for k, v in given.items() if v[0] is not None}))
+
+        command.__signature__ = sig.replace(parameters=params)
+        return command
+
+    return wrap
+
+
+def _flag_param(key: str) -> str:
+    return "flag_" + key.replace(".", "__")

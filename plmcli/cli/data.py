@@ -69,6 +69,18 @@ def tokenize(
 # ---------------------------------------------------------------- make-mlm-data
 
 
+def packing_of(packing: str | None, cross_documents: bool | None) -> str:
+    """make-mlm-data's --packing, given itself or by its older flags (--no-cross-documents is doc_sentences)."""
+    if cross_documents is None:
+        return packing or "full_sentences"
+    old = "full_sentences" if cross_documents else "doc_sentences"
+    if packing not in (None, old):
+        flag = "--cross-documents" if cross_documents else "--no-cross-documents"
+        raise PlmError(f"{flag} (the older name of --packing {old}) contradicts --packing {packing}",
+                       f"drop {flag}")
+    return old
+
+
 @commands.command("make-mlm-data")
 def make_mlm_data(
     corpus: str = typer.Argument(..., help="A `plm tokenize` output directory."),
@@ -79,8 +91,11 @@ def make_mlm_data(
     mask_prob: float = typer.Option(0.15, help="Share of tokens to predict."),
     max_predictions: int = typer.Option(20, help="At most this many predictions per instance (0 = no cap)."),
     pairs: str = typer.Option("nsp", help="nsp (next sentence) | sop (sentence order) | none (RoBERTa full-sentence packing)."),
-    cross_documents: bool = typer.Option(True, help="--pairs none: pack across documents (RoBERTa's FULL-SENTENCES); "
-                                         "--no-cross-documents keeps each instance inside one document (DOC-SENTENCES)."),
+    packing: Optional[str] = typer.Option(None, help="--pairs none: full_sentences packs across documents (RoBERTa's "
+                                          "FULL-SENTENCES, the default) | doc_sentences keeps each instance inside one "
+                                          "document (DOC-SENTENCES)."),
+    cross_documents: Optional[bool] = typer.Option(None, "--cross-documents/--no-cross-documents",
+                                                   help="Older names of --packing full_sentences / doc_sentences."),
     masking: str = typer.Option("token", help="token | wwm (whole word) | ngram (1-4 words, 40/30/20/10) | ngram_per_word "
                                 "(a 1-4-word span decided at each word) | chinese-wwm (jieba words) | span (SpanBERT) | "
                                 "knowledge (ERNIE: whole --lexicon matches, or --knowledge-units)."),
@@ -109,7 +124,7 @@ def make_mlm_data(
 
     meta = api.make_mlm_data(corpus, out, max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions,
                              pairs, masking, seed, num_proc, force, span_p=span_p, span_max=span_max, lexicon=lexicon,
-                             ngram_probs=floats(ngram_probs, "--ngram-probs"), cross_documents=cross_documents,
+                             ngram_probs=floats(ngram_probs, "--ngram-probs"), packing=packing_of(packing, cross_documents),
                              knowledge_units=knowledge_units)
     if as_json:
         return print_json(meta)

@@ -2,20 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import List, Optional
 
 import typer
 
-from plmcli.cli._common import Commands, parse_duration, print_json, process, stderr
+from plmcli.cli._common import Commands, Flag, config_flags, parse_duration, print_json, process, stderr
+from plmcli.config import FinetuneConfig, Recipe
+from plmcli.config_sections import FinetuneModelConfig, FinetuneTaskConfig
 from plmcli.errors import PlmError
 
 commands = Commands()
+
+PRETRAIN_FLAGS = (Flag("train.max_steps"), Flag("train.max_tokens"), Flag("train.compile", ("--compile",)),
+                  Flag("data.text_column"))
+"""Recipe keys with a flag of their own (every key has --set section.key=value)."""
+
+NAMES = {"task.name": ("--task", "-t"), "model.from_run": ("--from",), "train.global_batch_size": ("--batch-size",)}
+"""plm finetune's flags named otherwise than their field."""
+
+FINETUNE_TRAINING = ("train.epochs", "optim.lr", "train.global_batch_size", "train.seed", "grid.seeds", "train.max_steps",
+                     "optim.warmup_ratio", "optim.weight_decay")
+"""The train, optim and grid keys with a flag of plm finetune (every key has --set section.key=value)."""
+
+
+def _finetune_flags() -> tuple:
+    """Every field of the task and model sections, then FINETUNE_TRAINING's keys, as flags of plm finetune."""
+    first = ("name", "data_dir", "max_seq_len")
+    task = [*first, *(f.name for f in fields(FinetuneTaskConfig) if f.name not in first)]
+    return (*(Flag(f"task.{n}", NAMES.get(f"task.{n}", ()), "Task") for n in task),
+            *(Flag(f"model.{f.name}", NAMES.get(f"model.{f.name}", ()), "Model") for f in fields(FinetuneModelConfig)),
+            *(Flag(k, NAMES.get(k, ()), "Training") for k in FINETUNE_TRAINING))
+
+
+FINETUNE_FLAGS = _finetune_flags()
 
 
 # ---------------------------------------------------------------- pretrain
 
 
 @commands.command()
+@config_flags(Recipe, PRETRAIN_FLAGS)
 def pretrain(
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
     data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, "
@@ -23,9 +50,7 @@ def pretrain(
                                          "corpus."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<recipe>-<time>)."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a recipe key: section.key=value (repeatable)."),
-    max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (also the schedule's horizon)."),
-    max_tokens: Optional[int] = typer.Option(None, help="Stop after this many training tokens."),
-    time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time: seconds, or 90s / 10m / 2h."),
+    time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time, all phases together: seconds, or 90s / 10m / 2h."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run at --out (default runs/latest) from its last checkpoint."),
     auto_resume: bool = typer.Option(False, "--auto-resume", help="Continue the run at --out if it has one, else start it there: "
                                      "one command that a requeued (preempted) job runs every time."),
@@ -35,11 +60,8 @@ def pretrain(
                                    "The tokenizer is tokenizer.path, or trained on up to 256 MB "
                                    "from the starts of the files; validation = the last data.val_fraction of the text, at most 16 MB; "
                                    "--resume continues at the same byte of every file (same processes and micro batch)."),
-    compile_model: bool = typer.Option(False, "--compile", help="torch.compile the model (= --set train.compile=true): on a GPU, "
-                                       "faster steps after a first step that compiles for a minute or so."),
-    text_column: Optional[str] = typer.Option(None, "--text-column", help="The text column of JSON Lines / CSV / Parquet files, "
-                                              "saved datasets and Hub datasets (= --set data.text_column=…; default: text)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+    flags: dict = None,
 ):
     """Train a model from a recipe.
 
@@ -57,13 +79,13 @@ def pretrain(
     A second Ctrl-C stops at once. train.save_every_minutes adds checkpoints by time.
     """
     from plmcli import api
+    from plmcli.config import override_layers
 
     if resume and auto_resume:
         raise PlmError("--resume and --auto-resume together", "pass one: --auto-resume also starts a run that does not exist yet")
-    overrides = [*(overrides or []), "train.compile=true"] if compile_model else overrides
-    summary = api.pretrain(recipe, data, out, overrides, max_steps, max_tokens, parse_duration(time_budget),
-                           "auto" if auto_resume else resume, stop_after, console=stderr(), streaming=streaming,
-                           text_column=text_column)
+    summary = api.pretrain(recipe, data, out, override_layers(overrides, flags), time_budget=parse_duration(time_budget),
+                           resume="auto" if auto_resume else resume, stop_after=stop_after, console=stderr(),
+                           streaming=streaming)
     if process()[0]:  # one result for N processes
         return
     if as_json:
@@ -76,66 +98,17 @@ def pretrain(
 
 # ---------------------------------------------------------------- finetune
 
-FREEZE = typer.Option(None, "--freeze", help="Feature-based: the backbone stays as pretrained (eval mode, no backward through "
-                      "it); only the task head (and a scalar mix) train (= model.freeze).")
-FEATURES = typer.Option(None, "--features", help="What the head reads: last | scalar_mix (a learned γ·Σ softmax(s)_j h_j over "
-                        "every layer, embeddings included) | concat_last_four (BERT §5.3) (= model.features; default last).")
-ELMO_AT_OUTPUT = typer.Option(None, "--elmo-at-output", help="ELMo runs: ELMo vectors also at the task BiLSTM's output, "
-                              "with a scalar mix of their own (Peters et al. §3.3) (= model.elmo_at_output).")
-
-
 @commands.command()
+@config_flags(FinetuneConfig, FINETUNE_FLAGS)
 def finetune(
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="GLUE: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli; "
-                                       "span QA: squad | cmrc2018; NER: conll2003; multiple choice: swag | race; own data: "
-                                       "classification | regression | pair-classification (= task.name; required unless "
-                                       "the --config file names it)."),
-    from_run: Optional[str] = typer.Option(None, "--from", help="Encoder run directory (= model.from_run; default: runs/latest)."),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="A finetune config YAML: sections task, model, train, optim "
-                                         "(a finished finetune's OUT/finetune.yaml is one)."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A finetune config YAML: sections task, model, train, optim, "
+                                         "grid (a finished finetune's OUT/finetune.yaml is one)."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key: section.key=value (repeatable), "
                                                   "e.g. --set task.max_seq_len=256."),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder (GLUE: holding SST-2/, CoLA/, … or one task's folder; "
-                                           "SQuAD, CoNLL, SWAG, own data: their files; glue-sample: the SST-2 sample shipped with plm); "
-                                           "none = --train/--dev/--test, else the Hub (= task.data_dir)."),
-    epochs: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Epochs; dev after each, the best weights kept (= train.epochs; "
-                                         "default 3, more for a small model on few rows). A list (2,3,4): a grid (= grid.epochs)."),
-    lr: Optional[str] = typer.Option(None, metavar="LR[,LR…]", help="Peak learning rate, 10% warmup, linear decay (= optim.lr; default by "
-                                     "the backbone's size: 2e-5 BERT-base, 3e-4 bert-mini). A list (5e-5,3e-5): a grid (= grid.lr)."),
-    batch_size: Optional[str] = typer.Option(None, metavar="N[,N…]", help="Examples per optimizer step (= train.batch_size; default 32). "
-                                             "A list (16,32) finetunes each: a grid (= grid.batch_size)."),
-    seed: Optional[int] = typer.Option(None, help="Seeds the head init, data order and dropout (= train.seed; default 42)."),
-    seeds: Optional[int] = typer.Option(None, help="Finetunes per setting (seeds --seed, --seed + 1, …); the best dev run kept (= grid.seeds)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),
-    max_seq_len: Optional[int] = typer.Option(None, help="Tokens per example (= task.max_seq_len; default min(128, model positions))."),
-    max_steps: Optional[int] = typer.Option(None, help="Stop after N steps instead of full epochs (= train.max_steps)."),
-    init: Optional[str] = typer.Option(None, help="pretrained | random: fresh weights, the baseline (= model.init; default pretrained)."),
-    warmup_ratio: Optional[float] = typer.Option(None, help="Share of the steps spent warming the learning rate up, "
-                                                 "0 = none (= optim.warmup_ratio; default 0.1)."),
-    weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay, not on biases and norms "
-                                                 "(= optim.weight_decay; default 0.01)."),
-    dropout: Optional[float] = typer.Option(None, help="Backbone dropout and attention dropout while finetuning "
-                                            "(= model.dropout; default: the run's own)."),
-    classifier_dropout: Optional[float] = typer.Option(None, help="Dropout before the task head (= model.classifier_dropout)."),
-    freeze: Optional[bool] = FREEZE, features: Optional[str] = FEATURES, elmo_at_output: Optional[bool] = ELMO_AT_OUTPUT,
-    train: Optional[str] = typer.Option(None, "--train", help="Training file of the task's format (own data TSV/CSV/JSONL, "
-                                        "SQuAD JSON, CoNLL, SWAG CSV) (= task.train)."),
-    dev: Optional[str] = typer.Option(None, "--dev", help="Dev file: evaluated every epoch, its main metric keeps the best "
-                                      "weights (= task.dev)."),
-    test: Optional[str] = typer.Option(None, "--test", help="Test file: predictions are written for it (= task.test)."),
-    text_col: Optional[str] = typer.Option(None, help="Own data: the text column, header name or JSONL key (= task.text_col)."),
-    text_pair_col: Optional[str] = typer.Option(None, help="Own data: the second text of a pair (= task.text_pair_col)."),
-    label_col: Optional[str] = typer.Option(None, help="Own data: the label column (= task.label_col)."),
-    doc_stride: Optional[int] = typer.Option(None, help="Span QA: tokens between consecutive windows over a long passage "
-                                             "(= task.doc_stride; default 128)."),
-    max_query_len: Optional[int] = typer.Option(None, help="Span QA: question tokens kept (= task.max_query_len; default 64)."),
-    max_answer_len: Optional[int] = typer.Option(None, help="Span QA: longest answer, in tokens (= task.max_answer_len; default 30)."),
-    n_best: Optional[int] = typer.Option(None, help="Span QA: start and end candidates combined per window (= task.n_best; default 20)."),
-    crf: Optional[bool] = typer.Option(None, "--crf", help="NER: a linear-chain CRF over the tag scores, Viterbi decoding (= task.crf)."),
-    aux_lm_weight: Optional[float] = typer.Option(None, help="Causal runs (GPT-style transfer): weight of the auxiliary LM loss, "
-                                                  "0 = the task loss alone (= task.aux_lm_weight; default 0.5)."),
     eval_only: bool = typer.Option(False, "--eval-only", help="--from is a finetuned run: score its dev set, predict test, train nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print metrics.json (a grid: grid.json)."),
+    flags: dict = None,
 ):
     """Finetune a run on a task; writes OUT/metrics.json, the best weights, test predictions and
     OUT/finetune.yaml (the resolved config: `--config OUT/finetune.yaml` runs it again).
@@ -155,16 +128,10 @@ def finetune(
       plm finetune --task rte --data-dir glue/ --lr 5e-5,3e-5,2e-5 --epochs 2,3,4 --batch-size 16,32 --seeds 5
     """
     from plmcli import api
+    from plmcli.config import override_layers
 
-    options = dict(train=train, dev=dev, test=test, text_col=text_col, text_pair_col=text_pair_col, label_col=label_col,
-                   doc_stride=doc_stride, max_query_len=max_query_len, max_answer_len=max_answer_len, n_best=n_best, crf=crf,
-                   aux_lm_weight=aux_lm_weight)
-    res = api.finetune(task, from_run, data_dir, _grid_list(epochs, "--epochs", int), _grid_list(lr, "--lr", float),
-                       _grid_list(batch_size, "--batch-size", int), seed, out, max_seq_len, max_steps, init,
-                       console=stderr(), eval_only=eval_only, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
-                       dropout=dropout, classifier_dropout=classifier_dropout, config=config, overrides=overrides,
-                       seeds=seeds, freeze=freeze, features=features, elmo_at_output=elmo_at_output, **options)
-    _echo_finetune(res, as_json)
+    cfg = api.finetune_config(config, override_layers(overrides, flags))
+    _echo_finetune(api.finetune(cfg, out, eval_only=eval_only, console=stderr()), as_json)
 
 
 def _echo_finetune(res: dict, as_json: bool) -> None:
@@ -184,16 +151,3 @@ def _echo_grid(res: dict) -> None:
     typer.echo(f"{res['out_dir']}: {len(res['runs'])} {res['task']} finetunes; best lr {b['lr']:g}, {b['epochs']} epochs, "
                f"batch {b['batch_size']}, seed {b['seed']}: dev {res['main_metric']} {b['metric']:.4f} ({b['dir']}, kept "
                f"as the output); table: {res['out_dir']}/grid.md")
-
-
-def _grid_list(text: str | None, flag: str, kind: type):
-    """A flag's value: one number, or a comma list of them (a grid axis); None when not given."""
-    if text is None:
-        return None
-    try:
-        values = [kind(x) for x in text.split(",")]
-    except ValueError:
-        what, example = ("whole numbers", "2,3,4") if kind is int else ("numbers", "5e-5,3e-5,2e-5")
-        raise PlmError(f"{flag} '{text}' is not a number or a comma-separated list of {what}",
-                       f"e.g. {flag} {example}") from None
-    return values[0] if len(values) == 1 else values

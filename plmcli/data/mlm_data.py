@@ -45,6 +45,8 @@ FORMAT = "plm-mlm"
 VERSION = 2  # 2: pair instances drawn chunk-vectorised (a new random stream)
 PAIRS = ("nsp", "sop", "none")
 MASKINGS = ("token", "wwm", "ngram", "ngram_per_word", "chinese-wwm", "span", "knowledge")
+PACKINGS = ("full_sentences", "doc_sentences")
+"""--pairs none: RoBERTa's FULL-SENTENCES (across documents, a separator between them) or DOC-SENTENCES."""
 SHARD_TOKENS = 1 << 18
 """Tokens per unit of work (whole documents). Fixed, so the output does not depend on num_proc."""
 BATCH = 1024
@@ -346,9 +348,12 @@ def _check_corpus(stats: dict, pairs: str) -> None:
 def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob: float = 0.1, dupe_factor: int = 5,
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
-                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), cross_documents: bool = True,
+                  lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), packing: str = "full_sentences",
                   knowledge_units: str | None = None) -> dict:
     """Masked-LM instances from a `plm tokenize` directory into `out_dir`; returns the output's meta.
+
+    `packing` (pairs none): full_sentences packs sentences across documents, doc_sentences keeps each
+    instance inside one document (RoBERTa's FULL-SENTENCES / DOC-SENTENCES).
 
     ngram_probs shapes masking "ngram"; span_p / span_max shape masking "span"; `lexicon` (a file, one phrase or entity per line) gives the
     units of masking "knowledge"; without one, `knowledge_units` (phrases | entities) has jieba's tagger find
@@ -362,11 +367,13 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
     masked_lm_special_ids(cmeta)  # a corpus without [CLS]/[SEP]/[MASK] is refused before any work
     settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                     mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
+    if packing not in PACKINGS:
+        raise PlmError(f"--packing '{packing}' is not one of {', '.join(PACKINGS)}", "use --packing full_sentences")
     if pairs == "none":
-        settings["cross_documents"] = bool(cross_documents)
-    elif not cross_documents:
-        raise PlmError(f"--no-cross-documents applies to --pairs none (RoBERTa's DOC-SENTENCES), not --pairs {pairs}",
-                       "add --pairs none, or drop --no-cross-documents (NSP/SOP pairs stay within a document anyway)")
+        settings["packing"] = packing
+    elif packing == "doc_sentences":
+        raise PlmError(f"--packing doc_sentences (--no-cross-documents) applies to --pairs none (RoBERTa's DOC-SENTENCES), "
+                       f"not --pairs {pairs}", "add --pairs none, or drop it (NSP/SOP pairs stay within a document anyway)")
     # Settings a masking does not use stay out, so they neither show in meta.json nor change the cache key.
     if masking == "span":
         settings |= dict(span_p=span_p, span_max=span_max)
@@ -377,6 +384,8 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
     elif masking == "knowledge":  # the tagger's version and the grammar count, so a changed grammar builds afresh
         settings |= dict(knowledge_units=knowledge_units, units_key=units_key(knowledge_units))
     keyed = {k: v for k, v in settings.items() if k != "lexicon"}  # the lexicon counts by content, not by path
+    if "packing" in keyed:  # keyed by its older name, cross_documents, so outputs built before keep their key
+        keyed["cross_documents"] = keyed.pop("packing") != "doc_sentences"
     key = cache_key(cmeta.get("key"), cmeta["tokenizer"].get("hash"), keyed, FORMAT, VERSION)
 
     return build_atomically(out_dir, key, _read_out_meta,
@@ -420,7 +429,9 @@ def _build(tmp: Path, corpus_dir: Path, cmeta: dict, settings: dict, num_proc: i
 
     special = set(tok_meta["special_token_ids"].values())
     vocab_size = int(tok_meta["vocab_size"])
-    cfg = {**settings, "prefix": prefix, "special_ids": tok_meta["special_token_ids"], "vocab_size": vocab_size,
+    # packed_instances reads the packing as cross_documents (false: DOC-SENTENCES)
+    cfg = {**settings, "cross_documents": settings.get("packing") != "doc_sentences",
+           "prefix": prefix, "special_ids": tok_meta["special_token_ids"], "vocab_size": vocab_size,
            "random_ids": [i for i in range(vocab_size) if i not in special], "key": key}
     positive = {"nsp": "random_next", "sop": "swapped"}.get(settings["pairs"])
     counts = {}

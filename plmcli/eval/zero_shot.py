@@ -103,7 +103,7 @@ def zero_shot_config(path: str | None = None, flags: dict | None = None) -> Zero
     (verbalizers) is replaced whole, never merged: a file's labels are all its labels."""
     import re
 
-    from plmcli.config import build_section
+    from plmcli.config_sections import build_section
 
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     own = read_config(path) if path else {}

@@ -60,9 +60,9 @@ class Ernie2(MaskedLM):
         if cfg.dynamic:
             raise PlmError("objective ernie2 trains on static instances (each one a sentence task), and objective.dynamic is true",
                            "--set objective.dynamic=false")
-        if not cfg.cross_documents:
-            raise PlmError("objective.cross_documents applies to objective mlm's packed sentences, not to ernie2",
-                           "--set objective.cross_documents=true")
+        if cfg.packing != "window":  # objective.cross_documents false (its older name) arrives as doc_sentences
+            raise PlmError(f"objective.packing {cfg.packing} applies to objective mlm's packed sentences, not to ernie2 "
+                           "(its instances are its sentence tasks)", "drop objective.packing (and objective.cross_documents)")
         if [float(p) for p in cfg.replace_probs] != [0.8, 0.1, 0.1]:
             raise PlmError("objective.replace_probs applies to dynamic masking; ernie2's static instances use BERT's 80/10/10",
                            "leave replace_probs at [0.8, 0.1, 0.1]")

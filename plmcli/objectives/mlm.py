@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import Count, Fraction, NonNegative, Range, Rule, Size
+from plmcli.config_sections import Count, Formerly, Fraction, NonNegative, Range, Rule, Size
 from plmcli.data.batching import BatchStream, TokenBudgetStream, row_generators
 from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
 from plmcli.data.packing import PACKINGS
@@ -41,9 +41,9 @@ _WINDOW_TAG, _MASK_TAG = 7, 11  # seed-tuple tags: the window offset and the mas
 SINGLE_SEGMENTS = Rule(lambda p, c: p == "window" or c["pairs"] == "none",
                        "packs single segments, and {where}.pairs is {pairs}",
                        "set {where}.pairs=none (RoBERTa), or {where}.packing=window")
-ONE_NAME = Rule(lambda p, c: p != "full_sentences" or c["cross_documents"],
-                "contradicts {where}.cross_documents false (DOC-SENTENCES, the static path's older name)",
-                "drop cross_documents and set {where}.packing=doc_sentences")
+CROSS_DOCUMENTS = Formerly("cross_documents", {False: "doc_sentences", True: None})
+"""packing's older name on the static path (make-mlm-data --no-cross-documents): false is doc_sentences, true
+leaves packing as set; a recipe or a saved config.json that has it still loads."""
 
 
 @dataclass
@@ -72,15 +72,14 @@ class MLMConfig:
     found in the corpus itself (data/knowledge.py); other text keeps its jieba words. Give this or lexicon."""
     pairs: Literal[PAIRS] = "nsp"
     """nsp (50% random next segment) | sop (50% swapped order) | none (full sentences packed, RoBERTa)."""
-    packing: Annotated[Literal[PACKINGS], SINGLE_SEGMENTS, ONE_NAME] = "window"
+    packing: Annotated[Literal[PACKINGS], SINGLE_SEGMENTS, CROSS_DOCUMENTS] = "window"
     """pairs none, how rows are cut. window: dynamic masking reads fixed seq_len-2 windows of the token stream,
     realigned each epoch (rows start mid-sentence). full_sentences (RoBERTa's FULL-SENTENCES): whole sentences
     packed up to seq_len, across documents with a separator between them. doc_sentences (DOC-SENTENCES): a row
     never crosses a document — shorter rows, each about one topic, for corpora of short documents; dynamic
     batches take as many rows as hold about a FULL-SENTENCES micro-batch's tokens, batched by length.
-    Static data (make-mlm-data) always packs sentences: doc_sentences there, else full_sentences."""
-    cross_documents: bool = True
-    """The static path's older name: false is packing doc_sentences (make-mlm-data --no-cross-documents)."""
+    Static data (make-mlm-data) always packs sentences: doc_sentences there, else full_sentences. Older name:
+    cross_documents (false is doc_sentences), still read."""
     dynamic: bool = False
     """Mask each batch afresh from the tokenized corpus (RoBERTa) instead of reading make-mlm-data instances."""
     dupe_factor: Size = 5
@@ -114,21 +113,12 @@ class MaskedLM(Objective):
         if cfg.dynamic and cfg.pairs != "none":
             raise PlmError(f"dynamic masking packs full sentences and has no sentence pairs (objective.pairs is {cfg.pairs})",
                            "set objective.pairs=none (RoBERTa), or objective.dynamic=false for NSP/SOP pairs")
-        if not cfg.cross_documents and cfg.pairs != "none":
-            raise PlmError(f"objective.cross_documents false (DOC-SENTENCES) applies to pairs none, not {cfg.pairs}",
-                           "set objective.pairs=none, or objective.cross_documents=true")
-        if not cfg.cross_documents and cfg.dynamic:
-            raise PlmError("objective.cross_documents is make-mlm-data's name; dynamic masking packs by objective.packing",
-                           "set objective.packing=doc_sentences and objective.cross_documents=true, or objective.dynamic=false")
         if cfg.packing not in PACKINGS:
             raise PlmError(f"objective.packing '{cfg.packing}' is not one of {', '.join(PACKINGS)}",
                            "e.g. --set objective.packing=full_sentences")
         if cfg.packing != "window" and cfg.pairs != "none":
             raise PlmError(f"objective.packing {cfg.packing} packs single segments, and objective.pairs is {cfg.pairs}",
                            "set objective.pairs=none (RoBERTa), or objective.packing=window")
-        if not cfg.cross_documents and cfg.packing == "full_sentences":
-            raise PlmError("objective.cross_documents false (DOC-SENTENCES) contradicts objective.packing full_sentences",
-                           "drop cross_documents and set objective.packing=doc_sentences")
         from plmcli.data.masking import check_ngram_probs, check_span, read_lexicon
 
         check_span(cfg.span_p, cfg.span_max, ("objective.span_p", "objective.span_max"))
@@ -200,8 +190,8 @@ class MaskedLM(Objective):
 
         settings = dict(max_seq_len=self.seq_len, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
                         mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking)
-        if not c.cross_documents or c.packing == "doc_sentences":  # only when set: existing cache keys stay
-            settings["cross_documents"] = False
+        if c.packing == "doc_sentences":  # only when set: the other cache keys stay as they were
+            settings["packing"] = "doc_sentences"
         # Only the settings a masking uses join in, so changing another one keeps the cached data.
         if c.masking == "span":
             settings |= dict(span_p=c.span_p, span_max=c.span_max)

@@ -19,14 +19,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import typing
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from plmcli.config import FinetuneConfig, LoopRecipe, OptimConfig, TrainConfig, check_value, load_finetune_config
-from plmcli.config_sections import (FinetuneGridConfig, FinetuneModelConfig, FinetuneOptimConfig, FinetuneTaskConfig,
-                                    FinetuneTrainConfig, TaskOptions)
+from plmcli.config import FinetuneConfig
+from plmcli.config_sections import FinetuneGridConfig
 from plmcli.data import store
 from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError, stop_signal
@@ -36,68 +34,6 @@ from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS
 
 FINETUNE_CONFIG = "finetune.yaml"
 """OUT/finetune.yaml: the resolved config a finetune ran with; `plm finetune --config` takes it back."""
-
-ARGUMENT_KEYS = {
-    "task": "task.name", "from_run": "model.from_run", "data_dir": "task.data_dir", "epochs": "train.epochs",
-    "lr": "optim.lr", "batch_size": "train.batch_size", "seed": "train.seed", "max_seq_len": "task.max_seq_len",
-    "max_steps": "train.max_steps", "init": "model.init", "warmup_ratio": "optim.warmup_ratio",
-    "weight_decay": "optim.weight_decay", "dropout": "model.dropout", "classifier_dropout": "model.classifier_dropout",
-    "freeze": "model.freeze", "features": "model.features", "elmo_at_output": "model.elmo_at_output",
-}
-"""api.finetune's keyword arguments (plm finetune's flags) and the config key each one sets."""
-
-GRID_KEYS = {"lr": "grid.lr", "epochs": "grid.epochs", "batch_size": "grid.batch_size", "seeds": "grid.seeds"}
-"""The arguments that also take a list (plm finetune --lr 1e-4,5e-5): a list of several values sets the grid key,
-one value the ARGUMENT_KEYS key and empties the grid's list (the flag beats a grid in the --config file)."""
-
-
-def finetune_config(config: str | None = None, overrides: list[str] | dict | None = None, options=None,
-                    **arguments) -> FinetuneConfig:
-    """The FinetuneConfig of a finetune: `arguments` (ARGUMENT_KEYS; None = not given) and `options` (the
-    task's fields) beat `overrides` (--set), which beat the file `config`, which beats the defaults."""
-    given = {k: v for k, v in arguments.items() if v is not None and not (isinstance(v, (list, tuple)) and not v)}
-    flags: dict = {"task": given_options(options)}
-    _check_arguments(flags["task"])
-    for name, value in given.items():
-        for key, v in _keys_set(name, value):
-            section, field_name = key.split(".")
-            flags.setdefault(section, {})[field_name] = v
-    cfg = load_finetune_config(config, overrides, flags)
-    if not cfg.task.name:
-        raise PlmError("no task given", "pass --task NAME (e.g. --task sst2), or name it in the --config file "
-                       "(task: {name: sst2}) or with --set task.name=sst2")
-    return cfg
-
-
-def _keys_set(name: str, value) -> list[tuple[str, typing.Any]]:
-    """The config keys an argument sets, and their values; each value checked as its flag."""
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    for v in values:
-        _check_arguments({name: v})
-    if name not in GRID_KEYS:
-        if len(values) > 1:
-            raise PlmError(f"--{name.replace('_', '-')} takes one value, not {len(values)}",
-                           f"lists are for {', '.join('--' + k.replace('_', '-') for k in GRID_KEYS if k != 'seeds')}")
-        return [(ARGUMENT_KEYS[name], values[0])]
-    if name == "seeds":
-        return [(GRID_KEYS[name], value)]
-    if len(values) > 1:
-        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-        if twice is not None:
-            raise PlmError(f"--{name.replace('_', '-')} lists {twice} twice", "give each value once")
-        return [(GRID_KEYS[name], values)]
-    return [(ARGUMENT_KEYS[name], values[0]), (GRID_KEYS[name], [])]
-
-
-def given_options(options) -> dict:
-    """The task options a caller set: a dict's non-None values, or a TaskOptions' fields that are not defaults."""
-    if options is None:
-        return {}
-    if isinstance(options, dict):
-        return {k: v for k, v in options.items() if v is not None}
-    default = TaskOptions()
-    return {k: v for k, v in asdict(options).items() if v != getattr(default, k)}
-
 
 def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = False, console=None) -> dict:
     """Finetune as `cfg` says into `out` (default runs/<run>-<task>-<time>); returns OUT/metrics.json.
@@ -131,7 +67,7 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
 
     state = process_state()  # on N processes (accelerate launch, torchrun) they all get here
     if not eval_only:  # fail before encoding anything
-        _check_batch_split(cfg.train.batch_size, state.num_processes)
+        _check_batch_split(cfg.train.global_batch_size, state.num_processes)
     state.wait_for_everyone()
     made_dir = not out_dir.exists()
     if state.is_main_process:
@@ -285,19 +221,14 @@ def size_defaults(cfg: FinetuneConfig, backbone, steps_per_epoch: int) -> tuple[
     return cfg, note
 
 
-def _loop_recipe(cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: int) -> LoopRecipe:
-    """THE loop's recipe for a finetune: the train and optim sections it reads, as Devlin et al. set them
-    unless the config says otherwise (dev after every epoch, the best weights kept, no checkpoints)."""
-    t, o = cfg.train, cfg.optim
-    return LoopRecipe(
-        train=TrainConfig(seq_len=cfg.task.max_seq_len, global_batch_size=t.batch_size,
-                          micro_batch_size=t.micro_batch_size, max_steps=total,
-                          eval_every=t.eval_every or steps_per_epoch, eval_batches=0, save_every=0, keep_checkpoints=1,
-                          log_every=t.log_every or max(1, min(50, steps_per_epoch // 4)), seed=t.seed,
-                          grad_clip=t.grad_clip, mixed_precision=t.mixed_precision,
-                          activation_checkpointing=t.activation_checkpointing),
-        optim=OptimConfig(name=o.name, lr=o.lr, weight_decay=o.weight_decay, schedule=o.schedule, warmup_steps=warmup),
-    )
+def loop_config(cfg: FinetuneConfig, steps_per_epoch: int) -> FinetuneConfig:
+    """`cfg` as THE loop reads it (train and optim): the steps counted, the evaluation and logging intervals that
+    the config leaves to the epoch (0) set, the examples task.max_seq_len long."""
+    t = cfg.train
+    total = t.max_steps or t.epochs * steps_per_epoch
+    return replace(cfg, train=replace(t, seq_len=cfg.task.max_seq_len, max_steps=total,
+                                      eval_every=t.eval_every or steps_per_epoch,
+                                      log_every=t.log_every or max(1, min(50, steps_per_epoch // 4))))
 
 
 def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path, meta: dict, cfg: FinetuneConfig,
@@ -310,7 +241,7 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
     from plmcli.train.loop import train
 
     counts = _counts(meta)
-    steps_per_epoch = math.ceil(counts["train"] / cfg.train.batch_size)
+    steps_per_epoch = math.ceil(counts["train"] / cfg.train.global_batch_size)
     cfg, chosen = size_defaults(cfg, encoder, steps_per_epoch)
     if chosen and state.is_main_process:
         from rich.console import Console
@@ -319,19 +250,18 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
     torch.manual_seed(cfg.train.seed)
     model = obj.build_model(encoder)
     with_features(model, obj, cfg.model)
-    total = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
-    warmup = int(cfg.optim.warmup_ratio * total)
+    looped = loop_config(cfg, steps_per_epoch)
+    total, warmup = looped.train.max_steps, looped.optim.warmup(looped.train.max_steps)
     if state.is_main_process:
         _write_run_files(t, run_cfg, run, out_dir, cfg)
 
-    summary = train(_loop_recipe(cfg, steps_per_epoch, total, warmup), model, obj, data, out_dir, console=console,
-                    select_metric=obj.select_metric)
+    summary = train(looped, model, obj, data, out_dir, console=console, select_metric=obj.select_metric)
     best = summary.get("best") or {}
 
     written = {}
     if state.is_main_process:
         load_model(model, str(out_dir / WEIGHTS))  # the best dev weights, for the test predictions
-        written = _predict_tests(t, obj, model, data, counts, out_dir, cfg.train.batch_size, cfg.train.seed)
+        written = _predict_tests(t, obj, model, data, counts, out_dir, cfg.train.global_batch_size, cfg.train.seed)
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
     result = {
         "task": t.name, "from_run": str(run), "init": cfg.model.init, "out_dir": str(out_dir),
@@ -369,7 +299,7 @@ def _write_run_files(t, run_cfg: dict, run: Path, out_dir: Path, cfg: FinetuneCo
 def _settings(t, cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: int) -> dict:
     """metrics.json's `settings`: what the finetune ran with."""
     tr, m = cfg.train, cfg.model
-    return {"epochs": tr.epochs, "lr": cfg.optim.lr, "batch_size": tr.batch_size, "seed": tr.seed,
+    return {"epochs": tr.epochs, "lr": cfg.optim.lr, "batch_size": tr.global_batch_size, "seed": tr.seed,
             "max_seq_len": cfg.task.max_seq_len, "max_steps": tr.max_steps, "steps_per_epoch": steps_per_epoch,
             "total_steps": total, "warmup_steps": warmup, "weight_decay": cfg.optim.weight_decay,
             "classifier_dropout": m.classifier_dropout, "dropout": m.dropout, "freeze": m.freeze, "features": m.features,
@@ -422,7 +352,7 @@ def _eval_only(t, obj, model, data, meta, run, out_dir, train, state) -> dict:
 
     from plmcli.train.distributed import use_cpu
 
-    counts, batch_size, seed = _counts(meta), train.batch_size, train.seed
+    counts, batch_size, seed = _counts(meta), train.global_batch_size, train.seed
     acc = Accelerator(cpu=use_cpu())
     model.to(acc.device).eval()
     # each process scores its share of the dev split; evaluate gathers them
@@ -507,20 +437,6 @@ def _check_task_options(task, section) -> None:
                 flag = "--" + name.replace("_", "-")
                 raise PlmError(f"{flag} (task.{name}) applies to {objective} tasks, and {task.name} is not one",
                                f"drop {flag}, or finetune a task it applies to")
-
-
-def _check_arguments(given: dict) -> None:
-    """The arguments (flags) given, each checked against its config field's declaration (config_sections), the
-    message naming the flag the user typed; values from a file or --set are checked by the same fields, naming
-    the key. A task option is its task.* field."""
-    sections = {"task": FinetuneTaskConfig, "model": FinetuneModelConfig, "train": FinetuneTrainConfig,
-                "optim": FinetuneOptimConfig, "grid": FinetuneGridConfig}
-    for name, value in given.items():
-        # a value of another type (a string from a library caller) is left to the config's coercion
-        if value is None or (isinstance(value, str) and name not in ("init", "features")):
-            continue
-        section, field_name = (ARGUMENT_KEYS.get(name) or GRID_KEYS.get(name) or f"task.{name}").split(".")
-        check_value(sections[section], field_name, value, "--" + name.replace("_", "-"))
 
 
 def _strip(evaluation: dict) -> dict:

@@ -71,7 +71,7 @@ def grid_cells(cfg: FinetuneConfig) -> list[Cell]:
     """The runs of cfg's grid, settings in the order given (lr slowest), seeds train.seed, train.seed + 1, …"""
     g, t = cfg.grid, cfg.train
     return [Cell(lr, epochs, batch, t.seed + k) for lr in g.lr or [cfg.optim.lr] for epochs in g.epochs or [t.epochs]
-            for batch in g.batch_size or [t.batch_size] for k in range(g.seeds)]
+            for batch in g.batch_size or [t.global_batch_size] for k in range(g.seeds)]
 
 
 def is_grid(cfg: FinetuneConfig) -> bool:
@@ -82,7 +82,7 @@ def is_grid(cfg: FinetuneConfig) -> bool:
 def cell_config(cfg: FinetuneConfig, cell: Cell) -> FinetuneConfig:
     """The config of one run: the grid's settings in the train and optim sections, no grid left."""
     return replace(cfg, grid=FinetuneGridConfig(), optim=replace(cfg.optim, lr=cell.lr),
-                   train=replace(cfg.train, epochs=cell.epochs, batch_size=cell.batch_size, seed=cell.seed))
+                   train=replace(cfg.train, epochs=cell.epochs, global_batch_size=cell.batch_size, seed=cell.seed))
 
 
 def summarise(runs: list[dict]) -> tuple[list[dict], int | None]:
@@ -257,7 +257,7 @@ def _result(cfg: FinetuneConfig, cells: list[Cell], runs: list[dict], task: str,
         "task": task, "main_metric": main_metric, "from_run": cfg.model.from_run,
         "out_dir": str(out_dir),
         "grid": {"lr": g.lr or [cfg.optim.lr], "epochs": g.epochs or [cfg.train.epochs],
-                 "batch_size": g.batch_size or [cfg.train.batch_size], "seeds": [cfg.train.seed + k for k in range(g.seeds)]},
+                 "batch_size": g.batch_size or [cfg.train.global_batch_size], "seeds": [cfg.train.seed + k for k in range(g.seeds)]},
         "runs": runs, "settings": settings, "best": runs[best], "dev": runs[best]["dev"],
         "elapsed_s": round(sum(r["elapsed_s"] or 0 for r in runs), 2), "cells": len(cells),
     }

@@ -17,43 +17,39 @@ from plmcli.runs import (RECIPE, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_d
                          has_progress, latest_target, list_checkpoints, load_phase_weights, point_latest, runs_root, trained)
 
 
-def pretrain(recipe: str | None = None, data: list[str] | None = None, out: str | None = None,
-             overrides: list[str] | None = None, max_steps: int | None = None, max_tokens: int | None = None,
+def pretrain(recipe=None, data: list[str] | None = None, out: str | None = None, overrides=None, *,
              time_budget: float | None = None, resume: bool | str = False, stop_after: int | None = None,
-             console=None, streaming: bool = False, text_column: str | None = None) -> dict:
+             streaming: bool = False, console=None) -> dict:
     """plmcli.api.pretrain (see there)."""
     from contextlib import ExitStack
 
-    from plmcli.config import load_recipe, raw_recipe
+    from plmcli.config import Recipe, load_recipe, raw_recipe
 
     quiet_datasets_off_terminal()
-    # 0 is a value, not "unset": every bound is checked as given (None alone means the recipe's own).
-    for flag, value, example in (("--max-steps", max_steps, "100"), ("--max-tokens", max_tokens, "1000000"),
-                                 ("--stop-after", stop_after, "10"), ("--time-budget", time_budget, "2h")):
+    # 0 is a value, not "unset": every bound is checked as given (None alone means no limit).
+    for flag, value, example in (("--stop-after", stop_after, "10"), ("--time-budget", time_budget, "2h")):
         if value is not None and value <= 0:
             raise PlmError(f"{flag} {value:g} must be > 0", f"e.g. {flag} {example}, or leave it out")
+    if isinstance(recipe, Recipe) and overrides:
+        raise PlmError("overrides over a Recipe object", "load it with plmcli.config.load_recipe(name, overrides)")
     if resume == "auto":
         resume = auto_resume(out)
     restart = False
     if resume:
         r, run_dir, restart, streaming, data = _resumed(out, overrides, streaming, data)
         # --auto-resume repeats the first command, --recipe included: the same recipe is fine, another one is not
-        if recipe and raw_recipe(recipe).get("name") != r.name:
-            raise PlmError(f"--resume continues {run_dir}, trained from recipe {r.name}; --recipe {recipe} would be "
+        name = recipe.name if isinstance(recipe, Recipe) else raw_recipe(recipe).get("name") if recipe else r.name
+        if name != r.name:
+            raise PlmError(f"--resume continues {run_dir}, trained from recipe {r.name}; --recipe {name} would be "
                            "ignored", "drop --recipe to continue it, or start a new run in another --out")
     else:
         if not recipe:
             raise PlmError("no recipe given", "pass --recipe NAME (see `plm recipes`) or --recipe path/to/recipe.yaml")
-        r = load_recipe(recipe, overrides)
+        r = recipe if isinstance(recipe, Recipe) else load_recipe(recipe, overrides)
         run_dir = Path(out) if out else runs_root() / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_new_run_dir(run_dir)  # before any tokenizing; again when it is made
-    if text_column is not None:
-        r.data.text_column = text_column
     names = [ph["name"] for ph in r.phases] or [None]
     stages = [r.phase(i) for i in range(len(r.phases))] or [r]
-    for st in stages:
-        st.train.max_steps = max_steps if max_steps is not None else st.train.max_steps
-        st.train.max_tokens = max_tokens if max_tokens is not None else st.train.max_tokens
     with ExitStack() as held:  # the run's lock, released however this ends
         return pretrain_run(r, names, stages, data, run_dir, resume, restart, streaming, time_budget, stop_after,
                             console, held)

@@ -175,13 +175,14 @@ def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: P
     (checkpoint.RunStopped), as does fp16's loss scale falling below train.min_loss_scale.
     """
     run = _Training(recipe, objective, Path(run_dir), resume_from, stop_after, select_metric, continue_with)
-    run.prepare(model, corpus_dir)
-    return run.run(console)
+    run.setup(model, corpus_dir, console)
+    return run.run()
 
 
 class _Training:
-    """One call of `train`, in named steps: prepare (accelerator, optimizer, data, resume), then optimizer
-    steps, each followed by its logging, evaluation and checkpoint, until a stop reason."""
+    """One call of `train`, in torchtune's recipe lifecycle: __init__ reads the config, `setup` builds all the steps
+    use (every attribute is set in these two), `run` steps until a stop reason, each step followed by its logging,
+    evaluation and checkpoint."""
 
     def __init__(self, recipe, objective, run_dir: Path, resume_from, stop_after, select_metric, continue_with):
         self.recipe, self.t, self.o, self.objective, self.run_dir = recipe, recipe.train, recipe.optim, objective, run_dir
@@ -204,13 +205,12 @@ class _Training:
             self.notice = _resumable(self.loop, resume_from, self.accelerator, self.world, self.micro,
                                      self.t.global_batch_size)
 
-    def prepare(self, model, corpus_dir) -> None:
-        """Optimizer, schedule, streams and the accelerate-wrapped model, in the order that fixes the RNG's draws."""
+    def setup(self, model, corpus_dir, console) -> None:
+        """Optimizer, schedule, streams, the wrapped model (in the order that fixes the RNG's draws), then `begin`."""
         t, o, accelerator, objective = self.t, self.o, self.accelerator, self.objective
         apply_activation_checkpointing(model, t.activation_checkpointing)  # before DDP wraps and compile traces it
         optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, tuple(o.betas), o.eps, o.momentum)
-        # A short run (--max-steps 3 for a smoke test) keeps the recipe's warmup as far as it goes.
-        self.scheduler = build_scheduler(optimizer, o.schedule, min(o.warmup_steps, t.max_steps), t.max_steps, o.min_lr_ratio,
+        self.scheduler = build_scheduler(optimizer, o.schedule, o.warmup(t.max_steps), t.max_steps, o.min_lr_ratio,
                                          o.power, decay_factor=o.decay_factor, decay_every=o.decay_every,
                                          decay_start=o.decay_start)
         from plmcli.train.distributed import main_builds_first
@@ -243,6 +243,7 @@ class _Training:
         if self.resume_from is not None:
             ckpt.load_checkpoint(accelerator, self.resume_from)
             accelerator.step = 0  # accumulate()'s micro-step counter: a checkpoint is always at an optimizer step
+        self.begin(console)
 
     def _batches(self):
         """The training micro-batches from the loop's data position on."""
@@ -259,8 +260,8 @@ class _Training:
         return iter(batch_loader(stream, workers, sampler=CountFrom(loop.micro_batches), pin_memory=pin,
                                  worker_init_fn=ignore_stop_signals, seed=t.seed))
 
-    def run(self, console) -> dict:
-        """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
+    def begin(self, console) -> None:
+        """What the steps keep track of: logs, progress, the throughput window, health, the peers' agreement."""
         t, accelerator = self.t, self.accelerator
         self.main = accelerator.is_main_process
         self.log = MetricsLog(self.run_dir, enabled=self.main, step=self.loop.step)  # a resume redoes later steps
@@ -282,10 +283,16 @@ class _Training:
         self.best = self.loop.best
         self.health = StepHealth(accelerator.device, self.loop.step, self.loop.nonfinite_steps)
         self.check_grads = t.grad_clip > 0 and accelerator.scaler is None  # fp16's scaler skips overflowing steps itself
+        self.grad_norm = None
         self.model.train()
         self.start = time.perf_counter() - self.loop.elapsed
-        self.peers = peers = Peers(self.rank, self.world, t.dist_timeout)
-        self.interrupt = DeferredStop().install()
+        self.peers = Peers(self.rank, self.world, t.dist_timeout)
+        self.interrupt = DeferredStop()
+
+    def run(self) -> dict:
+        """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
+        peers = self.peers
+        self.interrupt.install()
         try:
             while self.reason is None:
                 stop_asked = self.optimizer_step()

@@ -1,6 +1,7 @@
 """`plm attention`: the recorded maps against a hand computation from the weights, the patterns against
 loops, a head built to look one token back, and the command on tiny BERT and GPT runs."""
 
+from plmcli.config import override_layers
 import json
 import math
 import shutil
@@ -243,10 +244,10 @@ def runs(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
-        pretrain("bert-mini", [str(corpus)], str(root / "bert"), max_steps=2,
-                 overrides=tiny_overrides("bert") + ["model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
-                                           "train.global_batch_size=4", "objective.dupe_factor=1", "train.eval_every=0"])
-        pretrain(str(tiny_recipe(root / "tiny.yaml")), [str(corpus)], str(root / "gpt"), max_steps=2)
+        pretrain("bert-mini", [str(corpus)], str(root / "bert"),
+                 overrides=override_layers(tiny_overrides("bert") + ["model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
+                                           "train.global_batch_size=4", "objective.dupe_factor=1", "train.eval_every=0"], {"train.max_steps": 2}))
+        pretrain(str(tiny_recipe(root / "tiny.yaml")), [str(corpus)], str(root / "gpt"), overrides={"train.max_steps": 2})
     return {"bert": root / "bert", "gpt": root / "gpt"}
 
 

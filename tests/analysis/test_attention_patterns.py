@@ -2,6 +2,7 @@
 token (anywhere / in the other sentence), to punctuation, and breadth against uniform attention. Each on
 hand-made attention rows whose values are worked out in the comments, then end to end on a tiny BERT."""
 
+from plmcli.config import override_layers
 import json
 import math
 
@@ -190,9 +191,9 @@ def bert_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
-        pretrain("bert-mini", [str(corpus)], str(root / "bert"), max_steps=2,
-                 overrides=[*tiny_overrides("bert"), "model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
-                                           "train.global_batch_size=4", "objective.dupe_factor=1", "train.eval_every=0"])
+        pretrain("bert-mini", [str(corpus)], str(root / "bert"),
+                 overrides=override_layers([*tiny_overrides("bert"), "model.vocab_size=0", "tokenizer.min_frequency=1", "train.seq_len=16",
+                                           "train.global_batch_size=4", "objective.dupe_factor=1", "train.eval_every=0"], {"train.max_steps": 2}))
     return root / "bert"
 
 

@@ -176,12 +176,11 @@ def test_layer_zero_reads_the_word_and_beats_the_majority(tmp_path, family):
 
 
 def test_a_finetuned_run_is_probed_through_its_encoder(tmp_path):
-    from plmcli.api import finetune
+    from helpers import finetune
 
     data = conll_dir(tmp_path / "conll")
     run = tiny_bert_run(tmp_path, [" ".join(WORD_TAGS)])
-    finetune("conll2003", from_run=str(run), data_dir=str(data), max_steps=4, batch_size=16, lr=1e-2,
-             out=str(tmp_path / "ft"))
+    finetune("conll2003", from_run=str(run), data_dir=str(data), train__max_steps=4, train__batch_size=16, optim__lr=1e-2, out=str(tmp_path / "ft"))
     pre = probe(str(run), "ner", str(tmp_path / "p1"), data_dir=str(data))
     ft = probe(str(tmp_path / "ft"), "ner", str(tmp_path / "p2"), data_dir=str(data))
     assert ft["family"] == "bert" and ft["tags"] == ["B-LOC", "I-LOC", "O"] and len(ft["layers"]) == 2
@@ -249,7 +248,7 @@ def pretrained(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
-        pretrain(str(recipe), [str(tiny_corpus(root / "c.txt", n_docs=40))], str(root / "bert"), max_steps=3)
+        pretrain(str(recipe), [str(tiny_corpus(root / "c.txt", n_docs=40))], str(root / "bert"), overrides={"train.max_steps": 3})
     return root / "bert"
 
 

@@ -6,6 +6,7 @@ Reading (every format, headerless TSV, label discovery and order, errors) on han
 tiny bert-wwm-chinese run.
 """
 
+from plmcli.config import override_layers
 import csv
 import json
 import math
@@ -17,13 +18,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from helpers import task_kwargs
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tasks import TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_finetuned
 from test_finetune import SPECIALS, ToyClsEncoder, ToyClsEncoderConfig, make_run
 
@@ -256,8 +256,7 @@ def test_classification_end_to_end_and_eval_only(toy_run, tmp_path):
     test = write(tmp_path / "test.tsv", [{"id": r["id"], "sentence": r["sentence"]} for r in recs[60:72]])  # no labels
     out = tmp_path / "ft"
     opts = dict(train=str(train), dev=str(dev), test=str(test), text_col="sentence", label_col="label")
-    res = finetune("classification", from_run=str(toy_run), epochs=8, lr=1e-1, batch_size=10, out=str(out),
-                   **task_kwargs(TaskOptions(**opts)))
+    res = finetune("classification", from_run=str(toy_run), train__epochs=8, optim__lr=1e-1, train__batch_size=10, out=str(out), options=TaskOptions(**opts))
     assert res["main_metric"] == "accuracy" and set(res["dev"]) == {"loss", "accuracy", "macro_f1"}
     assert res["examples"] == {"train": 60, "validation": 30, "test": 12}
     assert res["dev"]["accuracy"] >= 0.9 and res["dev"]["macro_f1"] >= 0.9  # one word tells the class
@@ -272,18 +271,16 @@ def test_classification_end_to_end_and_eval_only(toy_run, tmp_path):
     model, _, _ = load_finetuned(str(out))
     assert model.head.out_features == 3
     # --eval-only: the same dev score and predictions, from the restored labels; no --train needed.
-    again = finetune("classification", from_run=str(out), eval_only=True, out=str(tmp_path / "again"),
-                     **task_kwargs(TaskOptions(**{**opts, "train": None})))
+    again = finetune("classification", from_run=str(out), eval_only=True, out=str(tmp_path / "again"), options=TaskOptions(**{**opts, "train": None}))
     assert again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"]) and again["examples"]["train"] == 0
     assert (tmp_path / "again" / "predictions.tsv").read_text() == (out / "predictions.tsv").read_text()
     # A dev file with only two of the classes is scored against the run's three, not rediscovered ones.
     two = write(tmp_path / "two.csv", [r for r in recs[60:] if r["label"] != "neg"])
-    part = finetune("classification", from_run=str(out), eval_only=True, out=str(tmp_path / "part"),
-                    **task_kwargs(TaskOptions(dev=str(two))))
+    part = finetune("classification", from_run=str(out), eval_only=True, out=str(tmp_path / "part"), options=TaskOptions(dev=str(two)))
     assert part["examples"]["validation"] == 20 and part["dev"]["accuracy"] >= 0.9
     bad = write(tmp_path / "bad.jsonl", [{"sentence": "good", "label": "pos"}, {"sentence": "x", "label": "great"}])
     with pytest.raises(PlmError, match="bad.jsonl line 2: label 'great' is not one of the finetuned run's 3 labels"):
-        finetune("classification", from_run=str(out), eval_only=True, out=str(tmp_path / "no"), **task_kwargs(TaskOptions(dev=str(bad))))
+        finetune("classification", from_run=str(out), eval_only=True, out=str(tmp_path / "no"), options=TaskOptions(dev=str(bad)))
     assert not (tmp_path / "no").exists()
 
 
@@ -291,9 +288,9 @@ def test_regression_and_pair_classification_end_to_end(toy_run, tmp_path):
     recs = rows(60, seed=1)
     value = {"pos": 1.0, "neutral": 0.0, "neg": -1.0}
     reg = [{"text": r["sentence"], "other": "a b c", "score": value[r["label"]]} for r in recs]
-    res = finetune("regression", from_run=str(toy_run), epochs=8, lr=1e-1, batch_size=10, out=str(tmp_path / "reg"),
-                   **task_kwargs(TaskOptions(train=str(write(tmp_path / "r.jsonl", reg[:45])), dev=str(write(tmp_path / "r2.jsonl", reg[45:])),
-                                       test=str(write(tmp_path / "r3.jsonl", reg[45:50])), text_pair_col="other")))
+    res = finetune("regression", from_run=str(toy_run), train__epochs=8, optim__lr=1e-1, train__batch_size=10, out=str(tmp_path / "reg"),
+                   options=TaskOptions(train=str(write(tmp_path / "r.jsonl", reg[:45])), dev=str(write(tmp_path / "r2.jsonl", reg[45:])),
+                                       test=str(write(tmp_path / "r3.jsonl", reg[45:50])), text_pair_col="other"))
     assert res["main_metric"] == "pearson" and set(res["dev"]) == {"loss", "pearson", "spearman"}
     assert res["dev"]["pearson"] > 0.8 and math.isfinite(res["dev"]["spearman"])
     lines = (tmp_path / "reg" / "predictions.tsv").read_text().splitlines()
@@ -302,8 +299,9 @@ def test_regression_and_pair_classification_end_to_end(toy_run, tmp_path):
     # pair-classification: is the second text's class word the same as the first's?
     pairs = [{"sentence1": a["sentence"], "sentence2": b["sentence"], "label": "same" if a["label"] == b["label"] else "different"}
              for a, b in zip(recs, [recs[(i + (3 if i % 2 else 1)) % 60] for i in range(60)])]
-    res = finetune("pair-classification", from_run=str(toy_run), max_steps=3, batch_size=10, out=str(tmp_path / "pair"),
-                   **task_kwargs(TaskOptions(train=str(write(tmp_path / "p.csv", pairs)), dev=str(write(tmp_path / "p2.csv", pairs[:10])))))
+    res = finetune("pair-classification", from_run=str(toy_run), train__max_steps=3, train__batch_size=10,
+                   out=str(tmp_path / "pair"),
+                   options=TaskOptions(train=str(write(tmp_path / "p.csv", pairs)), dev=str(write(tmp_path / "p2.csv", pairs[:10]))))
     assert res["steps"] == 3 and 0 <= res["dev"]["accuracy"] <= 1
     assert json.loads((tmp_path / "pair" / "config.json").read_text())["finetune"]["label_names"] == ["different", "same"]
 
@@ -347,7 +345,7 @@ def test_chinese_classification_from_a_tiny_bert_wwm(shared_data, tmp_path):
     corpus = tmp_path / "zh.txt"  # documents of 5 titles each, for NSP pairs
     corpus.write_text("\n\n".join("\n".join(t.split("\t")[0] for t in titles[i:i + 5]) for i in range(0, 400, 5)) + "\n",
                       encoding="utf-8")
-    s = api.pretrain("bert-wwm-chinese", [str(corpus)], str(tmp_path / "bert"), BERT_WWM_TINY, max_steps=3)
+    s = api.pretrain("bert-wwm-chinese", [str(corpus)], str(tmp_path / "bert"), overrides=override_layers(BERT_WWM_TINY, {"train.max_steps": 3}))
     assert s["steps"] == 3 and math.isfinite(s["train_loss"])
     assert all((tmp_path / "bert" / "phases" / p / "summary.json").is_file() for p in ("seq128", "seq512"))
 
@@ -357,8 +355,9 @@ def test_chinese_classification_from_a_tiny_bert_wwm(shared_data, tmp_path):
         lines = (senti / f"{name}.tsv").read_text(encoding="utf-8").splitlines()
         cut[name] = tmp_path / f"senti-{name}.tsv"
         cut[name].write_text("\n".join(lines[:n + 1]) + "\n", encoding="utf-8")  # header + n rows
-    res = finetune("classification", from_run=str(tmp_path / "bert"), epochs=1, lr=1e-3, batch_size=16, max_seq_len=48,
-                   out=str(tmp_path / "senti"), **task_kwargs(TaskOptions(train=str(cut["train"]), dev=str(cut["dev"]), test=str(cut["test"]))))
+    res = finetune("classification", from_run=str(tmp_path / "bert"), train__epochs=1, optim__lr=1e-3,
+                   train__batch_size=16, task__max_seq_len=48, out=str(tmp_path / "senti"),
+                   options=TaskOptions(train=str(cut["train"]), dev=str(cut["dev"]), test=str(cut["test"])))
     assert res["examples"] == {"train": 160, "validation": 80, "test": 20}
     assert all(math.isfinite(v) for v in res["dev"].values()) and 0 <= res["dev"]["accuracy"] <= 1
     assert json.loads((tmp_path / "senti" / "config.json").read_text())["finetune"]["label_names"] == ["0", "1"]
@@ -372,15 +371,16 @@ def test_chinese_classification_from_a_tiny_bert_wwm(shared_data, tmp_path):
         (tmp_path / f"thuc-{name}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
     opts = TaskOptions(train=str(tmp_path / "thuc-train.txt"), dev=str(tmp_path / "thuc-dev.txt"),
                        test=str(tmp_path / "thuc-test.txt"), text_col="0", label_col="1")
-    res = finetune("classification", from_run=str(tmp_path / "bert"), epochs=1, lr=1e-3, batch_size=16, max_seq_len=32,
-                   out=str(tmp_path / "thuc"), **task_kwargs(opts))
+    res = finetune("classification", from_run=str(tmp_path / "bert"), train__epochs=1, optim__lr=1e-3,
+                   train__batch_size=16, task__max_seq_len=32, out=str(tmp_path / "thuc"), options=opts)
     assert all(math.isfinite(v) for v in res["dev"].values()) and set(res["dev"]) == {"loss", "accuracy", "macro_f1"}
     names = [str(i) for i in range(10)]
     assert json.loads((tmp_path / "thuc" / "config.json").read_text())["finetune"]["label_names"] == names
     model, _, cfg = load_finetuned(str(tmp_path / "thuc"))
     assert model.head.out_features == 10 and cfg["family"] == "bert"
-    again = finetune("classification", from_run=str(tmp_path / "thuc"), eval_only=True, out=str(tmp_path / "thuc-again"),
-                     **task_kwargs(TaskOptions(dev=opts.dev, test=opts.test, text_col="0", label_col="1")))
+    again = finetune("classification", from_run=str(tmp_path / "thuc"), eval_only=True,
+                     out=str(tmp_path / "thuc-again"),
+                     options=TaskOptions(dev=opts.dev, test=opts.test, text_col="0", label_col="1"))
     assert again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"])
     preds = [x.split("\t") for x in (tmp_path / "thuc" / "predictions.tsv").read_text().splitlines()[1:]]
     assert [i for i, _ in preds] == [str(i) for i in range(20)] and {p for _, p in preds} <= set(names)

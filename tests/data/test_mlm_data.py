@@ -173,6 +173,14 @@ def test_none_packs_across_documents_with_separator(corpora, tmp_path):
         crossed += changes > 0
         words_out += len(words)
     assert crossed > len(rows) // 10
+    assert meta["packing"] == "full_sentences"
+    from plmcli.data.mlm_data import FORMAT, VERSION
+    from plmcli.data.store import cache_key, read_meta
+
+    cmeta = read_meta(corpora["main"])  # the key as before packing had a name: outputs built then are reused
+    before = dict(max_seq_len=MAX_LEN, short_seq_prob=0.1, dupe_factor=2, mask_prob=0.15, max_predictions=20, pairs="none",
+                  masking="token", seed=3, cross_documents=True)
+    assert meta["key"] == cache_key(cmeta.get("key"), cmeta["tokenizer"].get("hash"), before, FORMAT, VERSION)
     train = load_from_disk(str(corpora["main"] / "dataset"))["train"]
     assert words_out == 2 * sum(map(len, train["input_ids"]))  # every token once per dupe
     assert meta["counts"]["train"]["instances"] == len(rows)
@@ -181,8 +189,8 @@ def test_none_packs_across_documents_with_separator(corpora, tmp_path):
 
 def test_doc_sentences_never_cross_a_document(corpora, tmp_path):
     out = tmp_path / "doc"
-    meta = make_mlm_data(corpora["main"], out, max_seq_len=MAX_LEN, pairs="none", cross_documents=False, dupe_factor=1)
-    assert meta["cross_documents"] is False
+    meta = make_mlm_data(corpora["main"], out, max_seq_len=MAX_LEN, pairs="none", packing="doc_sentences", dupe_factor=1)
+    assert meta["packing"] == "doc_sentences" and "cross_documents" not in meta
     p = Places(corpora["main"])
     rows = load(out).to_list()
     words_out, short = 0, 0
@@ -200,7 +208,9 @@ def test_doc_sentences_never_cross_a_document(corpora, tmp_path):
     assert short >= 50
     check_masking(rows, lambda r: {0, len(r["input_ids"]) - 1})
     with pytest.raises(PlmError, match="DOC-SENTENCES"):
-        make_mlm_data(corpora["main"], tmp_path / "x", pairs="nsp", cross_documents=False)
+        make_mlm_data(corpora["main"], tmp_path / "x", pairs="nsp", packing="doc_sentences")
+    with pytest.raises(PlmError, match="--packing 'window' is not one of"):
+        make_mlm_data(corpora["main"], tmp_path / "x", pairs="none", packing="window")
 
 
 def test_deterministic_and_independent_of_num_proc(corpora, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Pseudo-perplexity of masked LMs (Salazar et al. 2020) against a brute force: one copy, one forward."""
 
+from plmcli.config import override_layers
 import json
 import math
 
@@ -95,7 +96,7 @@ BERT_TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_f
 def bert_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pseudo")
     corpus = tiny_corpus(root / "c.txt")
-    api.pretrain("bert-mini", [str(corpus)], str(root / "run"), overrides=BERT_TINY, max_steps=3)
+    api.pretrain("bert-mini", [str(corpus)], str(root / "run"), overrides=override_layers(BERT_TINY, {"train.max_steps": 3}))
     text = root / "eval.txt"
     words = corpus.read_text().split()
     # Lines of different lengths, a blank one (skipped), and one of 40 words: longer than the 22 a window holds.

@@ -1,5 +1,6 @@
 """eval-ppl's default window (the training seq_len), refused zero / negative lengths, and the bytes of bpb."""
 
+from plmcli.config import override_layers
 import json
 import math
 import re
@@ -22,7 +23,7 @@ def gpt_run(tmp_path_factory):
     """A tiny GPT: 32 positions, trained on 16-token sequences."""
     root = tmp_path_factory.mktemp("window")
     corpus = tiny_corpus(root / "corpus.txt")
-    api.pretrain(str(tiny_recipe(root / "tiny.yaml")), [str(corpus)], str(root / "run"), max_steps=3)
+    api.pretrain(str(tiny_recipe(root / "tiny.yaml")), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 3})
     text = root / "eval.txt"
     text.write_text(corpus.read_text() * 2, encoding="utf-8")
     return root / "run", text
@@ -83,7 +84,7 @@ def test_masked_lm_default_window_and_zero_length(tmp_path):
                  "tokenizer.vocab_size=120", "tokenizer.min_frequency=1", "objective.dynamic=true", "objective.pairs=none",
                  "data.val_fraction=0.2", "train.seq_len=12", "train.global_batch_size=4", "train.eval_every=0",
                  "train.save_every=0", "train.log_every=1"]
-    api.pretrain("bert-mini", [str(corpus)], str(tmp_path / "run"), overrides=overrides, max_steps=2)
+    api.pretrain("bert-mini", [str(corpus)], str(tmp_path / "run"), overrides=override_layers(overrides, {"train.max_steps": 2}))
     res = api.eval_ppl([str(corpus)], str(tmp_path / "run"))
     assert res["pseudo"] is True and res["max_length"] == 12
     assert res["window_from"] == "training seq_len; the model has 24 positions"

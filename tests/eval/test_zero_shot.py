@@ -30,7 +30,7 @@ def gpt(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
-        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), max_steps=3)
+        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 3})
         model, tok, cfg = api.load_run(str(root / "run"))
     return root / "run", model, tok, cfg["tokenizer"]["special_token_ids"]["eos"]
 

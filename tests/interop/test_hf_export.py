@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import ToyEncoder, tiny_corpus, tiny_recipe
+from helpers import ToyEncoder, finetune, tiny_corpus, tiny_recipe
 from test_cli import assert_clean_error, run
 from test_finetune import SAMPLE, make_run
 from families import tiny_overrides
@@ -253,8 +253,8 @@ def test_imported_bert_finetunes_and_the_classifier_exports(corpus, tmp_path):
     """HF BERT -> plm import -> plm finetune sst2 -> export: BertForSequenceClassification gives our logits."""
     _hf_checkpoint(tmp_path / "hf", "bert", corpus)
     api.import_hf(str(tmp_path / "hf"), str(tmp_path / "run"))
-    res = api.finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(SAMPLE), max_steps=2, batch_size=8,
-                       max_seq_len=16, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(SAMPLE), train__max_steps=2,
+                   train__batch_size=8, task__max_seq_len=16, out=str(tmp_path / "ft"))
     assert res["steps"] == 2 and 0 <= res["dev"]["accuracy"] <= 1
     rep = api.export(str(tmp_path / "ft"), "hf", str(tmp_path / "cls"))
     assert rep["architecture"] == "BertForSequenceClassification" and rep["notes"] == []
@@ -271,8 +271,7 @@ def test_imported_bert_finetunes_and_the_classifier_exports(corpus, tmp_path):
 
 def test_finetuned_gpt_exports_its_backbone_and_says_so(corpus, tmp_path):
     run_dir = _recipe_run(tmp_path / "run", corpus, "gpt2-small")[0]
-    api.finetune("sst2", from_run=str(run_dir), data_dir=str(SAMPLE), max_steps=1, batch_size=8, max_seq_len=16,
-                 out=str(tmp_path / "ft"))
+    finetune("sst2", from_run=str(run_dir), data_dir=str(SAMPLE), train__max_steps=1, train__batch_size=8, task__max_seq_len=16, out=str(tmp_path / "ft"))
     rep = api.export(str(tmp_path / "ft"), "hf", str(tmp_path / "hf"))
     assert rep["architecture"] == "GPT2LMHeadModel" and rep["notes"] == [
         "sst2 head not exported, only the network it finetuned (transformers has no class for the head)"]
@@ -327,7 +326,7 @@ def test_bare_base_model_imports_with_fresh_heads(corpus, tmp_path):
 
 
 def test_cli_export_import_of_a_pretrained_run(corpus, tmp_path):
-    summary = api.pretrain(str(tiny_recipe(tmp_path / "tiny.yaml")), [str(corpus)], str(tmp_path / "gpt"), max_steps=2)
+    summary = api.pretrain(str(tiny_recipe(tmp_path / "tiny.yaml")), [str(corpus)], str(tmp_path / "gpt"), overrides={"train.max_steps": 2})
     res = run("export", summary["run_dir"], "--format", "hf", "--out", tmp_path / "hf")
     assert res.exit_code == 0 and res.stdout.startswith(f"{tmp_path / 'hf'}: GPT2LMHeadModel (gpt2)"), res.output
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -5,6 +5,7 @@ through `plm export --format hf`, AutoModel….from_pretrained and `plm import`.
 layouts (AlbertForPreTraining, ELECTRA's two networks, XLNet's LM and classifier) is in
 tests/models/test_{albert,electra,xlnet}.py; here the others (bare models, one ALBERT group per layer)."""
 
+from plmcli.config import override_layers
 import json
 
 import pytest
@@ -299,7 +300,7 @@ def test_pretrained_run_exports_loads_in_transformers_and_imports_back(family, t
     over = tiny_overrides(family) + ["model.vocab_size=0", "tokenizer.vocab_size=100", "data.val_fraction=0.2", "train.seq_len=16",
                            "train.global_batch_size=4", "train.eval_every=0", "train.save_every=0"]
     over += ["objective.dupe_factor=1"] if family == "albert" else []  # static SOP data: one pass is plenty
-    api.pretrain(recipe, [str(tiny_corpus(tmp_path / "c.txt", 20))], str(tmp_path / "run"), overrides=over, max_steps=1)
+    api.pretrain(recipe, [str(tiny_corpus(tmp_path / "c.txt", 20))], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 1}))
     report = api.export(str(tmp_path / "run"), "hf", str(tmp_path / "hf"))
     hf = getattr(transformers, auto).from_pretrained(str(tmp_path / "hf")).eval()
     model, tok, _ = api.load_run(str(tmp_path / "run"))

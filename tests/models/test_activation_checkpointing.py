@@ -255,13 +255,13 @@ def test_a_task_model_around_a_family_is_switched():
 
 
 def test_the_setting_loads_from_a_recipe_and_a_finetune_config():
-    from plmcli.pipelines.finetune import _loop_recipe
+    from plmcli.pipelines.finetune import loop_config
 
     assert load_recipe("gpt-mini").train.activation_checkpointing is False
     assert load_recipe("gpt-mini", ["train.activation_checkpointing=true"]).train.activation_checkpointing is True
-    cfg = load_finetune_config(None, ["train.activation_checkpointing=true"])
+    cfg = load_finetune_config(None, ["train.activation_checkpointing=true", "train.epochs=1"])
     assert cfg.train.activation_checkpointing is True
-    assert _loop_recipe(cfg, 10, 10, 1).train.activation_checkpointing is True  # carried into THE loop's recipe
+    assert loop_config(cfg, 10).train.activation_checkpointing is True  # carried into what THE loop reads
     with pytest.raises(PlmError, match="activation_checkpointing"):
         load_recipe("gpt-mini", ["train.activation_checkpointng=true"])
 

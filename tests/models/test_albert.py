@@ -1,4 +1,5 @@
 import json
+from plmcli.config import override_layers
 import math
 from pathlib import Path
 
@@ -168,7 +169,7 @@ def test_albert_mini_pretrains_with_sop_and_ngrams_then_finetunes_sst2(tmp_path)
     from safetensors.torch import load_file
 
     from plmcli import api
-    from plmcli.api import finetune
+    from helpers import finetune
     from plmcli.runs import load_finetuned
 
     r = load_recipe("albert-mini")
@@ -177,13 +178,12 @@ def test_albert_mini_pretrains_with_sop_and_ngrams_then_finetunes_sst2(tmp_path)
             "model.max_positions=32", "tokenizer.vocab_size=120", "data.val_fraction=0.2", "objective.dupe_factor=1",
             "train.seq_len=32", "train.global_batch_size=8", "train.eval_every=3", "train.eval_batches=2",
             "train.save_every=0", "train.log_every=1"]
-    s = api.pretrain("albert-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(tmp_path / "run"),
-                     overrides=over, max_steps=4)
+    s = api.pretrain("albert-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 4}))
     assert s["steps"] == 4 and math.isfinite(s["val_mlm_loss"]) and 0 <= s["val_nsp_acc"] <= 1  # SOP labels reached the head
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["family"] == "albert" and cfg["model"]["share"] == "all" and cfg["model"]["embedding_size"] == 16
-    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(SAMPLE), max_steps=3, batch_size=8,
-                   max_seq_len=32, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(SAMPLE), train__max_steps=3,
+                   train__batch_size=8, task__max_seq_len=32, out=str(tmp_path / "ft"))
     assert res["steps"] == 3 and math.isfinite(res["train_loss"]) and 0 <= res["dev"]["accuracy"] <= 1
     model, _, _ = load_finetuned(str(tmp_path / "ft"))
     assert isinstance(model.encoder, Albert)

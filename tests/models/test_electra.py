@@ -166,7 +166,7 @@ train: {seq_len: 32, global_batch_size: 4, max_steps: 4, eval_every: 2, eval_bat
 
 def test_pretrain_tiny_electra_then_finetune_sst2(tmp_path):
     from plmcli import api
-    from plmcli.api import finetune
+    from helpers import finetune
     from plmcli.runs import load_encoder, load_finetuned
 
     (tmp_path / "r.yaml").write_text(TINY_ELECTRA)
@@ -180,7 +180,7 @@ def test_pretrain_tiny_electra_then_finetune_sst2(tmp_path):
         assert r["loss"] == pytest.approx(r["mlm_loss"] + 50 * r["rtd_loss"], rel=1e-5) and 0 <= r["rtd_acc"] <= 1
 
     run = tmp_path / "run"
-    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=3, batch_size=16, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=3, train__batch_size=16, out=str(tmp_path / "ft"))
     assert res["steps"] == 3 and res["settings"]["max_seq_len"] == 32 and 0 <= res["dev"]["accuracy"] <= 1
     model, _, _ = load_finetuned(str(tmp_path / "ft"))
     pre = load_encoder(run, json.loads((run / "config.json").read_text()))

@@ -1,5 +1,6 @@
 import math
 
+from plmcli.config import override_layers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -137,7 +138,7 @@ def test_pretrain_then_eval_ppl(tmp_path):
     over = ["model.d_proj=16", "model.d_hidden=32", "model.max_chars=10", "model.filters=[[1,8],[2,8],[3,8]]",
             "tokenizer.vocab_size=100", "data.val_fraction=0.2", "train.seq_len=8", "train.global_batch_size=4",
             "train.eval_every=4", "train.eval_batches=2", "train.save_every=4", "train.log_every=2"]
-    summary = api.pretrain("elmo-mini", data=[corpus], out=str(tmp_path / "run"), overrides=over, max_steps=4)
+    summary = api.pretrain("elmo-mini", data=[corpus], out=str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 4}))
     assert summary["stop_reason"] == "max_steps"
     m, _, _ = api.load_run(str(tmp_path / "run"))
     assert (m.char_ids[:, 0] == 1).all() and m.char_ids.max() > 3 + ord("a")  # the tokenizer's strings were saved
@@ -170,16 +171,16 @@ def test_finetune_runs_from_an_elmo_run(tmp_path):
     """Feature-based transfer: the biLM stays frozen, the task's own scalar mix and BiLSTM head train."""
     from pathlib import Path
 
-    from plmcli.api import finetune
+    from helpers import finetune
 
     corpus = str(tiny_corpus(tmp_path / "c.txt"))
     over = ["model.d_proj=8", "model.d_hidden=16", "model.max_chars=8", "model.filters=[[1,4],[2,4]]",
             "tokenizer.vocab_size=100", "data.val_fraction=0.2", "train.seq_len=8", "train.global_batch_size=4",
             "train.eval_every=2", "train.eval_batches=1", "train.save_every=2"]
-    api.pretrain("elmo-mini", data=[corpus], out=str(tmp_path / "run"), overrides=over, max_steps=2)
+    api.pretrain("elmo-mini", data=[corpus], out=str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 2}))
     sample = Path(__file__).resolve().parents[2] / "data" / "glue-sample"
-    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(sample), max_steps=2, batch_size=8,
-                   max_seq_len=16, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(sample), train__max_steps=2,
+                   train__batch_size=8, task__max_seq_len=16, out=str(tmp_path / "ft"))
     assert res["steps"] == 2 and math.isfinite(res["train_loss"])
     import torch
     from safetensors.torch import load_file

@@ -1,4 +1,5 @@
 import json
+from plmcli.config import override_layers
 import math
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def test_interface_and_tied_decoder():
 
 def test_nezha_mini_pretrains_then_finetunes_sst2(tmp_path):
     from plmcli import api
-    from plmcli.api import finetune
+    from helpers import finetune
     from plmcli.runs import load_finetuned
 
     r = load_recipe("nezha-mini")
@@ -185,13 +186,11 @@ def test_nezha_mini_pretrains_then_finetunes_sst2(tmp_path):
             "model.max_relative_position=8", "tokenizer.vocab_size=120", "data.val_fraction=0.2",
             "objective.dupe_factor=1", "train.seq_len=32", "train.global_batch_size=8", "train.eval_every=3",
             "train.eval_batches=2", "train.save_every=0", "train.log_every=1"]
-    s = api.pretrain("nezha-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(tmp_path / "run"),
-                     overrides=over, max_steps=4)
+    s = api.pretrain("nezha-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 4}))
     assert s["steps"] == 4 and math.isfinite(s["val_mlm_loss"]) and 0 <= s["val_nsp_acc"] <= 1
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["family"] == "nezha" and cfg["model"]["max_relative_position"] == 8
-    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(SAMPLE), max_steps=3, batch_size=8,
-                   out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(SAMPLE), train__max_steps=3, train__batch_size=8, out=str(tmp_path / "ft"))
     # max_seq_len defaults to min(128, max_positions): the configured cap, 32
     assert res["steps"] == 3 and res["settings"]["max_seq_len"] == 32 and 0 <= res["dev"]["accuracy"] <= 1
     model, _, _ = load_finetuned(str(tmp_path / "ft"))

@@ -1,5 +1,6 @@
 import math
 
+from plmcli.config import override_layers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,7 +91,7 @@ def test_recipe_trains_and_scores(tmp_path):
     corpus = tiny_corpus(tmp_path / "corpus.txt")
     over = ["model.d_embed=8", "model.d_hidden=16", "train.global_batch_size=4", "train.seq_len=16",
             "data.val_fraction=0.2", "train.eval_every=10", "train.log_every=5", "optim.lr=3e-2", "optim.warmup_steps=0"]
-    s = api.pretrain("nnlm-ptb", [str(corpus)], str(tmp_path / "run"), overrides=over, max_steps=40)
+    s = api.pretrain("nnlm-ptb", [str(corpus)], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 40}))
     assert s["val_loss"] < 2.0 < math.log(18)
     res = api.eval_ppl([str(corpus)], str(tmp_path / "run"))
     assert math.isfinite(res["ppl"]) and res["ppl"] < 8 and res["first_token"] == "conditioned on eos"

@@ -1,4 +1,5 @@
 import json
+from plmcli.config import override_layers
 import math
 
 import pytest
@@ -140,7 +141,7 @@ TINY_RUN = ["model.d_embed=16", "model.d_hidden=16", "train.global_batch_size=4"
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_trains_and_scores(name, tmp_path):
     corpus = tiny_corpus(tmp_path / "corpus.txt")
-    s = api.pretrain(name, [str(corpus)], str(tmp_path / "run"), overrides=TINY_RUN, max_steps=8)
+    s = api.pretrain(name, [str(corpus)], str(tmp_path / "run"), overrides=override_layers(TINY_RUN, {"train.max_steps": 8}))
     assert s["steps"] == 8 and math.isfinite(s["val_loss"])
     res = api.eval_ppl([str(corpus)], str(tmp_path / "run"))
     assert math.isfinite(res["ppl"]) and 1 < res["ppl"] < 200 and res["oov_rate"] == 0
@@ -150,7 +151,7 @@ def test_step_schedule_reaches_the_loop(tmp_path):
     """The recipe's decay_start / decay_every / decay_factor drive the logged lr."""
     corpus = tiny_corpus(tmp_path / "corpus.txt")
     over = TINY_RUN + ["optim.decay_start=3", "optim.decay_every=2", "optim.decay_factor=0.5", "optim.lr=1.0"]
-    api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "run"), overrides=over, max_steps=7)
+    api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 7}))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # lr logged after step k is the lr of step k+1 (0-based k): steps 0-2 at 1, 3-4 at 0.5, 5-6 at 0.25, 7 at 0.125
     assert [r["lr"] for r in rows if "loss" in r] == pytest.approx([1, 1, 0.5, 0.5, 0.25, 0.25, 0.125])

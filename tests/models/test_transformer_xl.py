@@ -1,5 +1,6 @@
 import math
 
+from plmcli.config import override_layers
 import pytest
 import torch
 
@@ -186,7 +187,7 @@ def test_pretrain_and_eval_ppl_with_memory(tmp_path):
             "tokenizer.kind=char", "tokenizer.vocab_size=200", "tokenizer.special_tokens={eos: '<eos>', unk: '<unk>'}",
             "train.global_batch_size=4", "train.seq_len=16", "data.val_fraction=0.2", "train.eval_every=5",
             "train.save_every=10", "train.log_every=5", "optim.warmup_steps=2"]
-    s = api.pretrain("txl-mini", [str(corpus)], str(tmp_path / "run"), overrides=over, max_steps=30)
+    s = api.pretrain("txl-mini", [str(corpus)], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 30}))
     assert s["steps"] == 30 and s["val_loss"] < math.log(30)
     run = str(tmp_path / "run")
     (tmp_path / "eval.txt").write_text("the cat sat on a mat\nwhile dogs ran far away\n")
@@ -210,6 +211,6 @@ def test_mem_len_on_a_model_without_memory_is_refused(tmp_path):
     from helpers import tiny_recipe
 
     corpus = tiny_corpus(tmp_path / "corpus.txt")
-    api.pretrain(str(tiny_recipe(tmp_path / "r.yaml")), [str(corpus)], str(tmp_path / "gpt"), max_steps=2)
+    api.pretrain(str(tiny_recipe(tmp_path / "r.yaml")), [str(corpus)], str(tmp_path / "gpt"), overrides={"train.max_steps": 2})
     with pytest.raises(PlmError, match="apply to models with memory"):
         api.eval_ppl([str(corpus)], str(tmp_path / "gpt"), mem_len=16)

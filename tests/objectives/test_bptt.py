@@ -1,5 +1,6 @@
 import math
 
+from plmcli.config import override_layers
 import numpy as np
 import pytest
 import torch
@@ -104,9 +105,9 @@ def test_trains_resumes_and_evaluates_through_the_loop(tmp_path):
     over = ["train.global_batch_size=4", "train.seq_len=10",  # the recipe's 2×200 LSTM and SGD
             "data.val_fraction=0.2", "train.eval_every=0", "train.save_every=6", "train.log_every=5",
             "optim.decay_start=10000"]
-    s = api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "run"), overrides=over, max_steps=45)
+    s = api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "run"), overrides=override_layers(over, {"train.max_steps": 45}))
     assert s["val_loss"] < 2.5 < math.log(18)  # well below uniform over the 16 words, eos and unk
-    half = api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "half"), overrides=over, max_steps=12, stop_after=6)
+    half = api.pretrain("lstm-ptb-small", [str(corpus)], str(tmp_path / "half"), stop_after=6, overrides=override_layers(over, {"train.max_steps": 12}))
     assert half["steps"] == 6
     done = api.pretrain(out=str(tmp_path / "half"), resume=True)  # data from segment 6 on, state from zeros
     assert done["steps"] == 12 and math.isfinite(done["val_loss"])

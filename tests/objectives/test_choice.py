@@ -16,13 +16,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_model
 
-from helpers import task_kwargs
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tasks import TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_finetuned
 from plmcli.objectives.choice import Choice, ChoiceConfig
 
@@ -146,7 +145,7 @@ def test_swag_end_to_end_on_a_tiny_bert(tmp_path, tokenizer):
                                                               n_layer=1, n_head=2, d_model=16)), tok, meta)
     opts = swag_files(tmp_path / "swag")
     out = tmp_path / "ft"
-    res = finetune("swag", from_run=str(run), **task_kwargs(opts), epochs=2, lr=1e-3, batch_size=8, out=str(out))
+    res = finetune("swag", from_run=str(run), options=opts, train__epochs=2, optim__lr=1e-3, train__batch_size=8, out=str(out))
     assert res["task"] == "swag" and res["main_metric"] == "accuracy" and set(res["dev"]) == {"loss", "accuracy"}
     assert res["examples"] == {"train": 48, "validation": 16, "test": 8} and res["steps"] == 12
     assert [h["epoch"] for h in res["history"]] == [1.0, 2.0]
@@ -164,7 +163,7 @@ def test_swag_end_to_end_on_a_tiny_bert(tmp_path, tokenizer):
     _, test_preds = obj.predict(model, obj.stream(out / "data", "test", 3, 0, 0, 1, shuffle=False))
     assert [r.split("\t")[1] for r in rows[1:]] == [str(p) for p in test_preds]
     # --eval-only: the same dev numbers and test predictions from the saved weights
-    again = finetune("swag", from_run=str(out), **task_kwargs(opts), eval_only=True, out=str(tmp_path / "again"))
+    again = finetune("swag", from_run=str(out), options=opts, eval_only=True, out=str(tmp_path / "again"))
     assert again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"])
     assert again["dev"]["loss"] == pytest.approx(res["dev"]["loss"], rel=1e-5)
     assert (tmp_path / "again" / "SWAG.tsv").read_text() == (out / "SWAG.tsv").read_text()
@@ -183,6 +182,6 @@ def test_varying_choice_count_stops_before_any_output(tmp_path, tokenizer):
     lines[2] = ",".join(f'"{f}"' for f in fields)
     Path(opts.dev).write_text("\n".join(lines) + "\n")
     with pytest.raises(PlmError) as e:
-        finetune("swag", from_run=str(run), **task_kwargs(opts), out=str(tmp_path / "o"))
+        finetune("swag", from_run=str(run), options=opts, out=str(tmp_path / "o"))
     assert str(e.value).startswith(f"{opts.dev}:3: 3 of 4 endings filled (ending2 is empty or missing)")
     assert not (tmp_path / "o").exists()

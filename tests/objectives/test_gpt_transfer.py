@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import TINY_RECIPE, task_kwargs
+from helpers import TINY_RECIPE
 from plmcli import api
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.tasks import Example, TaskOptions
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_encoder, load_finetuned
 from plmcli.models.gpt import GPT, GPTConfig
 from plmcli.objectives.choice import Choice, ChoiceConfig
@@ -196,13 +196,13 @@ def gpt_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # runs/latest and caches under this module's tmp dir
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
-        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), max_steps=4)
+        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 4})
     return root / "run"
 
 
 def test_sst2_from_a_gpt_run(gpt_run, tmp_path):
     out = tmp_path / "ft"
-    res = finetune("sst2", from_run=str(gpt_run), data_dir=str(SAMPLE), max_steps=4, batch_size=16, lr=1e-3, out=str(out))
+    res = finetune("sst2", from_run=str(gpt_run), data_dir=str(SAMPLE), train__max_steps=4, train__batch_size=16, optim__lr=1e-3, out=str(out))
     assert res["examples"] == {"train": 2000, "validation": 200, "test": 100} and res["steps"] == 4
     assert res["settings"]["max_seq_len"] == 32 and set(res["dev"]) == {"loss", "accuracy"}
     cfg = json.loads((out / "config.json").read_text())
@@ -227,14 +227,14 @@ def test_sst2_from_a_gpt_run(gpt_run, tmp_path):
     assert again["dev"]["loss"] == pytest.approx(res["dev"]["loss"], rel=1e-5)
     assert (tmp_path / "again" / "SST-2.tsv").read_text() == (out / "SST-2.tsv").read_text()
     # a finetuned GPT run is itself a valid --from: its backbone part is taken
-    assert finetune("sst2", from_run=str(out), data_dir=str(SAMPLE), max_steps=1, out=str(tmp_path / "more"))["steps"] == 1
+    assert finetune("sst2", from_run=str(out), data_dir=str(SAMPLE), train__max_steps=1, out=str(tmp_path / "more"))["steps"] == 1
     torch.testing.assert_close(load_encoder(out, fcfg).wte.weight, model.backbone.wte.weight)
 
 
 def test_swag_from_a_gpt_run(gpt_run, tmp_path):
     opts = swag_files(tmp_path / "swag", 32, 12, 6)
     out = tmp_path / "ft"
-    res = finetune("swag", from_run=str(gpt_run), **task_kwargs(opts), epochs=2, batch_size=8, lr=1e-3, out=str(out))
+    res = finetune("swag", from_run=str(gpt_run), options=opts, train__epochs=2, train__batch_size=8, optim__lr=1e-3, out=str(out))
     assert res["examples"] == {"train": 32, "validation": 12, "test": 6} and res["steps"] == 8
     assert len(res["history"]) == 2 and 0 <= res["dev"]["accuracy"] <= 1
     sub = (out / "SWAG.tsv").read_text().splitlines()
@@ -242,11 +242,11 @@ def test_swag_from_a_gpt_run(gpt_run, tmp_path):
     assert {r.split("\t")[1] for r in sub[1:]} <= {"0", "1", "2", "3"}
     model, _, _ = load_finetuned(str(out))
     assert isinstance(model, CausalTransfer) and model.head.out_features == 1
-    again = finetune("swag", from_run=str(out), **task_kwargs(opts), eval_only=True, out=str(tmp_path / "again"))
+    again = finetune("swag", from_run=str(out), options=opts, eval_only=True, out=str(tmp_path / "again"))
     assert again["dev"]["accuracy"] == pytest.approx(res["dev"]["accuracy"])
     assert (tmp_path / "again" / "SWAG.tsv").read_text() == (out / "SWAG.tsv").read_text()
     # --aux-lm-weight 0: the task loss alone is trained and logged
     off = TaskOptions(**{**asdict(opts), "aux_lm_weight": 0.0})
-    finetune("swag", from_run=str(gpt_run), **task_kwargs(off), max_steps=2, batch_size=8, out=str(tmp_path / "off"))
+    finetune("swag", from_run=str(gpt_run), options=off, train__max_steps=2, train__batch_size=8, out=str(tmp_path / "off"))
     logged = [json.loads(x) for x in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
     assert all("lm_loss" not in r for r in logged) and any("loss" in r for r in logged)

@@ -1,4 +1,5 @@
 import importlib
+from plmcli.config import override_layers
 import importlib.util
 import json
 import sys
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import tiny_corpus
-from plmcli.config_sections import TokenizerConfig
+from plmcli.config_sections import TokenizerConfig, build_section
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.models.gpt import GPT, GPTConfig
@@ -206,10 +207,13 @@ def test_check_model_and_bad_config():
         MaskedLM(MLMConfig(dynamic=True), None, {}, 16)
     with pytest.raises(PlmError, match="masking"):
         MaskedLM(MLMConfig(masking="words"), None, {}, 16)
-    with pytest.raises(PlmError, match="DOC-SENTENCES"):
-        MaskedLM(MLMConfig(cross_documents=False), None, {}, 16)  # pairs nsp
-    with pytest.raises(PlmError, match="dynamic=false"):
-        MaskedLM(MLMConfig(cross_documents=False, pairs="none", dynamic=True), None, {}, 16)
+    with pytest.raises(PlmError, match="packing doc_sentences packs single segments"):
+        MaskedLM(MLMConfig(packing="doc_sentences"), None, {}, 16)  # pairs nsp
+    with pytest.raises(PlmError, match="packing doc_sentences packs single segments"):  # by its older name
+        build_section(MLMConfig, {"cross_documents": False}, "objective")
+    from plmcli.objectives.ernie2 import Ernie2, Ernie2Config
+    with pytest.raises(PlmError, match="not to ernie2"):  # packing (cross_documents false) is objective mlm's
+        Ernie2(build_section(Ernie2Config, {"cross_documents": False}, "objective"), None, {}, 16)
     with pytest.raises(PlmError, match="objective.ngram_probs .* summing to 1"):
         MaskedLM(MLMConfig(masking="ngram", ngram_probs=[0.5, 0.2]), None, {}, 16)
     from plmcli.models.electra import Electra, ElectraConfig  # an encoder, but its forward is not BERT's
@@ -252,8 +256,11 @@ def test_static_prepare_builds_into_a_settings_keyed_cache(tmp_path, monkeypatch
     assert obj.prepare(tok, tmp_path / "cache") == out and len(calls) == 1  # cached
     other = MaskedLM(MLMConfig(max_predictions=80), None, meta["tokenizer"]["special_token_ids"], 16)
     assert other.prepare(tok, tmp_path / "cache") != out  # a phase with other settings gets its own data
-    doc = MaskedLM(MLMConfig(pairs="none", cross_documents=False), None, meta["tokenizer"]["special_token_ids"], 16)
-    assert doc.prepare(tok, tmp_path / "cache") != out and calls[-1][2]["cross_documents"] is False
+    doc = MaskedLM(MLMConfig(pairs="none", packing="doc_sentences"), None, meta["tokenizer"]["special_token_ids"], 16)
+    assert doc.prepare(tok, tmp_path / "cache") != out and calls[-1][2]["packing"] == "doc_sentences"
+    full = MaskedLM(MLMConfig(pairs="none", packing="full_sentences"), None, meta["tokenizer"]["special_token_ids"], 16)
+    full.prepare(tok, tmp_path / "cache")
+    assert "packing" not in calls[-1][2]  # full_sentences, the default: its cache key as before packing had a name
 
 
 def test_static_stream_groups_instances_of_different_lengths(tmp_path):
@@ -358,7 +365,7 @@ def test_ernie_three_stages_end_to_end(tmp_path, monkeypatch):
     from plmcli.pipelines import pretrain as pipeline
 
     monkeypatch.setattr(pipeline, "default_corpus", lambda name: asked.append(name) or str(tmp_path / "zh.txt"))
-    s = api.pretrain("ernie-chinese-mini", None, str(tmp_path / "run"), ERNIE_TINY, max_steps=2)
+    s = api.pretrain("ernie-chinese-mini", None, str(tmp_path / "run"), overrides=override_layers(ERNIE_TINY, {"train.max_steps": 2}))
     assert asked == ["chinese-sample.txt"] and s["steps"] == 2 and np.isfinite(s["val_mlm_loss"])
     run = tmp_path / "run"
     for phase in ("basic", "phrase", "entity"):

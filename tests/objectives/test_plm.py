@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import tiny_corpus
+from helpers import finetune, tiny_corpus
 from plmcli import api
 from plmcli.config_sections import TokenizerConfig
 from plmcli.data.corpus import token_stream, tokenize_corpus
@@ -249,8 +249,8 @@ def test_xlnet_mini_pretrains_finetunes_and_scores_text(tmp_path):
             "train.save_every=3", "train.log_every=1"]
     s = api.pretrain("xlnet-mini", out=str(tmp_path / "run"), overrides=tiny)
     assert s["stop_reason"] == "max_steps" and math.isfinite(s["val_loss"])
-    res = api.finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(GLUE), max_steps=2, batch_size=16,
-                       max_seq_len=32, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(tmp_path / "run"), data_dir=str(GLUE), train__max_steps=2,
+                   train__batch_size=16, task__max_seq_len=32, out=str(tmp_path / "ft"))
     assert res["steps"] == 2 and 0 <= res["dev"]["accuracy"] <= 1
     data = np.load(tmp_path / "ft" / "data" / "train.npz")  # XLNet's layout: a <sep> <cls>
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())["tokenizer"]["special_token_ids"]

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import save_model
 from typer.testing import CliRunner
 
-from helpers import task_kwargs
 from plmcli.cli import app
 from plmcli.config_sections import TokenizerConfig
 from plmcli.config_sections import TaskOptions
@@ -320,7 +319,7 @@ def test_cli_squad_end_to_end(tmp_path, english):
 
 
 def test_causal_run_is_refused(tmp_path, english):
-    from plmcli.api import finetune
+    from helpers import finetune
     from plmcli.models.gpt import GPT, GPTConfig
 
     tok, meta = english
@@ -329,12 +328,12 @@ def test_causal_run_is_refused(tmp_path, english):
     f = tmp_path / "d.json"
     f.write_text(json.dumps(squad_doc()))
     with pytest.raises(PlmError, match=r"is a causal LM \(gpt\); finetuning on squad needs an encoder run"):
-        finetune("squad", from_run=str(run), out=str(tmp_path / "o"), **task_kwargs(TaskOptions(train=str(f), dev=str(f))))
+        finetune("squad", from_run=str(run), out=str(tmp_path / "o"), options=TaskOptions(train=str(f), dev=str(f)))
     assert not (tmp_path / "o").exists()
 
 
 def test_xlnet_cls_last(tmp_path, english):
-    from plmcli.api import finetune
+    from helpers import finetune
     from plmcli.models.xlnet import XLNet, XLNetConfig
 
     tok, meta = english
@@ -343,8 +342,8 @@ def test_xlnet_cls_last(tmp_path, english):
     run = make_run(tmp_path / "xlnet", "xlnet", model, tok, meta)
     f = tmp_path / "d.json"
     f.write_text(json.dumps(squad_doc()))
-    res = finetune("squad", from_run=str(run), max_steps=2, batch_size=8, out=str(tmp_path / "o"),
-                   **task_kwargs(TaskOptions(train=str(f), dev=str(f), max_query_len=8, doc_stride=8)))
+    res = finetune("squad", from_run=str(run), train__max_steps=2, train__batch_size=8, out=str(tmp_path / "o"),
+                   options=TaskOptions(train=str(f), dev=str(f), max_query_len=8, doc_stride=8))
     assert res["steps"] == 2 and 0 <= res["dev"]["f1"] <= 100
     w = np.load(tmp_path / "o" / "data" / "train.npz")
     lens = np.diff(w["offsets"])
@@ -355,7 +354,7 @@ def test_xlnet_cls_last(tmp_path, english):
 
 
 def test_cmrc2018_slice_end_to_end(tmp_path, shared_data):
-    from plmcli.api import finetune
+    from helpers import finetune
 
     d = shared_data / "chinese" / "cmrc2018"
 
@@ -375,9 +374,9 @@ def test_cmrc2018_slice_end_to_end(tmp_path, shared_data):
     tok, meta = make_tokenizer(texts + more)
     run = tiny_bert(tmp_path / "bert", tok, meta, max_positions=64)
     out = tmp_path / "ft"
-    res = finetune("cmrc2018", from_run=str(run), max_steps=6, batch_size=16, lr=1e-3, out=str(out),
-                   **task_kwargs(TaskOptions(train=str(tmp_path / "train.json"), dev=str(tmp_path / "dev.json"),
-                                       max_query_len=16, doc_stride=24)))
+    res = finetune("cmrc2018", from_run=str(run), train__max_steps=6, train__batch_size=16, optim__lr=1e-3, out=str(out),
+                   options=TaskOptions(train=str(tmp_path / "train.json"), dev=str(tmp_path / "dev.json"),
+                                       max_query_len=16, doc_stride=24))
     n_dev = sum(len(p["qas"]) for p in dev["data"][0]["paragraphs"])
     preds = json.loads((out / "predictions.json").read_text(encoding="utf-8"))
     assert len(preds) == n_dev >= 20 and res["examples"]["validation"] > n_dev  # passages of ~500 characters: windows

@@ -14,7 +14,7 @@ from plmcli.data.tasks.race import RaceExample
 from plmcli.data.tasks.registry import get_task
 from plmcli.objectives.choice import Choice, ChoiceConfig, encode_with_questions
 from plmcli.objectives.classify import CAUSAL, CausalTransfer, SequenceClassifier
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_finetuned
 from test_choice import make_run
 from test_gpt_transfer import enc, make_tok
@@ -95,15 +95,14 @@ def gpt_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PLM_RUNS", str(root / "runs"))
         mp.setenv("PLM_CACHE", str(root / "cache"))
-        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), max_steps=3)
+        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 3})
     return root / "run"
 
 
 def test_race_from_a_gpt_run(gpt_run, tmp_path):
     data = write_race_dir(tmp_path / "RACE")
     out = tmp_path / "ft"
-    res = finetune("race", from_run=str(gpt_run), data_dir=str(data), epochs=2, batch_size=2, lr=1e-3,
-                   max_seq_len=96, out=str(out))
+    res = finetune("race", from_run=str(gpt_run), data_dir=str(data), train__epochs=2, train__batch_size=2, optim__lr=1e-3, task__max_seq_len=96, out=str(out))
     assert res["task"] == "race" and res["examples"] == {"train": 4, "validation": 4, "test": 4} and res["steps"] == 4
     assert set(res["dev"]) == {"loss", "accuracy"} and 0 <= res["dev"]["accuracy"] <= 1
     assert json.loads((out / "metrics.json").read_text())["dev"]["accuracy"] == res["dev"]["accuracy"]
@@ -129,8 +128,8 @@ def test_race_from_a_tiny_bert(tmp_path):
     run = make_run(tmp_path / "bert", "bert", Bert(BertConfig(vocab_size=tok.get_vocab_size(), max_positions=64,
                                                               n_layer=1, n_head=2, d_model=16)), tok, meta)
     out = tmp_path / "ft"
-    res = finetune("race", from_run=str(run), data_dir=str(write_race_dir(tmp_path / "RACE")), max_steps=3,
-                   batch_size=2, lr=1e-3, max_seq_len=64, out=str(out))
+    res = finetune("race", from_run=str(run), data_dir=str(write_race_dir(tmp_path / "RACE")), train__max_steps=3,
+                   train__batch_size=2, optim__lr=1e-3, task__max_seq_len=64, out=str(out))
     assert res["steps"] == 3 and 0 <= res["dev"]["accuracy"] <= 1
     model, _, cfg = load_finetuned(str(out))
     assert isinstance(model, SequenceClassifier) and cfg["finetune"]["task_state"] == {"choices": 4}

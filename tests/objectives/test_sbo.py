@@ -1,5 +1,6 @@
 """SpanBERT's span boundary objective through objective `mlm`: the loss, a tiny overfit, the recipe end to end."""
 
+from plmcli.config import override_layers
 import json
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import tiny_corpus
+from helpers import finetune, tiny_corpus
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.models.spanbert import SpanBert, SpanBertConfig
@@ -105,13 +106,13 @@ def test_spanbert_mini_pretrains_and_finetunes_sst2(tmp_path):
     from plmcli.runs import load_finetuned
 
     run = tmp_path / "run"
-    s = api.pretrain("spanbert-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(run), TINY, max_steps=4)
+    s = api.pretrain("spanbert-mini", [str(tiny_corpus(tmp_path / "c.txt", 40))], str(run), overrides=override_layers(TINY, {"train.max_steps": 4}))
     assert s["steps"] == 4 and np.isfinite(s["val_sbo_loss"]) and np.isfinite(s["val_mlm_loss"])
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "loss" in r]
     assert len(train) == 4 and all(np.isfinite(r["sbo_loss"]) for r in train)
     assert all(r["loss"] == pytest.approx(r["mlm_loss"] + r["sbo_loss"], rel=1e-5) for r in train)  # a plain sum
-    res = api.finetune("sst2", from_run=str(run), data_dir=str(SST2), max_steps=4, batch_size=16, out=str(tmp_path / "ft"))
+    res = finetune("sst2", from_run=str(run), data_dir=str(SST2), train__max_steps=4, train__batch_size=16, out=str(tmp_path / "ft"))
     assert res["steps"] == 4 and 0 <= res["dev"]["accuracy"] <= 1
     model, _, _ = load_finetuned(str(tmp_path / "ft"))
     assert isinstance(model.encoder, SpanBert)

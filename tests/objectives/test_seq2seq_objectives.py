@@ -1,6 +1,7 @@
 import math
 from pathlib import Path
 
+from plmcli.config import override_layers
 import numpy as np
 import pytest
 import torch
@@ -115,11 +116,11 @@ def test_denoising_pretrain_and_autoencoding_ppl(tmp_path):
     from plmcli.api import eval_ppl, pretrain
 
     corpus = tiny_corpus(tmp_path / "docs.txt")
-    summary = pretrain("transformer-mini-denoising", data=[str(corpus)], out=str(tmp_path / "run"), overrides=[
+    summary = pretrain("transformer-mini-denoising", data=[str(corpus)], out=str(tmp_path / "run"), overrides=override_layers([
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.d_ff=64", "model.n_head=2",
         "model.max_positions=32", "tokenizer.kind=char", "tokenizer.min_frequency=1", f"tokenizer.special_tokens={S2S_SPECIALS}",
         "data.val_fraction=0.2", "train.seq_len=24", "train.global_batch_size=8", "train.eval_every=0", "train.save_every=0",
-        "train.log_every=2", "optim.warmup_steps=2"], max_steps=4)
+        "train.log_every=2", "optim.warmup_steps=2"], {"train.max_steps": 4}))
     assert summary["steps"] == 4 and math.isfinite(summary["val_nll"])
     text = tmp_path / "eval.txt"
     text.write_text("the cat sat on a mat\n\nhome and back again, far away from home and back again and again\n")
@@ -155,8 +156,8 @@ def test_mini_recipes_train_on_the_shipped_parallel_sample(recipe, tmp_path):
     tiny = {"seq2seq-attn-mini": ["model.d_embed=16", "model.d_hidden=16"],
             "transformer-mini": ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=16",
                                  "model.d_ff=32", "model.n_head=2"]}[recipe]
-    summary = pretrain(recipe, out=str(tmp_path / "run"), max_steps=2,
-                       overrides=tiny + ["train.eval_batches=2", "train.global_batch_size=4", "train.log_every=1"])
+    summary = pretrain(recipe, out=str(tmp_path / "run"),
+                       overrides=override_layers(tiny + ["train.eval_batches=2", "train.global_batch_size=4", "train.log_every=1"], {"train.max_steps": 2}))
     assert summary["steps"] == 2 and math.isfinite(summary["val_ppl"])
     from plmcli.api import default_corpus
 

@@ -11,14 +11,13 @@ import pytest
 import torch
 from safetensors.torch import save_model
 
-from helpers import task_kwargs
 from plmcli.config_sections import TokenizerConfig
 from plmcli.config_sections import TaskOptions
 from plmcli.data.tasks.conll import Sentence
 from plmcli.data.tasks.registry import get_task
 from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
 from plmcli.errors import PlmError
-from plmcli.api import finetune
+from helpers import finetune
 from plmcli.runs import load_finetuned
 from plmcli.objectives.tagging import IGNORE, Tagging, TaggingConfig, TokenClassifier, plan_windows
 
@@ -223,8 +222,8 @@ def test_synthetic_ner_is_learned(tmp_path, crf):
     texts = [line.split()[0] for line in (data / "eng.train").read_text().splitlines() if line]
     run = tiny_bert_run(tmp_path, [" ".join(texts)])
     out = tmp_path / "ft"
-    res = finetune("conll2003", from_run=str(run), data_dir=str(data), epochs=2, lr=5e-3, batch_size=16, seed=0,
-                   out=str(out), **task_kwargs(TaskOptions(crf=crf)))
+    res = finetune("conll2003", from_run=str(run), data_dir=str(data), train__epochs=2, optim__lr=5e-3,
+                   train__batch_size=16, train__seed=0, out=str(out), options=TaskOptions(crf=crf))
     assert res["main_metric"] == "f1" and {"loss", "precision", "recall", "f1", "accuracy"} == set(res["dev"])
     assert res["examples"] == {"train": 300, "validation": 60, "test": 20}
     assert res["dev"]["f1"] > 0.9 and res["dev"]["accuracy"] > 0.95
@@ -270,8 +269,8 @@ def test_real_conll2003_slice_with_and_without_crf(tmp_path, shared_data):
     results = {}
     for crf in (False, True):
         out = tmp_path / f"ft-{crf}"
-        res = finetune("conll2003", from_run=str(run), data_dir=str(data), max_steps=6, batch_size=16, lr=1e-3,
-                       max_seq_len=32, out=str(out), **task_kwargs(TaskOptions(crf=crf)))
+        res = finetune("conll2003", from_run=str(run), data_dir=str(data), train__max_steps=6, train__batch_size=16,
+                       optim__lr=1e-3, task__max_seq_len=32, out=str(out), options=TaskOptions(crf=crf))
         results[crf] = res
         assert res["steps"] == 6 and res["examples"]["validation"] >= 40 and res["truncated"]["train"] == 0
         assert 0 <= res["dev"]["f1"] <= 1 and 0 < res["dev"]["accuracy"] <= 1 and np.isfinite(res["dev"]["loss"])
@@ -287,12 +286,11 @@ def test_real_conll2003_slice_with_and_without_crf(tmp_path, shared_data):
         if crf:  # constrained Viterbi: never I-X after O or another type
             tags = [r.split()[2] if r else "O" for r in (out / "test_predictions.txt").read_text().split("\n")]
             assert all(not t.startswith("I-") or p[2:] == t[2:] for p, t in zip(["O"] + tags, tags))
-        again = finetune("conll2003", from_run=str(out), data_dir=str(data), eval_only=True,
-                         out=str(tmp_path / f"eval-{crf}"))
+        again = finetune("conll2003", from_run=str(out), data_dir=str(data), eval_only=True, out=str(tmp_path / f"eval-{crf}"))
         assert again["eval_only"] and again["dev"] == pytest.approx(res["dev"])
     # --eval-only with a dev file alone: the finetuned run's tag set needs no training file
     dev_only = finetune("conll2003", from_run=str(tmp_path / "ft-True"), eval_only=True, out=str(tmp_path / "e2"),
-                        **task_kwargs(TaskOptions(dev=str(data / "eng.testa"))))
+                        options=TaskOptions(dev=str(data / "eng.testa")))
     assert dev_only["dev"] == pytest.approx(results[True]["dev"])
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import task_kwargs, tiny_corpus
+from helpers import tiny_corpus
 from plmcli import kernels
 from test_finetune_matrix import ALL_TASKS, tiny_run, tokenizer, write_data  # noqa: F401 (tokenizer: a fixture)
 from families import tiny_overrides
@@ -212,14 +212,14 @@ FINETUNE = [("bert", "classification"), ("bert", "regression"), ("bert", "taggin
 
 @pytest.mark.parametrize("name,kind", FINETUNE)
 def test_finetune_step_reads_nothing_from_the_host(name, kind, counted, tokenizer, tmp_path):
-    from plmcli.api import finetune
+    from helpers import finetune
 
     log, micro = counted
     task, _ = ALL_TASKS[kind.split("+")[0]]
     run = tiny_run(tmp_path / name, name, tokenizer)
     data_dir, options = write_data(tmp_path / "data", kind)
-    finetune(task, from_run=str(run), data_dir=data_dir, **task_kwargs(options), max_steps=2, batch_size=8, lr=1e-2,
-             max_seq_len=32, out=str(tmp_path / "ft"))
+    finetune(task, from_run=str(run), data_dir=data_dir, options=options, train__max_steps=2, train__batch_size=8,
+             optim__lr=1e-2, task__max_seq_len=32, out=str(tmp_path / "ft"))
     assert micro[0] >= 2
     assert not log, _report(log, micro)
     # the unpadded path ran, and was counted (SST-2's sample batches rows of one length: nothing to unpad)

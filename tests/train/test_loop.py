@@ -70,9 +70,9 @@ def test_accumulation_matches_one_big_batch(setup, tmp_path):
 
 def test_stops_on_token_and_time_budget(setup, tmp_path):
     recipe, corpus = setup
-    s = api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "t"), max_tokens=2 * 64)
+    s = api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "t"), overrides={"train.max_tokens": 2 * 64})
     assert s["steps"] == 2 and s["stop_reason"] == "max_tokens"
-    s = api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "u"), max_steps=10_000, time_budget=0.5)
+    s = api.pretrain(str(recipe), [str(corpus)], str(tmp_path / "u"), time_budget=0.5, overrides={"train.max_steps": 10_000})
     assert s["stop_reason"] == "time_budget" and s["steps"] < 10_000
     assert (tmp_path / "u" / "checkpoints" / f"step-{s['steps']}").is_dir()
 

@@ -79,11 +79,11 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--max-steps", "0"], "--max-steps 0 must be > 0"),
-    (["--max-steps", "-5"], "--max-steps -5 must be > 0"),
+    (["--max-steps", "0"], "--max-steps 0 is out of range: must be ≥ 1"),
+    (["--max-steps", "-5"], "--max-steps -5 is out of range: must be ≥ 1"),
     (["--stop-after", "-1"], "--stop-after -1 must be > 0"),  # was: 0 steps, exit 0, an untrained run
     (["--stop-after", "0"], "--stop-after 0 must be > 0"),
-    (["--max-tokens", "0"], "--max-tokens 0 must be > 0"),  # was: trained all steps
+    (["--max-tokens", "0"], "--max-tokens 0 is out of range: must be ≥ 1"),  # was: trained all steps
     (["--set", "train.max_steps=0"], "train.max_steps"),
     (["--set", "train.max_nonfinite_steps=0"], "train.max_nonfinite_steps 0 must be ≥ 1"),
 ])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import tiny_corpus
+from helpers import finetune, tiny_corpus
 from plm_process import start_ranks
 from plmcli import api
 from plmcli.config import load_recipe
@@ -174,7 +174,7 @@ def test_finetuning_with_workers_trains_as_without(tmp_path, monkeypatch):
     for workers in (0, 2):
         monkeypatch.setattr(batching, "loader_workers", lambda setting, accelerated, n=workers: asked.append(n) or n)
         out = tmp_path / f"w{workers}"
-        results.append(api.finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), max_steps=4, batch_size=8, out=str(out)))
+        results.append(finetune("sst2", from_run=str(run), data_dir=str(SAMPLE), train__max_steps=4, train__batch_size=8, out=str(out)))
     a, b = (load_file(str(tmp_path / f"w{w}" / "model.safetensors")) for w in (0, 2))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert results[0]["dev"] == results[1]["dev"] and asked == [0, 2]
