@@ -133,3 +133,37 @@ def test_load_finetune_config():
     from plmcli.config_sections import TaskOptions
 
     assert type(cfg.task_options()) is TaskOptions
+
+
+def test_finetuning_reads_pretrainings_sections_with_its_own_defaults():
+    """One train/optim world: a finetune's train and optim sections are pretraining's classes, FINETUNE_DEFAULTS
+    apart, so every pretraining key works in a finetune config (and in OUT/finetune.yaml)."""
+    from plmcli.config import FINETUNE_DEFAULTS, OptimConfig, TrainConfig
+
+    cfg = load_finetune_config(None, ["train.compile=true", "optim.betas=[0.9,0.98]", "train.num_workers=2"])
+    assert type(cfg.train) is TrainConfig and type(cfg.optim) is OptimConfig
+    assert cfg.train.compile is True and cfg.optim.betas == [0.9, 0.98] and cfg.train.num_workers == 2
+    for section, defaults in FINETUNE_DEFAULTS.items():
+        assert {k: getattr(getattr(cfg, section), k) for k in defaults} == defaults
+        assert {k: getattr(getattr(FinetuneConfig(), section), k) for k in defaults} == defaults
+    assert load_finetune_config(None, ["train.batch_size=16"]).train.global_batch_size == 16  # the older name
+    with pytest.raises(PlmError, match="train.batch_size and train.global_batch_size name one setting"):
+        load_finetune_config(None, {"train": {"batch_size": 8, "global_batch_size": 16}})
+    with pytest.raises(PlmError, match="train.seq_len is not a finetune setting"):
+        load_finetune_config(None, ["train.seq_len=64"])
+    assert "seq_len" not in FinetuneConfig().to_dict()["train"]
+    assert load_finetune_config(None, {"train.batch_size": 8}, {"train": {"global_batch_size": 4}}).train.global_batch_size == 4
+
+
+def test_warmup_by_ratio_or_steps_and_what_pretraining_refuses():
+    from plmcli.config import OptimConfig, load_recipe
+
+    assert OptimConfig(warmup_ratio=0.1).warmup(100) == 10 and OptimConfig(warmup_ratio=0.0).warmup(100) == 0
+    assert OptimConfig(warmup_steps=50).warmup(20) == 20 and OptimConfig(warmup_steps=5).warmup(20) == 5
+    assert load_recipe("gpt-mini", ["optim.warmup_ratio=0.25"]).optim.warmup(40) == 10
+    for override, message in (("train.epochs=3", "train.epochs 3 is finetuning's: pretraining counts steps"),
+                              ("train.max_steps=null", "train.max_steps null must be set for pretraining"),
+                              ("optim.lr=null", "optim.lr null must be set for pretraining"),
+                              ("train.log_every=0", "train.log_every 0 must be ≥ 1")):
+        with pytest.raises(PlmError, match=message):
+            load_recipe("gpt-mini", [override])

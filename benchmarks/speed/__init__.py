@@ -1,0 +1,1 @@
+"""Speed: per-step, throughput and memory comparisons of plm against its peers on the CPU."""
