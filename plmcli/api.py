@@ -6,11 +6,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from plmcli.errors import PlmError
-from plmcli.pipelines.common import SAMPLE_DATA_DIRS, default_corpus, quiet_datasets_off_terminal, sample_data_dir  # noqa: F401
-from plmcli.runs import RUN_CONFIG  # noqa: F401  (where callers have long imported it from)
+from plmcli.pipelines.common import quiet_datasets_off_terminal, sample_data_dir
 
 
 # ---------------------------------------------------------------- recipes
+
+
+def default_corpus(name: str = "shakespeare-sample.txt") -> str:
+    """The path of a sample shipped with plm (plmcli/corpus/: the default corpora, glue-sample, ...)."""
+    from plmcli.pipelines.common import default_corpus as shipped
+
+    return shipped(name)
 
 
 def list_recipes() -> list[dict]:

@@ -10,7 +10,7 @@ import torch
 
 from benchmarks import common, pretrain_step
 from helpers import counted_flops
-from benchmarks.gpt_train_step import train_step
+from benchmarks.speed.gpt_train_step import train_step
 from plmcli.config import load_recipe
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.kernels import linear, onednn_enabled, switched

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.lstm_step import build, paired_ratios
-from benchmarks.nanogpt_char import DEFAULT_NANOGPT, nanogpt_argv, parse_nanogpt_log, prepare_nanogpt
+from benchmarks.speed.lstm_step import build, paired_ratios
+from benchmarks.speed.nanogpt_char import DEFAULT_NANOGPT, nanogpt_argv, parse_nanogpt_log, prepare_nanogpt
 from plmcli.config import load_recipe
 
 pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
@@ -97,7 +97,7 @@ def test_paired_ratios_divide_each_round_by_its_own_partner():
 
 
 def test_nanogpt_table_sets_each_sides_median_step_against_the_fp32_probe():
-    from benchmarks.nanogpt_char import table
+    from benchmarks.speed.nanogpt_char import table
 
     def side(wall, step_ms):
         return {"wall": wall, "val_loss": 1.9, "loop": wall - 2, "step_ms": step_ms, "steps": 2000, "evals": 2}
@@ -116,7 +116,7 @@ def test_nanogpt_table_sets_each_sides_median_step_against_the_fp32_probe():
 def test_plm_run_flops_match_gpt_flops_per_token(tmp_path):
     import json
 
-    from benchmarks.nanogpt_char import run_flops_per_token
+    from benchmarks.speed.nanogpt_char import run_flops_per_token
     from plmcli.models.gpt import GPT, GPTConfig
 
     model = {"vocab_size": 65, "max_positions": 64, "n_layer": 2, "n_head": 2, "d_model": 32}

@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ppl_speed import guide_nll, window_flops
-from benchmarks.startup import parse_importtime, top_level
-from benchmarks.tokenize_speed import write_corpus
-from benchmarks.varlen_sst2 import length_grouped, padding_share
+from benchmarks.speed.ppl_speed import guide_nll, window_flops
+from benchmarks.speed.startup import parse_importtime, top_level
+from benchmarks.speed.tokenize_speed import write_corpus
+from benchmarks.speed.varlen_sst2 import length_grouped, padding_share
 from plmcli.eval.perplexity import sequence_nll
 from plmcli.models.gpt import GPT, GPTConfig
 
@@ -153,7 +153,7 @@ def test_guide_loop_weighting_and_boundary_contexts_match_brute_force():
 
 
 def test_bert_plateau_neighbour_mass_windows_and_shuffled_context():
-    from benchmarks.bert_plateau import neighbour_mass, shuffle_context, windows
+    from benchmarks.quality.bert_plateau import neighbour_mass, shuffle_context, windows
 
     T = 6
     uniform = torch.full((2, 3, T, T), 1 / T)
@@ -177,7 +177,7 @@ def test_bert_plateau_neighbour_mass_windows_and_shuffled_context():
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")  # the CPU's jagged SDPA kernel
 def test_gpu_varlen_pieces_run_on_a_cpu_and_the_two_paths_agree():
-    from benchmarks.gpu_varlen import agreement, attention_path, build, make_batches, sentence_lengths, train_step
+    from benchmarks.gpu.gpu_varlen import agreement, attention_path, build, make_batches, sentence_lengths, train_step
     from plmcli.models import layers
     from plmcli.models.bert import BertConfig
 

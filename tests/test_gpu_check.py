@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, w
 
 from benchmarks import common, gpu_check, gpu_resume, gpu_syncs  # noqa: E402
 from benchmarks.__main__ import main  # noqa: E402
-from benchmarks.gpu_syncs import SYNC_TEXT, Mark, Sync, attribute, busy_steps  # noqa: E402
+from benchmarks.gpu.gpu_syncs import SYNC_TEXT, Mark, Sync, attribute, busy_steps  # noqa: E402
 
 pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_device.sh, the one command that runs the GPU checks and benchmarks on a lent machine whose image
+"""benchmarks/gpu/gpu_device.sh, the one command that runs the GPU checks and benchmarks on a lent machine whose image
 lacks `datasets`: its install logic, on a CPU, with stand-in wheels (the real ones are for the image's CPython
 3.12), and the parts it runs, in order, each into its own log, within one time budget.
 
@@ -52,7 +52,7 @@ def test_without_wheels_it_says_how_to_get_them_and_exits_2(tmp_path):
     r = _run(tmp_path, empty, "run")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [(
-        f"gpu_device.sh: datasets is not importable here and {empty}/ holds no wheels: run 'bash benchmarks/gpu_device.sh "
+        f"gpu_device.sh: datasets is not importable here and {empty}/ holds no wheels: run 'bash benchmarks/gpu/gpu_device.sh "
         f"wheels' where pip works, and carry {empty}")]
     assert not (tmp_path / "out" / "BENCHMARKS.md").exists()
 

@@ -2,17 +2,17 @@
 
   syncs          host syncs per optimizer step: gpt-mini and bert-mini in bf16 under
                  torch.cuda.set_sync_debug_mode("warn"), each warning put in the step it happened in
-                 (benchmarks/gpu_syncs.py); train.num_workers=0 beside the default `auto`
+                 (benchmarks/gpu/gpu_syncs.py); train.num_workers=0 beside the default `auto`
   fp16           gpt-mini in fp16 (GradScaler) beside bf16: the loss_scale and nonfinite_steps columns of
                  metrics.jsonl, the final losses
   workers        bert-mini with dynamic masking: tokens/s with train.num_workers=0 and `auto`
   resume         gpt-mini stopped by SIGTERM after a checkpoint (exit 75), resumed with `plm pretrain --resume`,
-                 its weights against an uninterrupted run's (benchmarks/gpu_resume.py)
+                 its weights against an uninterrupted run's (benchmarks/gpu/gpu_resume.py)
   checkpointing  gpt2-small with train.activation_checkpointing on and off: peak memory and tokens/s
 
 Each part writes its own BENCHMARKS.md section (`gpu-check-PART`, with the GPU's name, the date and the
 command) and prints one JSON line of its figures; each run is capped by --time-budget, and one that fails is
-reported as failed while the part goes on. benchmarks/gpu_device.sh runs each part as its own process under
+reported as failed while the part goes on. benchmarks/gpu/gpu_device.sh runs each part as its own process under
 a time cap. Data: the sample corpus shipped in plmcli/corpus/, tokenizers trained on it (nothing is
 downloaded). Without CUDA every part prints one skip line and exits 0; --cpu runs the parts on the CPU
 anyway (the tests: code paths at toy size with --set, no GPU figures, nothing written).
@@ -38,11 +38,11 @@ HELP = ("the GPU check: host syncs per step, fp16 loss scaling, input workers, S
         "activation checkpointing (skips without CUDA)")
 # part -> the module that measures it (a `measure(ctx) -> Section`), in the order they run.
 PARTS = {
-    "syncs": "benchmarks.gpu_syncs",
-    "fp16": "benchmarks.gpu_check",
-    "workers": "benchmarks.gpu_check",
-    "resume": "benchmarks.gpu_resume",
-    "checkpointing": "benchmarks.gpu_check",
+    "syncs": "benchmarks.gpu.gpu_syncs",
+    "fp16": "benchmarks.gpu.gpu_check",
+    "workers": "benchmarks.gpu.gpu_check",
+    "resume": "benchmarks.gpu.gpu_resume",
+    "checkpointing": "benchmarks.gpu.gpu_check",
 }
 # bert-mini's data as gpu-mfu's BERT-base runs it: full windows masked afresh in the loader, no NSP pairs.
 DYNAMIC_MLM = ["objective.dynamic=true", "objective.pairs=none"]
@@ -232,7 +232,7 @@ def train_rows(rows: list[dict]) -> list[dict]:
 
 def tokens_per_s(res: dict, warmup: int) -> float | None:
     """Tokens/s after `warmup` steps, from the loop's cumulative tokens and clock (gpu-mfu's `throughput`)."""
-    from benchmarks.gpu_mfu import throughput
+    from benchmarks.gpu.gpu_mfu import throughput
 
     try:
         return throughput(res["rows"], warmup)["tok_per_s"]
@@ -348,7 +348,7 @@ built), global batch {a.workers_batch or "the recipe's"} in one micro-batch, bf1
 
 
 def measure_checkpointing(ctx: Ctx) -> Section:
-    from benchmarks.gpu_mfu import phaseless_recipe
+    from benchmarks.gpu.gpu_mfu import phaseless_recipe
     from plmcli.config import load_recipe
 
     a = ctx.args

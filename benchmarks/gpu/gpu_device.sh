@@ -5,10 +5,10 @@
 # The device image holds PyTorch, transformers, accelerate, tokenizers, typer, rich, pyarrow, ... but not
 # `datasets` (nor its dill and multiprocess), and nothing can be fetched there. So, in two steps:
 #
-#   here, where pip reaches the registries:   bash benchmarks/gpu_device.sh wheels
+#   here, where pip reaches the registries:   bash benchmarks/gpu/gpu_device.sh wheels
 #       the wheels of what the image lacks, at the versions installed here (the tested ones), for its
 #       CPython 3.12, into .whl/ (ignored by git); pyarrow's too, used only if the image's is too old
-#   there, with .whl carried:                  bash benchmarks/gpu_device.sh run [gpu-mfu options]
+#   there, with .whl carried:                  bash benchmarks/gpu/gpu_device.sh run [gpu-mfu options]
 #       installs them into /tmp/site when `import datasets` fails, then runs, each part its own process under
 #       its own time cap, cheapest and most important first (a part that overruns loses its own figures only):
 #         gpu-check --part syncs          host syncs per optimizer step (goal 0 on steps that do not log)
@@ -24,10 +24,10 @@
 #       the start, install included): a part gets its cap or what is left, and is skipped under 20 s.
 #       PLM_GPU_PARTS="gpu-mfu gpu-varlen" (log names) runs only those, e.g. to redo what a first call lost.
 #
-# With the device tool: run(command="bash benchmarks/gpu_device.sh run", carry=[".whl"], timeout_s=540), then
+# With the device tool: run(command="bash benchmarks/gpu/gpu_device.sh run", carry=[".whl"], timeout_s=540), then
 # copy $OUT's BENCHMARKS.md over this checkout's (or its gpu-* sections, if BENCHMARKS.md changed here since).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2  # the repo root (this script is benchmarks/gpu/gpu_device.sh)
 
 WHL=${PLM_WHEELS:-.whl}      # overridable for the tests
 SITE=${PLM_WHEELS_SITE:-/tmp/site}
@@ -57,7 +57,7 @@ install_missing() {
     "$PY" -c "import datasets" 2>/dev/null && return 0
     local base=() fallback=() f
     for f in "$WHL"/*.whl; do
-        [ -e "$f" ] || die "datasets is not importable here and $WHL/ holds no wheels: run 'bash benchmarks/gpu_device.sh wheels' where pip works, and carry $WHL"
+        [ -e "$f" ] || die "datasets is not importable here and $WHL/ holds no wheels: run 'bash benchmarks/gpu/gpu_device.sh wheels' where pip works, and carry $WHL"
         case "$(basename "$f")" in
             "$FALLBACK"-*) fallback+=("$f") ;;
             *) base+=("$f") ;;
@@ -115,7 +115,7 @@ run() {
     # 100 timed steps after 20 (not 300 after 50): the MFU settles within a few dozen steps of 32k tokens.
     part gpu-mfu 140 -m benchmarks gpu-mfu --warmup 20 --steps 100 --log-every 10 --time-budget 45 "$@"
     part gpu-varlen 50 -m benchmarks gpu-varlen
-    part gpu-fsdp 60 -m benchmarks.gpu_fsdp  # FSDP2 on one GPU: sharded save, resume, phase 2 (if time is left)
+    part gpu-fsdp 60 -m benchmarks.gpu.gpu_fsdp  # FSDP2 on one GPU: sharded save, resume, phase 2 (if time is left)
     cp BENCHMARKS.md "$out/BENCHMARKS.md"
     echo "gpu_device.sh: logs and BENCHMARKS.md in $out (${SECONDS}s)"
     return $rc
@@ -124,5 +124,5 @@ run() {
 case "${1:-}" in
     wheels) wheels ;;
     run) shift; run "$@" ;;
-    *) die "usage: bash benchmarks/gpu_device.sh wheels | run [gpu-mfu options]" ;;
+    *) die "usage: bash benchmarks/gpu/gpu_device.sh wheels | run [gpu-mfu options]" ;;
 esac

@@ -8,8 +8,8 @@ every logged loss against one unsharded process (fp32, micro batch 1 on both sid
 dropout draws). Then the same launch in bf16 (FSDP's mixed-precision policy) only has to finish. One GPU is enough:
 one process shards trivially, yet saves, loads and gathers through the same code.
 
-    python -m benchmarks.gpu_fsdp            # a minute or two on an H100; without CUDA one skip line, exit 0
-    python -m benchmarks.gpu_fsdp --cpu      # the same on 2 CPU processes (gloo), to check this script anywhere
+    python -m benchmarks.gpu.gpu_fsdp            # a minute or two on an H100; without CUDA one skip line, exit 0
+    python -m benchmarks.gpu.gpu_fsdp --cpu      # the same on 2 CPU processes (gloo), to check this script anywhere
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import free_port, tiny_corpus
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # benchmarks/gpu/gpu_fsdp.py -> the repo root
 RECIPE = """\
 extends: gpt-mini
 model: {n_layer: 2, n_head: 2, d_model: 32, max_positions: 32, dropout: 0.1, attn_dropout: 0.0}

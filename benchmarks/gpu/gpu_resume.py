@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.gpu_check import Ctx, Section, _num
+from benchmarks.gpu.gpu_check import Ctx, Section, _num
 
 STOPPED = re.compile(r"stopped\s+after\s+step\s+(\d+)\s+\((\w+)\)")
 # The uninterrupted run, the interrupted one's rest and its resume each get at most this long.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.gpu_check import Ctx, Section, _status, pretrain_run
+from benchmarks.gpu.gpu_check import Ctx, Section, _status, pretrain_run
 
 SYNC_TEXT = "called a synchronizing CUDA operation"  # c10/cuda's warn_or_error_on_sync
 MARKED = {"optimizer_step": "step", "after_step": "after"}  # _Training's methods -> the phase they mark

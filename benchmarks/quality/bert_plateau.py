@@ -197,7 +197,7 @@ def run(args) -> int:
     import numpy as np
     from datasets import load_from_disk
 
-    from benchmarks.bert_sst2 import NAMES, build_corpus
+    from benchmarks.quality.bert_sst2 import NAMES, build_corpus
     from plmcli import api
 
     common.set_threads(args.threads)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.pretraining import pretrain_for
+from benchmarks.quality.pretraining import pretrain_for
 
 NAME = "bert-sst2"
 HELP = "bert-mini pretrained for a CPU budget, then SST-2 dev accuracy vs the same model from random init"

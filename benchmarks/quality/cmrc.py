@@ -65,7 +65,7 @@ def run(args) -> int:
     root.mkdir(parents=True, exist_ok=True)
     source, pre = args.from_run, None
     if source is None:
-        from benchmarks.pretraining import pretrain_compute
+        from benchmarks.quality.pretraining import pretrain_compute
 
         source = root / "bert-mini-zh"
         pre, _, _ = pretrain_compute("bert-mini", build_corpus(root / "corpus-zh.txt"), source, args.pretrain_tflop, OVERRIDES)

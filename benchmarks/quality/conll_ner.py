@@ -42,8 +42,8 @@ def run(args) -> int:
     root.mkdir(parents=True, exist_ok=True)
     source = args.from_run
     if source is None:
-        from benchmarks.bert_sst2 import build_corpus
-        from benchmarks.pretraining import pretrain_compute
+        from benchmarks.quality.bert_sst2 import build_corpus
+        from benchmarks.quality.pretraining import pretrain_compute
 
         source = root / "bert-mini"
         pretrain_compute("bert-mini", build_corpus(root / "corpus.txt"), source, args.pretrain_tflop)

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.bert_sst2 import build_corpus
-from benchmarks.pretraining import pretrain_compute, steps_for
+from benchmarks.quality.bert_sst2 import build_corpus
+from benchmarks.quality.pretraining import pretrain_compute, steps_for
 
 NAME = "family-sst2"
 HELP = "bert-mini vs electra-mini vs albert-mini: same size and CPU budget, SST-2 dev accuracy"

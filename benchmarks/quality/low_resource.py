@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.low_resource_baselines import bag_of_words, layer_probe, token_classifier
+from benchmarks.quality.low_resource_baselines import bag_of_words, layer_probe, token_classifier
 
 NAME = "low-resource"
 HELP = ("SST-2 at 500..all labelled rows, ChnSentiCorp and CoNLL-2003 at 1,000: a ≤ 30-minute CPU pretraining vs "
@@ -183,7 +183,7 @@ def run_jobs(jobs: list[dict], n: int, env: dict) -> list[dict]:
             shutil.rmtree(job["out"])  # an interrupted finetune (no result written): it starts over
         label = done.stem if job["kind"] == "finetune" else done.parent.name
         print(f"  start {label}", flush=True)
-        got = common.run_worker("benchmarks.low_resource", job, env)
+        got = common.run_worker("benchmarks.quality.low_resource", job, env)
         tmp = done.with_suffix(".tmp")
         tmp.write_text(json.dumps(got))
         tmp.replace(done)

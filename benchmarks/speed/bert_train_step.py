@@ -8,7 +8,7 @@ does); transformers computes it at every position and ignores the unmasked ones 
 from __future__ import annotations
 
 from benchmarks import common
-from benchmarks.gpt_train_step import autocast, limit_text, measure, publish_step, rate_table
+from benchmarks.speed.gpt_train_step import autocast, limit_text, measure, publish_step, rate_table
 
 NAME = "bert-train-step"
 HELP = "training-step tokens/s of plm's BERT MLM vs transformers' BertForMaskedLM (BERT-mini, vocab 30522)"

@@ -64,7 +64,7 @@ def gpt_to_hf(model, run_config: dict):
     else:
         from transformers import GPT2LMHeadModel
 
-        from benchmarks.gpt_train_step import hf_config
+        from benchmarks.speed.gpt_train_step import hf_config
 
         hf = GPT2LMHeadModel(hf_config(model.cfg))
         # Our Linear weights are (out, in); GPT-2's Conv1D stores (in, out).

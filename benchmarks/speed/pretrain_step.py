@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from benchmarks import common
-from benchmarks.gpt_train_step import limit_text, measure, rate_table
+from benchmarks.speed.gpt_train_step import limit_text, measure, rate_table
 
 NAME = "pretrain-step"
 HELP = ("pretraining-step tokens/s of plm's XLNet (permutation LM) or ELECTRA (replaced-token detection) vs "

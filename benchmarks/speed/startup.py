@@ -141,7 +141,7 @@ def run(args) -> int:
     profiles = {'python -X importtime -c "import plmcli.cli"': _importtime(["-c", "import plmcli.cli"], env),
                 "python -X importtime -m plmcli recipes": _importtime(["-m", "plmcli", "recipes"], env)}
 
-    stages = common.run_worker("benchmarks.startup", {}, env)
+    stages = common.run_worker("benchmarks.speed.startup", {}, env)
     stage_rows = [[k, f"{1000 * v:,.0f}"] for k, v in stages.items()]
     stage_rows.append(["**total (after the interpreter's start)**", f"**{1000 * sum(stages.values()):,.0f}**"])
 

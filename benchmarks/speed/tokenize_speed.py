@@ -151,7 +151,7 @@ def run(args) -> int:
                 out = root / "out"
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir()
-                r = common.run_worker("benchmarks.tokenize_speed", {**base, **job, "out": str(out / "tok")}, env)
+                r = common.run_worker("benchmarks.speed.tokenize_speed", {**base, **job, "out": str(out / "tok")}, env)
                 shutil.rmtree(out, ignore_errors=True)
                 tokens[name] = r["tokens"]
                 return n_bytes / 1e6 / r["seconds"]  # MB/s: the same bytes on every side

@@ -91,7 +91,7 @@ def run(args) -> int:
     import torch.nn.functional as F
     from transformers import BertConfig, BertForSequenceClassification, DataCollatorWithPadding
 
-    from benchmarks.gpt_train_step import train_step
+    from benchmarks.speed.gpt_train_step import train_step
     from plmcli.data.batching import EpochOrder
     from plmcli.data.tasks import load_split
     from plmcli.models.registry import build_model

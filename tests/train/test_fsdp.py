@@ -242,6 +242,6 @@ def test_the_gpu_check_skips_in_one_line_without_a_gpu(capsys):
     from benchmarks import gpu_fsdp
 
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: python -m benchmarks.gpu_fsdp runs the check itself")
+        pytest.skip("a GPU is here: python -m benchmarks.gpu.gpu_fsdp runs the check itself")
     gpu_fsdp.main([])
     assert capsys.readouterr().out == "gpu_fsdp: skipped: no CUDA device (--cpu runs it on 2 CPU processes)\n"
