@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks import common, pretrain_step
+from benchmarks import common
+from benchmarks.speed import pretrain_step
 from helpers import counted_flops
 from benchmarks.speed.gpt_train_step import train_step
 from plmcli.config import load_recipe

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import low_resource as lr
-from benchmarks import low_resource_baselines as lrb
+from benchmarks.quality import low_resource as lr
+from benchmarks.quality import low_resource_baselines as lrb
 
 pytestmark = [pytest.mark.bench, pytest.mark.usefixtures("one_thread")]
 

@@ -13,7 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
 
-from benchmarks import common, gpu_check, gpu_resume, gpu_syncs  # noqa: E402
+from benchmarks import common  # noqa: E402
+from benchmarks.gpu import gpu_check, gpu_resume, gpu_syncs  # noqa: E402
 from benchmarks.__main__ import main  # noqa: E402
 from benchmarks.gpu.gpu_syncs import SYNC_TEXT, Mark, Sync, attribute, busy_steps  # noqa: E402
 

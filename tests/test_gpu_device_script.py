@@ -16,7 +16,7 @@ from pathlib import Path
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gpu_device.sh"
+SCRIPT = ROOT / "benchmarks" / "gpu" / "gpu_device.sh"
 # The parts in the order they must run: the GPU checks, cheapest and most important first, then the MFU and
 # varlen benchmarks, which the budget may squeeze.
 PARTS = ["gpu-check-syncs", "gpu-check-fp16", "gpu-check-workers", "gpu-check-resume", "gpu-check-checkpointing",

@@ -15,7 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, where benchmarks/ lives
 
-from benchmarks import common, gpu_mfu  # noqa: E402
+from benchmarks import common  # noqa: E402
+from benchmarks.gpu import gpu_mfu  # noqa: E402
 from helpers import counted_flops  # noqa: E402
 from benchmarks.__main__ import main  # noqa: E402
 from plmcli import api  # noqa: E402

@@ -36,6 +36,7 @@ from benchmarks import common
 NAME = "gpu-check"
 HELP = ("the GPU check: host syncs per step, fp16 loss scaling, input workers, SIGTERM + resume, "
         "activation checkpointing (skips without CUDA)")
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 # part -> the module that measures it (a `measure(ctx) -> Section`), in the order they run.
 PARTS = {
     "syncs": "benchmarks.gpu.gpu_syncs",
@@ -67,7 +68,6 @@ def add_arguments(p) -> None:
                    help="extra recipe override for every run (repeatable), e.g. --set model.n_layer=1")
     p.add_argument("--cpu", action="store_true",
                    help="run without CUDA anyway, on the CPU in fp32 (the tests' code-path check; implies --no-write)")
-    p.add_argument("--keep", type=Path, help="write the runs under this dir and keep them (default: a temporary dir)")
 
 
 def skip_reason() -> str | None:

@@ -32,6 +32,7 @@ STATIC_DATA = "the recipe's NSP instances of varying length, run unpadded; only 
 
 NAME = "gpu-mfu"
 HELP = "BERT-base seq 128 and GPT-2 small seq 1024 pretraining in bf16 on one GPU: tokens/s and MFU (skips without CUDA)"
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 GOAL_MFU = 0.45
 
 # Micro-batches (one per optimizer step): BERT's paper batch, 256 × 128 = 32,768 tokens a step, and the
@@ -70,7 +71,6 @@ def add_arguments(p) -> None:
     p.add_argument("--num-workers", type=int, default=4, help="DataLoader workers (train.num_workers)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra recipe override for every run, e.g. --set model.dropout=0 (repeatable)")
-    p.add_argument("--keep", type=Path, help="write the runs under this dir and keep them (default: a temporary dir)")
 
 
 def skip_reason() -> str | None:

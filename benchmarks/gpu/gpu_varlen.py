@@ -20,6 +20,7 @@ from benchmarks import common
 
 NAME = "gpu-varlen"
 HELP = "bert-base training steps at real SST-2 lengths on one GPU: unpadded (jagged) vs padded with a mask"
+DEFAULTS = {"repeats": 3}  # the shared options it takes (benchmarks/__main__.py), its defaults
 SAMPLE = common.REPO_ROOT / "data" / "glue-sample" / "SST-2" / "train.tsv"
 
 
@@ -27,7 +28,6 @@ def add_arguments(p) -> None:
     p.add_argument("--recipe", default="bert-base", help="recipe whose model section sets the encoder")
     p.add_argument("--batch", type=int, default=256, help="sentences per step")
     p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to exercise the script without a GPU")
     p.add_argument("--seed", type=int, default=0, help="seeds the batches and the init")
 

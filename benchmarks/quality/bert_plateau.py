@@ -18,6 +18,7 @@ from benchmarks import common
 NAME = "bert-plateau"
 HELP = ("MLM loss per step of plm's bert-mini, transformers' BertForMaskedLM (same init, batches, optimizer) and "
         "nezha-mini, and how much each attends to its neighbours")
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 MODELS = ("plm-bert", "hf-bert", "plm-nezha")
 
 
@@ -32,7 +33,6 @@ def add_arguments(p) -> None:
     p.add_argument("--corpus", default="sst2,wikitext2", help="parts of the bert-sst2 corpus (ptb, wikitext2, sst2)")
     p.add_argument("--models", default=",".join(MODELS), help=f"which of {', '.join(MODELS)} to train")
     p.add_argument("--seed", type=int, default=0, help="seeds the init, the windows and the masks")
-    p.add_argument("--keep", type=Path, help="work in this directory and keep it (default: a temporary one)")
 
 
 def windows(split, seq_len: int, cls: int, sep: int):

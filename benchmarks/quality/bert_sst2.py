@@ -17,6 +17,7 @@ from benchmarks.quality.pretraining import pretrain_for
 
 NAME = "bert-sst2"
 HELP = "bert-mini pretrained for a CPU budget, then SST-2 dev accuracy vs the same model from random init"
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 GOAL_ACC, GOAL_GAIN = 0.82, 0.03
 
 
@@ -27,7 +28,6 @@ def add_arguments(p) -> None:
     p.add_argument("--epochs", type=int, default=2, help="finetuning epochs over the 67k SST-2 train sentences")
     p.add_argument("--lr", type=float, default=1e-4, help="finetuning lr (Turc et al. 2019 used 1e-4..3e-5 for BERT-mini)")
     p.add_argument("--batch-size", type=int, default=32, help="finetuning batch size")
-    p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
     p.add_argument("--max-finetune-steps", type=int, help="cap finetuning steps (smoke test)")
     p.add_argument("--corpus", default="ptb,wikitext2,sst2",
                    help="pretraining texts, comma-separated from ptb, wikitext2, sst2 (the SST-2 train sentences, "

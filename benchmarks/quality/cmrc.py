@@ -17,6 +17,7 @@ from benchmarks import common
 
 NAME = "cmrc2018"
 HELP = "CMRC2018 EM/F1 from a Chinese bert-mini pretrained here (train on dev, evaluate on trial)"
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 CHINESE = common.SHARED_DATA / "chinese"
 
 
@@ -45,7 +46,6 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="finetuning batch size")
     p.add_argument("--max-seq-len", type=int, default=256, help="window length")
     p.add_argument("--max-steps", type=int, help="cap finetuning steps (smoke test)")
-    p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
 
 
 # bert-mini's shape over characters (BertNormalizer splits CJK characters), whole jieba words masked together.

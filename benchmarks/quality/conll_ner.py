@@ -15,6 +15,7 @@ from benchmarks import common
 
 NAME = "conll-ner"
 HELP = "CoNLL-2003 dev entity F1 from a bert-mini run, softmax vs CRF head"
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 
 def add_arguments(p) -> None:
@@ -26,7 +27,6 @@ def add_arguments(p) -> None:
     p.add_argument("--lr", type=float, default=1e-4, help="finetuning lr")
     p.add_argument("--batch-size", type=int, default=32, help="finetuning batch size")
     p.add_argument("--max-steps", type=int, help="cap finetuning steps (smoke test)")
-    p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
 
 
 def run(args) -> int:

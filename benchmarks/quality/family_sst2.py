@@ -21,6 +21,7 @@ from benchmarks.quality.pretraining import pretrain_compute, steps_for
 
 NAME = "family-sst2"
 HELP = "bert-mini vs electra-mini vs albert-mini: same size and CPU budget, SST-2 dev accuracy"
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 
 def add_arguments(p) -> None:
@@ -34,7 +35,6 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="finetuning batch size")
     p.add_argument("--max-seq-len", type=int, default=64, help="finetuning tokens per sentence (SST-2 sentences are short)")
     p.add_argument("--max-finetune-steps", type=int, help="cap finetuning steps (smoke test)")
-    p.add_argument("--keep", type=Path, help="keep the runs under this dir (default: a temporary dir)")
 
 
 def run(args) -> int:

@@ -30,13 +30,13 @@ from benchmarks.quality.low_resource_baselines import bag_of_words, layer_probe,
 NAME = "low-resource"
 HELP = ("SST-2 at 500..all labelled rows, ChnSentiCorp and CoNLL-2003 at 1,000: a ≤ 30-minute CPU pretraining vs "
         "random init vs scikit-learn, 3 seeds, and a plot")
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 RECIPE = "word2vec-transfer"
 GOAL_GAIN = 0.05
 """Pretrained at least 5 points above random init at 1,000 rows (and above the scikit-learn baseline)."""
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--keep", type=Path, help="work in this directory and keep it (default: a temporary one)")
     p.add_argument("--pretrain-steps", type=int, default=3300,
                    help="pretraining steps per language of a loop-trained recipe (nezha-mini-cpu: 16 × 128 tokens each, ~27 "
                         "CPU-minutes at 1 thread in bf16 on a 2-core AMD EPYC); a fixed count, so a loaded machine "

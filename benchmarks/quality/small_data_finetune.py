@@ -19,6 +19,7 @@ from benchmarks import common
 NAME = "small-data-finetune"
 HELP = ("plm finetune's defaults on 2,000 SST-2 rows from a 30-step bert-mini and from random init; "
         "plm's classifier vs transformers' BertForSequenceClassification on the same batches")
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 OLD = {"optim.lr": 2e-5, "train.epochs": 3}
 """BERT-base's defaults (Devlin et al.), plm finetune's for every model before the size defaults."""
 BERT_MINI_WEIGHTS = 3_300_000
@@ -52,7 +53,6 @@ def add_arguments(p) -> None:
     p.add_argument("--hf-seed", type=int, default=42, help="seed of the plm vs transformers comparison")
     p.add_argument("--hf-epochs", type=int, default=3, help="epochs of the plm vs transformers comparison")
     p.add_argument("--no-hf", action="store_true", help="skip the plm vs transformers comparison")
-    p.add_argument("--keep", type=Path, help="work in this directory and keep it (default: a temporary one)")
 
 
 def make_slice(root: Path, rows: int) -> Path:

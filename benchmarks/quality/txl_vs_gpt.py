@@ -19,6 +19,7 @@ from benchmarks import common
 
 NAME = "txl-vs-gpt"
 HELP = "txl-mini vs gpt-mini on tiny Shakespeare: same size, data, steps and window; test perplexity"
+DEFAULTS = {"keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 DEFAULT_DATA = common.SHARED_DATA / "tinyshakespeare" / "input.txt"
 
@@ -27,7 +28,6 @@ def add_arguments(p) -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="tiny shakespeare input.txt")
     p.add_argument("--steps", type=int, default=1500, help="optimizer steps for each model (16 × 128 tokens each)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="the last share of lines held out as test text")
-    p.add_argument("--keep", type=Path, help="write the runs under this dir and keep them (default: a temporary dir)")
 
 
 def split_lines(src: Path, dst: Path, test_fraction: float) -> tuple[Path, Path]:

@@ -12,6 +12,7 @@ from benchmarks.speed.gpt_train_step import autocast, limit_text, measure, publi
 
 NAME = "bert-train-step"
 HELP = "training-step tokens/s of plm's BERT MLM vs transformers' BertForMaskedLM (BERT-mini, vocab 30522)"
+DEFAULTS = {"repeats": 5}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 
 def add_arguments(p) -> None:
@@ -20,7 +21,6 @@ def add_arguments(p) -> None:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--vocab", type=int, default=30522, help="vocabulary size (BERT's uncased WordPiece)")
     p.add_argument("--mask-prob", type=float, default=0.15, help="share of positions to predict")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per model, interleaved")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per repeat")
     p.add_argument("--warmup", type=int, default=1, help="untimed repeats per model first (allocation, optimizer state)")
     p.add_argument("--seed", type=int, default=0, help="seeds the batch and both inits")

@@ -14,6 +14,7 @@ from benchmarks import common
 
 NAME = "gpt-train-step"
 HELP = "training-step tokens/s of plm's GPT vs transformers' GPT2LMHeadModel (gpt-mini config)"
+DEFAULTS = {"repeats": 5}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 # plm activation name -> transformers' name for the same function
 HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
@@ -24,7 +25,6 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, help="sequences per step (default: the recipe's global batch)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the recipe's seq_len)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: the recipe's tokenizer vocab_size)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per model, interleaved")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per repeat")
     p.add_argument("--warmup", type=int, default=1, help="untimed repeats per model first (allocation, optimizer state)")
     p.add_argument("--seed", type=int, default=0, help="seeds the batch and both inits")

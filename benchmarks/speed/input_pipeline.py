@@ -26,6 +26,7 @@ from benchmarks import common
 
 NAME = "input-pipeline"
 HELP = "tokens/s of every objective's batch builder in one process vs what one H100 consumes at 45% MFU"
+DEFAULTS = {"repeats": 5, "keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 MFU = 0.45
 GOAL = 2.0  # the workers must build this many times what the GPU consumes
@@ -82,12 +83,10 @@ def add_arguments(p) -> None:
                    help="time only these (default: all): " + ", ".join(c.name for c in CASES))
     p.add_argument("--batches", type=int, default=30, help="micro-batches timed per repeat")
     p.add_argument("--warmup", type=int, default=3, help="micro-batches built before timing")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds per case (the table gives the median)")
     p.add_argument("--chinese-bytes", type=int, default=1 << 20,
                    help="ChnSentiCorp reviews read as the Chinese corpus (jieba tags them for ERNIE's units)")
     p.add_argument("--max-bytes", type=int, default=0, help="read at most this much of each text (0: all of it)")
     p.add_argument("--profile", action="store_true", help="print cProfile's top functions of each builder")
-    p.add_argument("--keep", type=Path, default=None, help="keep the tokenized corpora in this directory (re-runs reuse them)")
 
 
 def corpus(kind: str, root: Path, chinese_bytes: int, max_bytes: int = 0) -> tuple[Path, str]:

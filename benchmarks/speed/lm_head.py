@@ -15,6 +15,7 @@ from benchmarks import common
 
 NAME = "lm-head"
 HELP = "fused LM head + cross-entropy (vocab-major / row-major chunks) vs F.linear + F.cross_entropy: ms per fwd+bwd and per scoring call"
+DEFAULTS = {"repeats": 7}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 # (label, rows N, width C, vocabulary V, decoder bias): the head of each recipe's training step
 SHAPES = [
@@ -25,7 +26,6 @@ SHAPES = [
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--repeats", type=int, default=7, help="interleaved samples per side; the table gives the median")
     p.add_argument("--calls", type=int, default=3, help="fwd+bwd calls per sample")
 
 

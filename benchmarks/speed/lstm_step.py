@@ -18,6 +18,7 @@ from benchmarks import common
 
 NAME = "lstm-step"
 HELP = "plm's LSTM LM step (lstm-ptb-small's shapes) vs a plain nn.LSTM word-LM loop: tokens/s, interleaved"
+DEFAULTS = {"repeats": 7}  # the shared options it takes (benchmarks/__main__.py), its defaults
 GOAL = 1.0
 
 
@@ -25,7 +26,6 @@ def add_arguments(p) -> None:
     p.add_argument("--recipe", default="lstm-ptb-small", help="plm recipe whose model and train shapes are used")
     p.add_argument("--vocab", type=int, default=10_000, help="vocabulary size (PTB's 10k)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per timed sample")
-    p.add_argument("--repeats", type=int, default=7, help="interleaved samples per side; the table gives the median")
     common.add_limit_arguments(p)
 
 

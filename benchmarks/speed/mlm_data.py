@@ -16,13 +16,13 @@ from benchmarks import common
 
 NAME = "mlm-data"
 HELP = "make-mlm-data and plm's masking vs transformers' DataCollatorForLanguageModeling (token and whole-word)"
+DEFAULTS = {"repeats": 3}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 
 def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, default=32, help="sequences per collator batch")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--batches", type=int, default=40, help="collator batches timed per repeat")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
     p.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="make-mlm-data process counts to time")
 
 

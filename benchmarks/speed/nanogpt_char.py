@@ -21,6 +21,7 @@ from benchmarks import common
 
 NAME = "nanogpt-char"
 HELP = "nanoGPT's shakespeare_char CPU run vs plm's gpt-char-shakespeare, interleaved: val losses and process walls"
+DEFAULTS = {"repeats": 1, "keep": None}  # the shared options it takes (benchmarks/__main__.py), its defaults
 
 DEFAULT_DATA = common.SHARED_DATA / "tinyshakespeare" / "input.txt"
 DEFAULT_NANOGPT = common.REPO_ROOT.parent / "shared" / "peers" / "nanoGPT"
@@ -41,8 +42,6 @@ def add_arguments(p) -> None:
                    help="recipe override, as `plm pretrain --set` (repeatable); changes what is compared")
     p.add_argument("--max-steps", type=int,
                    help="both sides stop early (nanoGPT's max_iters and lr_decay_iters): a smoke test, not the comparison")
-    p.add_argument("--repeats", type=int, default=1, help="A B rounds (nanoGPT, plm); the table gives medians and ranges")
-    p.add_argument("--keep", type=Path, help="work under this dir and keep it (default: a temporary dir, deleted)")
     common.add_limit_arguments(p)
 
 

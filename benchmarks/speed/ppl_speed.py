@@ -34,6 +34,7 @@ from benchmarks import common
 
 NAME = "ppl-speed"
 HELP = "plm eval-ppl vs the transformers perplexity guide loop on the same GPT-2 weights: tokens/s and perplexity"
+DEFAULTS = {"repeats": 3}  # the shared options it takes (benchmarks/__main__.py), its defaults
 GOAL = 2.0
 
 
@@ -48,7 +49,6 @@ def add_arguments(p) -> None:
     p.add_argument("--max-length", type=int, default=256, help="window length L")
     p.add_argument("--stride", type=int, default=128, help="stride S between window starts")
     p.add_argument("--batch-size", type=int, default=8, help="plm's windows per forward pass (eval-ppl's default)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
 
 
 def gpt_to_hf(model, run_config: dict):

@@ -22,6 +22,7 @@ from benchmarks.speed.gpt_train_step import limit_text, measure, rate_table
 NAME = "pretrain-step"
 HELP = ("pretraining-step tokens/s of plm's XLNet (permutation LM) or ELECTRA (replaced-token detection) vs "
         "transformers doing the same step")
+DEFAULTS = {"repeats": 5}  # the shared options it takes (benchmarks/__main__.py), its defaults
 RECIPES = {"xlnet": "xlnet-mini", "electra": "electra-mini"}
 TITLES = {"xlnet": "XLNet", "electra": "ELECTRA"}
 STREAM_SEGMENTS = 4  # each synthetic stream holds this many seq_len's of tokens: several segments to read
@@ -33,7 +34,6 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, help="sequences per step (default: the recipe's global batch)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the recipe's seq_len)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: the recipe's tokenizer vocab_size)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per model, interleaved")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per repeat")
     p.add_argument("--warmup", type=int, default=1, help="untimed repeats per model first (allocation, optimizer state)")
     p.add_argument("--seed", type=int, default=0, help="seeds the batch and the init")

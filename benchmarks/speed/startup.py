@@ -20,6 +20,7 @@ from benchmarks import common
 
 NAME = "startup"
 HELP = "wall time of plm --help, plm recipes and `import plmcli.cli` in fresh processes; heavy imports, importtime top"
+DEFAULTS = {"repeats": 10}  # the shared options it takes (benchmarks/__main__.py), its defaults
 GOAL_S = 1.0
 HEAVY = ("torch", "transformers", "datasets", "accelerate", "numpy", "pyarrow", "pandas", "tokenizers", "safetensors",
          "scipy", "sklearn", "matplotlib", "jieba", "rich", "yaml")
@@ -28,7 +29,6 @@ MUST_NOT = ("torch", "datasets", "transformers")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--repeats", type=int, default=10, help="runs of each command (fresh processes, interleaved)")
     p.add_argument("--top", type=int, default=12, help="importtime entries to list per command")
 
 

@@ -26,6 +26,7 @@ from benchmarks import common
 
 NAME = "tokenize-speed"
 HELP = "plm tokenize vs raw Tokenizer.encode_batch vs datasets.map (run_mlm.py): MB/s and tokens/s"
+DEFAULTS = {"repeats": 3}  # the shared options it takes (benchmarks/__main__.py), its defaults
 GOAL = 0.9
 
 
@@ -36,7 +37,6 @@ def add_arguments(p) -> None:
     p.add_argument("--tokenizer", default="bytelevel-bpe", help="tokenizer kind to train (plm tokenize's default)")
     p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size to train")
     p.add_argument("--block-size", type=int, default=128, help="run_mlm.py's max_seq_length for group_texts")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (each a fresh process)")
     p.add_argument("--workdir", type=Path, help="where the corpus and outputs go (default: a temp dir, removed)")
 
 

@@ -22,6 +22,7 @@ from benchmarks import common
 
 NAME = "varlen-sst2"
 HELP = "SST-2 training steps at real lengths: plm's dynamic batches vs fixed 128 vs transformers (+ length grouping)"
+DEFAULTS = {"repeats": 3}  # the shared options it takes (benchmarks/__main__.py), its defaults
 FIXED = 128
 
 
@@ -30,7 +31,6 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, default=32, help="sentences per step")
     p.add_argument("--batches", type=int, default=50, help="steps timed per repeat (the same sentences on every side)")
     p.add_argument("--window", type=int, default=50, help="length grouping sorts within windows of this many batches")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
     p.add_argument("--lr", type=float, default=2e-5, help="AdamW lr (finetune's default)")
     p.add_argument("--seed", type=int, default=0, help="seeds the sentence order and the inits")
     common.add_limit_arguments(p)

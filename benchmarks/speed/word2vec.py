@@ -16,6 +16,7 @@ from benchmarks import common
 
 NAME = "word2vec"
 HELP = "word2vec-sg / word2vec-cbow on PTB vs gensim's Word2Vec: analogy accuracy, WordSim-353 ρ, training words/s"
+DEFAULTS = {"repeats": 3}  # the shared options it takes (benchmarks/__main__.py), its defaults
 RECIPES = {"skip-gram": "word2vec-sg", "cbow": "word2vec-cbow"}
 DEFAULT_CORPUS = common.SHARED_DATA / "ptb" / "ptb.train.txt"
 
@@ -26,8 +27,6 @@ def add_arguments(p) -> None:
     p.add_argument("--archs", default="skip-gram,cbow", help="comma-separated: skip-gram, cbow")
     p.add_argument("--epochs", type=int, default=5, help="passes over the corpus, both sides")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3,
-                   help="rounds of gensim then plm per architecture (interleaved); words/s as the median of the rounds")
 
 
 def gensim_run(corpus: Path, m, arch: str, epochs: int, threads: int, seed: int, out: Path) -> dict:

@@ -239,7 +239,7 @@ def test_deepspeed_that_would_apply_a_nonfinite_step_is_refused_in_one_line(monk
 
 
 def test_the_gpu_check_skips_in_one_line_without_a_gpu(capsys):
-    from benchmarks import gpu_fsdp
+    from benchmarks.gpu import gpu_fsdp
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: python -m benchmarks.gpu.gpu_fsdp runs the check itself")
