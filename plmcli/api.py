@@ -103,14 +103,16 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
                   lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), packing: str = "full_sentences",
-                  knowledge_units: str | None = None) -> dict:
+                  knowledge_units: str | None = None, mask_count: str = "reference",
+                  ngram_start_prob: float | None = None) -> dict:
     """Static masked-LM instances from a `plm tokenize` directory (BERT create_pretraining_data semantics).
 
     `packing` (pairs none): full_sentences (RoBERTa's FULL-SENTENCES) | doc_sentences (no instance spans two documents).
 
     ngram_probs shapes masking "ngram" (P(n words), n = 1, 2, ...); span_p / span_max shape masking "span" (SpanBERT);
     `lexicon` gives the units of masking "knowledge" (ERNIE), or `knowledge_units` (phrases | entities) has jieba's
-    tagger find them.
+    tagger find them. `mask_count` (reference: Google's count, [CLS]/[SEP] included | maskable) and
+    `ngram_start_prob` (masking "ngram_per_word"; None = derived): plmcli.data.masking_options.MaskingOptions.
     """
     from plmcli.data.mlm_data import make_mlm_data as build
     from plmcli.data.outdir import check_writable
@@ -120,7 +122,8 @@ def make_mlm_data(corpus_dir: str, out: str, max_seq_len: int = 128, short_seq_p
     return build(corpus_dir, out, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
                  mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
                  num_proc=num_proc, force=force, span_p=span_p, span_max=span_max, lexicon=lexicon,
-                 ngram_probs=ngram_probs, packing=packing, knowledge_units=knowledge_units)
+                 ngram_probs=ngram_probs, packing=packing, knowledge_units=knowledge_units, mask_count=mask_count,
+                 ngram_start_prob=ngram_start_prob)
 
 
 # ---------------------------------------------------------------- pretrain
@@ -175,7 +178,8 @@ def finetune(config, out: str | None = None, *, eval_only: bool = False, console
     if not config.task.name:
         raise PlmError("no task given", "pass --task NAME (e.g. --task sst2), or name it in the --config file "
                        "(task: {name: sst2}) or with --set task.name=sst2")
-    cfg = replace(config, task=replace(config.task, data_dir=sample_data_dir(config.task.data_dir)))
+    cfg = replace(config, task=replace(config.task, data_dir=sample_data_dir(config.task.data_dir)),
+                  model=replace(config.model, from_run=local_run(config.model.from_run)))
     quiet_datasets_off_terminal()
     cells = grid_cells(cfg)
     if len(cells) > 1 and eval_only:
@@ -189,40 +193,67 @@ def finetune(config, out: str | None = None, *, eval_only: bool = False, console
 # ---------------------------------------------------------------- export
 
 
-def export(run: str | None, format: str, out: str, force: bool = False) -> dict:
+def export(run: str | None, format: str, out: str, force: bool = False, push_to_hub: str | None = None) -> dict:
     """Write a run in another tool's format: arpa (n-gram runs), hf (a transformers directory) or word2vec (word2vec runs);
-    returns {"format", "out", ...} (hf adds architecture, parameters and what was left out, see plmcli.interop.export)."""
+    returns {"format", "out", ...} (hf adds architecture, parameters and what was left out, see plmcli.interop.export).
+    `push_to_hub` (hf only): then upload `out` to that Hub model repo, created if missing ("pushed": {"repo", "url"})."""
     from plmcli.interop.export import export_report
+    from plmcli.interop.hub import push
 
-    return export_report(run, format, out, force)
+    if push_to_hub and format != "hf":
+        raise PlmError(f"--push-to-hub uploads a transformers directory, not {format}", "add --format hf")
+    res = export_report(local_run(run), format, out, force)
+    return {**res, "pushed": push(res["out"], push_to_hub)} if push_to_hub else res
 
 
-def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
-    """A local transformers model directory as a plm run directory at `out` (see plmcli.interop.hf);
-    returns {"out", "family", "model_type", "fresh": modules initialised because the checkpoint lacks them, ...}."""
+def import_hf(source: str, out: str | None = None, force: bool = False) -> dict:
+    """A transformers model as a plm run directory at `out` (see plmcli.interop.hf): a local directory, or a
+    Hugging Face Hub id (`org/name[@REVISION]`, see plmcli.interop.hub; `out` defaults to runs/hub/<org>--<name>,
+    which is reused, {"reused": True}, when already converted). Returns {"out", "family", "model_type",
+    "fresh": modules initialised because the checkpoint lacks them, ...}."""
     from plmcli.data.outdir import check_writable
     from plmcli.interop.hf import import_hf as import_dir
+    from plmcli.interop.hub import import_hub, is_hub_name
 
+    if is_hub_name(source):
+        return import_hub(source, out, force)
+    if out is None and not Path(source).exists():
+        raise PlmError(f"{source} is neither a local directory nor a Hub model id",
+                       "pass a transformers directory and --out RUN, or a Hub id (bert-base-uncased, ORG/NAME@REVISION)")
+    if out is None:
+        raise PlmError(f"no --out given for the local directory {source}",
+                       "pass --out RUN (only a Hub model id has a default: runs/hub/<org>--<name>)")
     check_writable(out)
-    return import_dir(hf_dir, out, force)
+    return import_dir(source, out, force)
 
 
 # ---------------------------------------------------------------- runs
 
 
+def local_run(run: str | None) -> str | None:
+    """`run` as the lower layers take it: a Hugging Face Hub id (`bert-base-uncased`, `org/name@REVISION`) that
+    names no local path becomes the plm run it converts to (runs/hub/..., fetched and converted on first use:
+    plmcli.interop.hub); anything else is returned as it is. Every door that takes a run passes it through here,
+    since plmcli.runs sits below interop and cannot fetch."""
+    from plmcli.interop.hub import local_run as convert
+
+    return convert(run)
+
+
 def resolve_run(run: str | None, usage: str = "--model RUN") -> Path:
-    """A finished run's directory (None: runs/latest); `usage` is how the calling command takes a run,
-    for the hints (see plmcli.runs)."""
+    """A finished run's directory (None: runs/latest; a Hub id: see local_run); `usage` is how the calling
+    command takes a run, for the hints (see plmcli.runs)."""
     from plmcli.runs import resolve_run as resolve
 
-    return resolve(run, usage)
+    return resolve(local_run(run), usage)
 
 
 def load_run(run: str | None, usage: str = "--model RUN", doing: str = "use it"):
-    """(model in eval mode, tokenizer, run config) of a finished language-model run (see plmcli.runs)."""
+    """(model in eval mode, tokenizer, run config) of a finished language-model run, or of a Hub id (local_run;
+    see plmcli.runs)."""
     from plmcli.runs import load_run as load
 
-    return load(run, usage, doing)
+    return load(local_run(run), usage, doing)
 
 
 # ---------------------------------------------------------------- eval-ppl
@@ -250,6 +281,7 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     files = with_text_column(files, text_column)
     check_lengths(max_length=(max_length, 1), stride=(stride, 1), tgt_len=(tgt_len, 1), mem_len=(mem_len, 0),
                   batch_size=(batch_size, 1), max_tokens_per_batch=(max_tokens_per_batch, 1))
+    model = local_run(model)
     path = resolve_run(model, "--model RUN")
     run_cfg = run_config(path)
     refuse_task_model(path, run_cfg, model, "--model RUN", "score text")
@@ -260,6 +292,61 @@ def eval_ppl(files: list[str], model: str | None = None, max_length: int | None 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return scoring.score(net, files, tok, cfg, max_length=max_length, stride=stride, batch_size=batch_size,
                          device=device, mem_len=mem_len, tgt_len=tgt_len, max_tokens_per_batch=max_tokens_per_batch)
+
+
+def lm_eval(run: str | None, tasks, num_fewshot: int | None = None, limit: float | None = None, batch_size: int = 8,
+            include_path: str | None = None, output: str | None = None, bootstrap_iters: int = 100000) -> dict:
+    """Score `tasks` (names or a comma-separated string) of lm-evaluation-harness with a causal LM run
+    (plmcli.interop.lm_eval: each request scored by the run's eval-ppl scorer). `include_path`: a folder of
+    task YAMLs of your own; `limit`: the first N documents of each task (a fraction below 1: that share);
+    `bootstrap_iters`: 0 skips the harness' bootstrapped stderrs. Returns {run, tasks: {task: {metric: value}},
+    n-shot, versions}; `output` also gets the harness' results and task configs as JSON."""
+    import difflib
+    import json
+
+    from plmcli.errors import needs
+
+    harness = needs("lm_eval", "lm-eval", "plm lm-eval")
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks or []) if t.strip()]
+    if not names:
+        raise PlmError("no task given", "pass --tasks NAME[,NAME...] (lm-eval's names, or those of --include-path YAMLs)")
+    for flag, value, least in (("--num-fewshot", num_fewshot, 0), ("--limit", limit, 0), ("--batch-size", batch_size, 1),
+                               ("--bootstrap-iters", bootstrap_iters, 0)):
+        if value is not None and (value < least or (flag == "--limit" and value == 0)):
+            raise PlmError(f"{flag} {value} must be {'> 0' if flag == '--limit' else f'≥ {least}'}", f"e.g. {flag} 8")
+    if include_path is not None and not Path(include_path).is_dir():
+        raise PlmError(f"--include-path {include_path} is not a folder", "pass the folder that holds your task YAMLs")
+    if output:
+        from plmcli.data.outdir import check_writable
+
+        check_writable(output, "--output")
+    path = resolve_run(run, "RUN")  # a missing run is said before the harness indexes its tasks
+    manager = needs("lm_eval.tasks", "lm-eval", "plm lm-eval").TaskManager(include_path=include_path)
+    for name in names:
+        if not manager.match_tasks([name]):
+            close = difflib.get_close_matches(name, manager.all_tasks, n=3, cutoff=0.6)
+            raise PlmError(f"lm-eval has no task '{name}'", f"did you mean {', '.join(close)}?" if close else
+                           "list them with `lm_eval ls tasks`; your own: --include-path DIR")
+    from plmcli.interop.lm_eval import PlmLM
+
+    model = PlmLM(str(path), batch_size=batch_size)
+    quiet_datasets_off_terminal()
+    res = harness.simple_evaluate(model=model, tasks=names, num_fewshot=num_fewshot, limit=limit,
+                                  task_manager=manager, bootstrap_iters=bootstrap_iters, log_samples=False)
+    scores = {task: {(k[:-len(",none")] if k.endswith(",none") else k): v for k, v in metrics.items() if k != "alias"}
+              for task, metrics in res["results"].items()}
+    out = {"run": run or "runs/latest", "tasks": scores, "n-shot": res.get("n-shot", {}),
+           "versions": res.get("versions", {}), "limit": limit}
+    if output:
+        from plmcli.data.store import write_text
+
+        handle_non_serializable = needs("lm_eval.utils", "lm-eval", "plm lm-eval").handle_non_serializable
+
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        full = {**out, "results": res["results"], "configs": res.get("configs", {})}
+        write_text(output, json.dumps(full, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n")
+        out["output"] = output
+    return out
 
 
 # ---------------------------------------------------------------- eval-vectors
@@ -296,7 +383,7 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
         raise PlmError("no prompts given", "pass --prompt TEXT (repeatable) or --input FILE (one prompt per line)")
     if batch_size < 1:
         raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 16")
-    outputs = run_generate(model, texts, max_new_tokens=max_new_tokens, strategy=strategy, num_beams=num_beams,
+    outputs = run_generate(local_run(model), texts, max_new_tokens=max_new_tokens, strategy=strategy, num_beams=num_beams,
                            top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
                            length_penalty=length_penalty, batch_size=batch_size, console=console)
     return [{"prompt": p, "output": o} for p, o in zip(texts, outputs)]
@@ -309,10 +396,10 @@ def zero_shot(run: str | None = None, task: str | None = None, config: str | Non
               data: str | None = None, split: str | None = None, prompt: str | None = None,
               verbalizers: dict | None = None, option: str | None = None, score: str | None = None,
               max_examples: int | None = None, max_length: int | None = None, batch_size: int = 8,
-              predictions: str | None = None) -> dict:
+              predictions: str | None = None, shots: int | None = None) -> dict:
     """Score a task with a causal LM run and no finetuning (plmcli.eval.zero_shot): the task's shipped config
-    (prompt, verbalizers, option, score), under the YAML file `config`, under the other arguments (None: not
-    given). Returns the metrics, what was asked and `predictions` (one dict per example), which `predictions`
+    (prompt, verbalizers, option, score; score generate: shots, metric, ...), under the YAML file `config`, under
+    the other arguments (None: not given). Returns the metrics, what was asked and `predictions` (one dict per example), which `predictions`
     also writes as JSON Lines."""
     import json
 
@@ -321,14 +408,15 @@ def zero_shot(run: str | None = None, task: str | None = None, config: str | Non
     from plmcli.eval.zero_shot import zero_shot_config
 
     cfg = zero_shot_config(config, dict(task=task, data_dir=data_dir, data=data, split=split, prompt=prompt,
-                                        verbalizers=verbalizers, option=option, score=score, max_examples=max_examples))
+                                        verbalizers=verbalizers, option=option, score=score, max_examples=max_examples,
+                                        shots=shots))
     cfg = replace(cfg, data_dir=sample_data_dir(cfg.data_dir))
     if predictions:  # before the scoring, not after it
         from plmcli.data.outdir import check_writable
 
         check_writable(predictions, "--predictions")
     quiet_datasets_off_terminal()
-    res = score_zero_shot(run, cfg, max_length=max_length, batch_size=batch_size)
+    res = score_zero_shot(local_run(run), cfg, max_length=max_length, batch_size=batch_size)
     if predictions:
         Path(predictions).parent.mkdir(parents=True, exist_ok=True)  # a new folder is made, as --out's are
         write_text(predictions, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in res["predictions"]))
@@ -353,7 +441,7 @@ def attention(run: str | None, text: str | None = None, text_pair: str | None = 
     """Attention heatmaps, per-head patterns and a heatmap per pattern of a run (see plmcli.analysis.attention)."""
     from plmcli.analysis.attention import attention as run_attention
 
-    return run_attention(run, text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
+    return run_attention(local_run(run), text, text_pair, corpus, out, max_seq_len, batch_size, max_lines)
 
 
 def print_attention(res: dict, console=None) -> None:
@@ -368,7 +456,7 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     """A linear probe per layer of a run (see plmcli.analysis.probe.probe)."""
     from plmcli.analysis.probe import probe as run_probe
 
-    return run_probe(run, task, out, data_dir, train, dev, max_sentences, max_dev_sentences, seed, batch_size,
+    return run_probe(local_run(run), task, out, data_dir, train, dev, max_sentences, max_dev_sentences, seed, batch_size,
                      console=console)
 
 

@@ -19,9 +19,11 @@ from typing import Annotated, Any, Optional
 import yaml
 
 from plmcli.config_sections import (Count, DataConfig, FinetuneGridConfig, FinetuneModelConfig, FinetuneTaskConfig,
+                                    FinetuneLoraConfig,
                                     Folded, Fraction, MixedPrecision, NonNegative, OptimizerName, Positive, Probability,
-                                    Rule, ScheduleName, Seed, Size, TaskOptions, TokenizerConfig, Workers, build_section,
-                                    canonical, check_value, field_docs, plain_type, reject_unknown, yaml_scalar)
+                                    ReportTo, Rule, ScheduleName, Seed, Size, TaskOptions, TokenizerConfig, Workers,
+                                    build_section, canonical, check_value, default_trackers, field_docs, plain_type,
+                                    reject_unknown, yaml_scalar)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.
@@ -95,6 +97,10 @@ class TrainConfig:
     dist_timeout: Size = 1800
     """Multi-process runs: seconds a training collective waits for the other processes before the job fails
     (a dead node). Waiting while the main process prepares the data has its own 24-hour limit."""
+    report_to: Optional[ReportTo] = field(default_factory=default_trackers)
+    """Trackers that get every metrics.jsonl row (through accelerate, main process only): tensorboard (events in
+    RUN/tb/) | wandb | mlflow | aim, several allowed (tensorboard,mlflow), or none. Default: tensorboard when it is
+    installed, else none. The run's name there is its directory's name."""
 
 
 @dataclass
@@ -371,7 +377,7 @@ def _check_recipe(r: Recipe) -> None:
 # ---------------------------------------------------------------- finetuning
 
 
-FINETUNE_SECTIONS = ("task", "model", "train", "optim", "grid")
+FINETUNE_SECTIONS = ("task", "model", "lora", "train", "optim", "grid")
 
 FINETUNE_DEFAULTS = {
     "train": {"global_batch_size": 32, "max_steps": None, "eval_every": 0, "eval_batches": 0, "save_every": 0,
@@ -401,6 +407,8 @@ class FinetuneConfig:
 
     task: FinetuneTaskConfig = field(default_factory=FinetuneTaskConfig)
     model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
+    lora: FinetuneLoraConfig = field(default_factory=FinetuneLoraConfig)
+    """LoRA adapters instead of updating the backbone (plmcli.train.lora); r 0 = off."""
     train: TrainConfig = field(default_factory=_finetune_section("train", TrainConfig))
     optim: OptimConfig = field(default_factory=_finetune_section("optim", OptimConfig))
     grid: FinetuneGridConfig = field(default_factory=FinetuneGridConfig)
@@ -441,7 +449,7 @@ def load_finetune_config(path: str | None = None, overrides: list[str] | dict | 
         if any(name in (layer.get(section) or {}) for layer in layers[1:]):
             raise PlmError(f"{key} is not a finetune setting", hint)
     cfg = FinetuneConfig(**{s: build_section(cls, merged.get(s) or {}, s) for s, cls in (
-        ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("train", TrainConfig),
+        ("task", FinetuneTaskConfig), ("model", FinetuneModelConfig), ("lora", FinetuneLoraConfig), ("train", TrainConfig),
         ("optim", OptimConfig), ("grid", FinetuneGridConfig))})
     t = cfg.train
     if t.micro_batch_size and t.global_batch_size % t.micro_batch_size:
@@ -476,6 +484,8 @@ class FlagSpec:
     axis: str | None
     """The grid key that a comma list of values sets (grid.lr for optim.lr)."""
     help: str
+    metavar: str | None = None
+    """What --help shows for a value that is a list: N[,N…] (a grid's), A[,B…] (a list field's comma string)."""
 
 
 def _section_classes(root) -> dict:
@@ -510,7 +520,9 @@ def flag_spec(root, key: str) -> FlagSpec:
         text += f" A comma list ({example}) finetunes each: a grid (= {axis})."
     shown = "" if default in (None, False, [], "") else f"; default {default:g}" if isinstance(default, float) \
         else f"; default {default}"
-    return FlagSpec(key, cls, str if axis or choices else kind, choices, axis, f"{text} (= {key}{shown})")
+    metavar = "N[,N…]" if axis else "A[,B…]" if kind is list else None  # a list field's coercion splits a comma string
+    return FlagSpec(key, cls, str if axis or choices or kind is list else kind, choices, axis, f"{text} (= {key}{shown})",
+                    metavar)
 
 
 def flag_layer(root, given: dict) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 import typing
 from dataclasses import dataclass, field
@@ -138,6 +139,17 @@ MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 """train.mixed_precision: what the loop's Accelerator runs in."""
 TokenizerKind = Literal["wordpiece", "bpe", "bytelevel-bpe", "unigram", "char", "word"]
 """tokenizer.kind: what data/tokenizers.train_tokenizer trains."""
+TRACKERS = ("tensorboard", "wandb", "mlflow", "aim")
+"""train.report_to: the accelerate trackers (train/trackers.py) a run's metrics may go to."""
+ReportTo = Annotated[list[str], Rule(lambda v, _: v == ["none"] or (len(set(v)) == len(v) and set(v) <= set(TRACKERS)),
+                                     "must be tensorboard, wandb, mlflow or aim (several allowed), or none",
+                                     "e.g. --set {where}.report_to=tensorboard,mlflow (or none)")]
+"""train.report_to: tracker names, a YAML list or a comma string; none (or an empty list) = no tracker."""
+
+
+def default_trackers() -> list[str]:
+    """train.report_to's default: tensorboard where its package is installed, else none."""
+    return ["tensorboard"] if importlib.util.find_spec("tensorboard") is not None else []
 
 
 @dataclass
@@ -177,6 +189,11 @@ class DataConfig:
     """Share of documents (taken from the end of the corpus) held out for validation."""
     num_proc: Size = 1
     """Worker processes for tokenization."""
+    mix: Annotated[Optional[dict[str, float]], Rule(lambda v, _: sum(v.values()) > 0 and all(
+        type(w) in (int, float) and 0 <= w < float("inf") for w in v.values()), "must map sources to weights ≥ 0, some > 0",
+        "e.g. data: {{mix: {{a.txt: 0.7, b.txt: 0.3}}}}")] = None
+    """Weighted mixing (data/mixing.py; objective clm): source (as --data takes it) -> weight, normalised; sequences
+    come from each source in its share. `--data a.txt:0.7 --data b.txt:0.3` replaces it. Empty: one concatenation."""
 
 
 # ---------------------------------------------------------------- building and checking a section
@@ -408,6 +425,8 @@ def _coerce(value, tp, where: str):
     if tp is list or origin is list:
         item = typing.get_args(tp)  # list[float]: each item coerced as a float field is; a lone value, a list of one
         if item:
+            if isinstance(value, str):  # `--set train.report_to=tensorboard,mlflow`: a comma string is its items
+                value = [v.strip() for v in value.split(",") if v.strip()]
             items = value if isinstance(value, (list, tuple)) else [value]
             return [_coerce(v, item[0], where) for v in items]
         if isinstance(value, (list, tuple)):
@@ -531,6 +550,29 @@ class FinetuneModelConfig:
     elmo_at_output: bool = False
     """ELMo runs, sequence tasks: ELMo vectors also at the task BiLSTM's output, with their own scalar mix
     (Peters et al. 2018 §3.3)."""
+
+
+def _module_names(names, _) -> bool:
+    return len(set(names)) == len(names) and all(n and n.strip(".") == n and " " not in n for n in names)
+
+
+@dataclass
+class FinetuneLoraConfig:
+    """finetune's `lora` section: low-rank adapters (Hu et al. 2021) instead of updating the backbone. Every
+    backbone weight stays as pretrained; W x becomes W x + (alpha / r) B A x in the adapted Linear layers, only
+    A and B (and the task head) train, and at the end B A is merged into W: OUT/model.safetensors is a plain
+    model, OUT/adapter.safetensors the adapters alone (plmcli.train.lora)."""
+
+    r: Count = 0
+    """The adapters' rank; 0 = no LoRA (the whole backbone trains)."""
+    alpha: Positive = 16.0
+    """Scale numerator: the update B A is multiplied by alpha / r."""
+    dropout: Probability = 0.0
+    """Dropout on an adapter's input (the frozen path sees none of it)."""
+    targets: Annotated[list[str], Rule(_module_names, "must be distinct module names (e.g. qkv, attn.proj)",
+                                       "e.g. --set {where}.targets=qkv,proj")] = field(default_factory=list)
+    """Linear layers adapted, by the end of their module name in the backbone (qkv matches blocks.0.attn.qkv); empty =
+    the Linear layers of the family's self-attention (its query/key/value and output projections)."""
 
 
 def _distinct_positive(values, _) -> bool:

@@ -15,6 +15,30 @@ class PlmError(Exception):
         return f"{self.message} — {self.hint}" if self.hint else self.message
 
 
+EXTRAS = {"jieba": "zh", "seqeval": "tasks", "nltk": "tasks", "matplotlib": "plot", "mlflow": "trackers", "wandb": "trackers",
+          "peft": "lora", "lm_eval": "lm-eval", "sacrebleu": "tasks"}
+"""The optional packages (top-level module) and the pyproject extra that installs each
+(tests/test_extras.py holds this and pyproject's [project.optional-dependencies] to agreeing)."""
+
+
+def needs(module: str, extra: str, feature: str):
+    """Import `module` (dotted names too: "matplotlib.pyplot", "jieba.posseg") and return it; when it is not
+    installed, raise one PlmError line naming the feature and the extra that installs it. Call it where the
+    feature starts (inside the function, so the import stays lazy), e.g.
+    `needs("jieba", "zh", "Chinese word segmentation (tokenizer.segment=jieba, whole-word masking, ERNIE units)")`."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        package = module.split(".")[0]
+        missing = e.name  # the module that was not found (None when the error does not say)
+        if missing is None or missing.split(".")[0] == package:
+            raise PlmError(f"{feature} needs {package}, which is not installed", f"pip install 'plm[{extra}]'") from None
+        # installed, but something it imports is missing or broken: say what, on the same one line
+        reason = " ".join(str(e).split())
+        raise PlmError(f"{feature} needs {package}, which failed to import ({reason})", f"pip install 'plm[{extra}]'") from None
+
 
 class WriteFailed(PlmError):
     """A file could not be written (disk full, quota, file size limit): its temp file is gone, and the files

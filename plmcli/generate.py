@@ -25,7 +25,8 @@ keeps / duplicates rows (beam search reorders them). Sessions exist for
 - other causal LMs: the forward recomputed over the context, cropped to the model's max_positions;
 - a model with a `generation_session(prompt_ids)` of its own (`HasGenerationSession`; n-grams:
   log P(w | history) over its words), which also names its `eos` and `decode`s its tokens.
-Generation stops at eos (which is not part of the output) or after max_new_tokens.
+Generation stops at eos (which is not part of the output) or after max_new_tokens; with `stop` (a string, e.g.
+"\n"), greedy and sampled rows also stop once their text holds it, and every output is cut before it.
 """
 
 from __future__ import annotations
@@ -251,9 +252,9 @@ def _cat_states(states, dim: int = 1):
 # ---------------------------------------------------------------- strategies
 
 
-def _per_row(session, n: int, max_new: int, eos: int | None, pick, tick=None) -> list[list[int]]:
+def _per_row(session, n: int, max_new: int, eos: int | None, pick, tick=None, ended=None) -> list[list[int]]:
     """Greedy or sampling: each row picks its next token from its own logits; finished rows leave.
-    `tick()`: called once a step (the progress bar)."""
+    `tick()`: called once a step (the progress bar); `ended(row, its tokens)`: True once a row is done (a stop string)."""
     out = [[] for _ in range(n)]
     alive = list(range(n))
     for step in range(max_new):
@@ -265,7 +266,8 @@ def _per_row(session, n: int, max_new: int, eos: int | None, pick, tick=None) ->
             if t == eos:
                 continue
             out[row].append(t)
-            keep.append(j)
+            if ended is None or not ended(row, out[row]):
+                keep.append(j)
         if not keep or step == max_new - 1:
             break
         if len(keep) < len(alive):
@@ -359,7 +361,7 @@ def _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, lengt
 @torch.no_grad()
 def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4,
              top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
-             batch_size: int = 16, device=None, console=None) -> list[str]:
+             batch_size: int = 16, device=None, console=None, stop: str | None = None) -> list[str]:
     """Generate text for each prompt; returns the generated text only (a causal LM's continuation
     without the prompt, an encoder-decoder's output for the prompt as source).
 
@@ -368,6 +370,7 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
     ranked by logp / length^length_penalty) | sample (temperature, then top_k, then top_p; seeded, so
     the same call gives the same text). Prompts are decoded batch_size at a time. `console` (rich, stderr):
     where a transient bar counts each batch's tokens, shown on a terminal once decoding has run PROGRESS_AFTER_S.
+    `stop` (e.g. "\n"): a greedy or sampled row ends once its text holds it; every output is cut before it.
     """
     _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, length_penalty)
     if isinstance(prompts, str):
@@ -405,9 +408,10 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
                 if strategy == "beam":
                     outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty, bar.advance)
                 else:
-                    outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick, bar.advance)
+                    ended = (lambda row, out: stop in decode(encoded[row], out)) if stop else None
+                    outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick, bar.advance, ended)
             texts.extend(decode(e, out) for e, out in zip(encoded, outs))
-    return texts
+    return [t.split(stop, 1)[0] for t in texts] if stop else texts
 
 
 @dataclass

@@ -364,6 +364,10 @@ def _rewrite_hint(path: Path, cfg: dict | None = None) -> str:
     cfg = cfg or {}
     if cfg.get("finetune"):
         return "run the finetune again"
+    hub = cfg["imported_from"].get("hub") if isinstance(cfg.get("imported_from"), dict) else None
+    if isinstance(hub, dict) and hub.get("repo_id"):  # a Hugging Face Hub model (plmcli.interop.hub)
+        name = hub["repo_id"] + (f"@{hub['revision']}" if hub.get("revision") else "")
+        return f"import it again: plm import {name} --out {path} --force"
     if isinstance(cfg.get("imported_from"), dict) and cfg["imported_from"].get("path"):
         return f"import it again: plm import {cfg['imported_from']['path']} --out {path} --force"
     if cfg and any(path.glob("**/checkpoints/step-*")):

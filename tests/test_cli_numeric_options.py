@@ -33,6 +33,7 @@ VALUES = {
     ("make-mlm-data", "--max-predictions"): ("no cap (the help says so)", None),
     ("make-mlm-data", "--span-p"): (None, None),
     ("make-mlm-data", "--span-max"): (None, None),
+    ("make-mlm-data", "--ngram-start-prob"): (None, None),  # a probability in (0, 1); left out: derived from --mask-prob
     ("make-mlm-data", "--seed"): (SEED, SEED),
     ("make-mlm-data", "--num-proc"): (None, None),
     ("pretrain", "--max-steps"): (None, None),
@@ -51,6 +52,9 @@ VALUES = {
     ("finetune", "--max-answer-len"): (None, None),
     ("finetune", "--n-best"): (None, None),
     ("finetune", "--aux-lm-weight"): ("the task loss alone (the help says so)", None),
+    ("finetune", "--lora-r"): ("no LoRA: the whole model finetunes (the help says 0 = off)", None),
+    ("finetune", "--lora-alpha"): (None, None),
+    ("finetune", "--lora-dropout"): ("no dropout on the adapters' input", None),
     ("eval-ppl", "--max-length"): (None, None),
     ("eval-ppl", "--stride"): (None, None),
     ("eval-ppl", "--batch-size"): (None, None),
@@ -67,8 +71,13 @@ VALUES = {
     ("generate", "--length-penalty"): ("beams ranked by total log-probability", "shorter beams favoured"),
     ("generate", "--batch-size"): (None, None),
     ("zero-shot", "--max-examples"): ("every example (the help says 0 = all, as the config's max_examples)", None),
+    ("zero-shot", "--shots"): ("no solved examples before the prompt (zero-shot proper)", None),
     ("zero-shot", "--max-length"): (None, None),
     ("zero-shot", "--batch-size"): (None, None),
+    ("lm-eval", "--num-fewshot"): ("zero-shot: no examples before each question", None),
+    ("lm-eval", "--limit"): (None, None),
+    ("lm-eval", "--batch-size"): (None, None),
+    ("lm-eval", "--bootstrap-iters"): ("no bootstrapped stderrs (the help says 0: none)", None),
     ("attention", "--max-seq-len"): (None, None),  # 0 was once the default
     ("attention", "--max-lines"): (None, None),
     ("attention", "--batch-size"): (None, None),
@@ -131,6 +140,7 @@ def arguments(command: str, tmp_path):
         "eval-vectors": [none, "--analogies", text],
         "generate": [none, "--prompt", "x"],
         "zero-shot": [none],
+        "lm-eval": [none, "--tasks", "x"],
         "attention": [none, "x", *out],
     }[command]
 

@@ -25,7 +25,7 @@ FINETUNE_FLAGS = [
     # (arguments, key, value it holds)
     (["--task", "rte"], "task.name", "rte"),
     (["-t", "rte"], "task.name", "rte"),
-    (["--from", "runs/x"], "model.from_run", "runs/x"),
+    (["--from", "tests"], "model.from_run", "tests"),  # a local path: a name that is none would be a Hub id
     (["--data-dir", "glue/"], "task.data_dir", "glue/"),
     (["--epochs", "4"], "train.epochs", 4),
     (["--lr", "5e-5"], "optim.lr", 5e-5),
@@ -69,7 +69,7 @@ FINETUNE_KEYS = [
     ("task.test", "c"), ("task.text_col", "s"), ("task.text_pair_col", "p"), ("task.label_col", "y"),
     ("task.doc_stride", 64), ("task.max_query_len", 32), ("task.max_answer_len", 20), ("task.n_best", 10),
     ("task.crf", True), ("task.aux_lm_weight", 0.25),
-    ("model.from_run", "r"), ("model.init", "random"), ("model.dropout", 0.2), ("model.classifier_dropout", 0.3),
+    ("model.from_run", "tests"), ("model.init", "random"), ("model.dropout", 0.2), ("model.classifier_dropout", 0.3),
     ("model.freeze", True), ("model.features", "concat_last_four"), ("model.elmo_at_output", True),
     ("train.epochs", 4), ("train.batch_size", 16), ("train.micro_batch_size", 8), ("train.max_steps", 9),
     ("train.eval_every", 5), ("train.log_every", 3), ("train.seed", 7), ("train.grad_clip", 0.5),

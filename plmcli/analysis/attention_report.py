@@ -25,11 +25,12 @@ TITLES = {
     "cls": "attention to {cls}", "sep": "attention to {sep}", "self": "attention to the token itself",
     "same_token": "attention to the same token elsewhere", "same_token_other": "… in the other sentence",
     "same_word": "attention to the same word elsewhere", "same_word_other": "… in the other sentence",
+    "same_word_pieces": "attention to the other pieces of its word",
     "punct": "attention to punctuation (Unicode P*)", "breadth": "entropy ÷ uniform's (red: broad, ≥ {broad:.0%})",
 }
 COLUMNS = {"entropy": "entropy (nats)", "next": "next", "previous": "previous", "cls": "→ {cls}", "sep": "→ {sep}",
            "self": "self", "same_token": "same token", "same_token_other": "… other sent.",
-           "same_word": "same word", "same_word_other": "… other sent.",
+           "same_word": "same word", "same_word_other": "… other sent.", "same_word_pieces": "own word's pieces",
            "punct": "punct.", "breadth": "breadth"}
 
 
@@ -147,6 +148,8 @@ def to_tsv(rows: list[dict]) -> str:
 def _why_missing(res: dict, p: str) -> str:
     if p == "next":
         return "causal attention cannot see it"
+    if p == "same_word_pieces":
+        return "no word of the input is split into pieces"
     unit = "token" if p.startswith("same_token") else "word"
     if p in ("same_token", "same_word"):
         return f"no {unit} occurs twice in the input"
@@ -163,7 +166,7 @@ def summary_lines(res: dict) -> list[str]:
              "cls": res["targets"]["cls"], "sep": res["targets"]["sep"], "self": "self",
              "same_token": "same token elsewhere", "same_token_other": "same token in the other sentence",
              "same_word": "same word elsewhere", "same_word_other": "same word in the other sentence",
-             "punct": f"punctuation ({punct})"}
+             "same_word_pieces": "other pieces of the same word", "punct": f"punctuation ({punct})"}
     lines = []
     for p in PATTERNS[:-1]:
         s = res["summary"][p]

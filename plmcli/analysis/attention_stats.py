@@ -15,6 +15,8 @@ Each is a mean over query positions, summed batch by batch (token-weighted over 
                       tokenizer's pre-tokens ("cats" = ca ##ts in WordPiece, " cat" in byte-level BPE; a
                       character tokenizer's words are its characters), one word = one decoded text, so the
                       leading space of a byte-level BPE word does not make it another word
+    same_word_pieces  Σ α_ij over the other pieces of query i's own word (straw ↔ ##berries, §4: heads that
+                      join a split word), over the queries whose word has another piece (causal: an earlier one)
     punct             Σ α_ij over punctuation keys, over every real query: a token is punctuation when its
                       decoded text is every character in a Unicode punctuation category (P*: . , ; ! ? «
                       — 。 、 …); symbols ($ + =, category S*) are not
@@ -33,7 +35,7 @@ from collections.abc import Iterable
 import torch
 
 PATTERNS = ("entropy", "next", "previous", "cls", "sep", "self", "same_token", "same_token_other", "same_word",
-            "same_word_other", "punct", "breadth")
+            "same_word_other", "same_word_pieces", "punct", "breadth")
 BROAD = 0.9
 """A head whose mean entropy reaches this share of uniform attention's entropy is listed as broad."""
 
@@ -81,6 +83,15 @@ def twin_keys(classes: torch.Tensor, occurrence: torch.Tensor, content: torch.Te
     return (keys & torch.ones(T, T, dtype=torch.bool, device=classes.device).tril(-1)) if causal else keys
 
 
+def piece_keys(occurrence: torch.Tensor, content: torch.Tensor, causal: bool) -> torch.Tensor:
+    """(B, T, T) bool: key j ≠ i is another piece of query i's own word (the same word occurrence); both are
+    content tokens; causal: j < i only."""
+    T = occurrence.shape[1]
+    keys = (occurrence[:, :, None] == occurrence[:, None, :]) & content[:, :, None] & content[:, None, :]
+    ones = torch.ones(T, T, dtype=torch.bool, device=occurrence.device)
+    return keys & (ones.tril(-1) if causal else ~ones.diag().diag_embed())  # not the query itself
+
+
 class PatternSums:
     """Running sums of the patterns per layer × head, and how many queries each is averaged over."""
 
@@ -97,7 +108,7 @@ class PatternSums:
         """maps: per layer (B, H, T, T) probabilities; real (B, T) bool, right padding; cls_keys / sep_keys
         (B, T) bool: the keys each of those patterns counts (None: n/a). ids (B, T) with special (B, T)
         bool: same_token (None: n/a); words (B, T) word class and word occurrence, −1 on tokens of no word:
-        same_word; with segments (B, T) also the _other variants; punct_keys (B, T) bool."""
+        same_word and same_word_pieces; with segments (B, T) also the _other variants; punct_keys (B, T) bool."""
         terms = _terms(real, cls_keys, sep_keys, causal, punct_keys)
         if ids is not None:
             content = real if special is None else real & ~special
@@ -106,6 +117,7 @@ class PatternSums:
         if words is not None:
             content = real & (words[0] >= 0) if special is None else real & (words[0] >= 0) & ~special
             terms |= _twins("same_word", twin_keys(*words, content, causal), segments)
+            terms["same_word_pieces"] = _keyed(piece_keys(words[1], content, causal))
         for layer, A in enumerate(maps):  # one layer at a time: (L, B, H, T, T) at once can be gigabytes
             for name, (weight, value) in terms.items():
                 total = (value(A) * weight).double().sum(dim=(0, 2))  # (B, H, T) -> (H,)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from plmcli.errors import needs
+
+FEATURE = "PNG figures (plm attention / probe / plot)"
+"""What matplotlib is for, in the error naming the plot extra when it is missing (errors.needs)."""
 DPI = 110
 """Readable at 100% zoom on an ordinary screen without becoming a multi-megabyte file."""
 
@@ -13,12 +17,9 @@ def pyplot():
 
     Imported lazily so commands that draw nothing do not pay matplotlib's import time.
     """
-    import matplotlib
-
+    matplotlib = needs("matplotlib", "plot", FEATURE)
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    return needs("matplotlib.pyplot", "plot", FEATURE)
 
 
 def save_png(fig, path: str | Path) -> Path:

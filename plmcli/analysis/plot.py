@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plmcli.errors import PlmError
+from plmcli.errors import PlmError, needs
 
 X_AXES = {"step": "optimizer step", "tokens": "training tokens"}
 NOT_METRICS = {"step", "tokens", "elapsed_s"}
@@ -115,11 +115,10 @@ def title(metric: str) -> str:
 
 def make_figure(runs: list[RunMetrics], metrics: list[str], x: str = "step"):
     """The matplotlib Figure: one panel per metric (title, x and y labels), one line per run."""
-    from matplotlib.ticker import EngFormatter
-
-    from plmcli.analysis.figures import pyplot
+    from plmcli.analysis.figures import FEATURE, pyplot
 
     plt = pyplot()
+    EngFormatter = needs("matplotlib.ticker", "plot", FEATURE).EngFormatter
     cols = 2 if len(metrics) == 4 else min(3, len(metrics))  # 2 × 2 rather than a row of 3 over a lone panel
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.4 * rows), layout="constrained", squeeze=False)

@@ -1,7 +1,7 @@
 """The `plm` command line: each command parses its options and calls plmcli.api — nothing else.
 
 This module builds the one Typer app and adds the command modules' commands to it: recipes.py,
-data.py (tokenize, make-mlm-data), train.py (pretrain, finetune), evaluate.py (eval-ppl, generate, zero-shot, eval-vectors) and
+data.py (tokenize, make-mlm-data), train.py (pretrain, finetune), evaluate.py (eval-ppl, generate, zero-shot, lm-eval, eval-vectors) and
 insight.py (plot, export, import, attention, probe); _common.py holds what they share. Heavy libraries
 (torch, datasets) are imported inside api calls so `plm --help` starts fast.
 """

@@ -207,8 +207,8 @@ def config_flags(root, flags: tuple):
         sig = inspect.signature(fn)
         params = [p for p in sig.parameters.values() if p.name != "flags"]
         for f, spec, names in specs:
-            shown = "N[,N…]" if spec.axis else None
-            option = typer.Option(None, *names, help=spec.help, metavar=shown, rich_help_panel=f.panel, show_default=False)
+            option = typer.Option(None, *names, help=spec.help, metavar=spec.metavar, rich_help_panel=f.panel,
+                                  show_default=False)
             params.append(inspect.Parameter(_flag_param(f.key), inspect.Parameter.KEYWORD_ONLY, default=option,
                                             annotation=Optional[spec.kind]))
 

@@ -7,7 +7,12 @@ from typing import List, Optional
 import typer
 
 from plmcli.cli._common import Commands, floats, print_json
+from plmcli.config_sections import field_docs
+from plmcli.data.masking_options import MaskingOptions
 from plmcli.errors import PlmError
+
+MASKING_HELP = {k: " ".join(v.split()) for k, v in field_docs(MaskingOptions).items()}
+"""The help of make-mlm-data's --mask-count and --ngram-start-prob: their fields' docstrings, as the recipe keys'."""
 
 commands = Commands()
 
@@ -106,6 +111,8 @@ def make_mlm_data(
                                                   "found in the text by jieba's part-of-speech tagger (ERNIE's phrase / entity stage)."),
     ngram_probs: str = typer.Option("0.4,0.3,0.2,0.1", help="--masking ngram, ngram_per_word: P(1 word), P(2 words), ... comma-separated "
                                     "(ALBERT: 0.5455,0.2727,0.1818)."),
+    ngram_start_prob: Optional[float] = typer.Option(None, help=MASKING_HELP["ngram_start_prob"]),
+    mask_count: str = typer.Option("reference", help=MASKING_HELP["mask_count"]),
     seed: int = typer.Option(12345, help="Random seed: the output is deterministic for a seed."),
     num_proc: int = typer.Option(1, help="Worker processes."),
     force: bool = typer.Option(False, help="Rebuild even when the cache matches."),
@@ -125,7 +132,7 @@ def make_mlm_data(
     meta = api.make_mlm_data(corpus, out, max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions,
                              pairs, masking, seed, num_proc, force, span_p=span_p, span_max=span_max, lexicon=lexicon,
                              ngram_probs=floats(ngram_probs, "--ngram-probs"), packing=packing_of(packing, cross_documents),
-                             knowledge_units=knowledge_units)
+                             knowledge_units=knowledge_units, mask_count=mask_count, ngram_start_prob=ngram_start_prob)
     if as_json:
         return print_json(meta)
     c = meta.get("counts", {})

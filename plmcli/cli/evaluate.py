@@ -171,27 +171,36 @@ def generate(
 def zero_shot(
     run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest) of a causal LM."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="sst2 (or another GLUE classification task, "
-                                       "classification, pair-classification), swag, race, or lambada; a shipped "
-                                       "config sets its prompt (sst2, race, swag, lambada). Default sst2."),
+                                       "classification, pair-classification), swag, race, lambada, or (generated) "
+                                       "translation, squad; a shipped config sets its prompt (sst2, race, swag, "
+                                       "lambada, translation, squad). Default sst2."),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="A zero-shot config YAML (keys: task, split, "
-                                         "data_dir, data, prompt, verbalizers, option, score, max_examples)."),
+                                         "data_dir, data, prompt, verbalizers, option, score, max_examples; score "
+                                         "generate: metric, shot, shots, turn, stop, max_new_tokens)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The task's data folder, as for plm finetune "
                                            "(glue-sample: the shipped SST-2 sample)."),
-    data: Optional[str] = typer.Option(None, "--data", help="lambada: the text file, one passage a line."),
+    data: Optional[str] = typer.Option(None, "--data", help="lambada: the text file, one passage a line; "
+                                      "translation: source<TAB>target pairs; squad: SQuAD- or CoQA-format JSON "
+                                      "(default: a shipped sample)."),
     split: Optional[str] = typer.Option(None, "--split", help="The split scored (default dev)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Template before each continuation: {text} {text_b} "
-                                         "(labels), {context} {question} (options)."),
+                                         "(labels), {context} {question} (options); score generate: before the "
+                                         "generated answer ({source}; {context} {history} {question})."),
     verbalizer: Optional[List[str]] = typer.Option(None, "--verbalizer", help="LABEL=TEXT, the continuation for a "
                                                    "label (repeat for every label), e.g. 'positive= It was great.'"),
     option: Optional[str] = typer.Option(None, "--option", help="How an option continues the prompt (default ' {option}')."),
     score: Optional[str] = typer.Option(None, "--score", help="sum | mean log-likelihood of a continuation picks the "
-                                        "prediction (default: sum for labels, mean for options)."),
+                                        "prediction (default: sum for labels, mean for options); generate: "
+                                        "the model writes it (translation, squad)."),
     max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Score the first N examples only (0 = all)."),
+    shots: Optional[int] = typer.Option(None, "--shots", help="score generate: solved examples (the data's first rows, "
+                                        "not scored) before each prompt (translation: 4)."),
     max_length: Optional[int] = typer.Option(None, help="Tokens a row reads (default: the run's training seq_len, "
                                              "capped by its positions); longer prompts lose their start."),
     batch_size: int = typer.Option(8, help="Rows (example × continuation) per forward pass."),
     predictions: Optional[str] = typer.Option(None, "--predictions", help="Write one JSON line per example: id, label, "
-                                              "prediction, log-likelihood and tokens of each continuation."),
+                                              "prediction, log-likelihood and tokens of each continuation "
+                                              "(generated: id, prediction, references)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object: the metrics and what was asked."),
 ):
     """Score a task with a causal LM and no finetuning: the likelihood of each verbalised label or option.
@@ -201,6 +210,8 @@ def zero_shot(
     race): each option continues the prompt. --score sum is log P(continuation | prompt), mean divides it by
     the continuation's tokens; both accuracies are reported. lambada: the last word of each line predicted
     from the rest; accuracy counts words whose every token is the argmax, ppl is over the last words.
+    Generated (--score generate; GPT-2's translation and reading comprehension): the model continues the
+    prompt greedily until a newline; translation is scored by BLEU, squad by SQuAD's F1 and exact match.
 
     Example: plm zero-shot runs/gpt --task sst2 --data-dir glue-sample --verbalizer 'positive= Great!' --verbalizer 'negative= Awful!'
     """
@@ -214,13 +225,61 @@ def zero_shot(
         verbalizers = dict(v.split("=", 1) for v in verbalizer)
     res = api.zero_shot(run, task=task, config=config, data_dir=data_dir, data=data, split=split, prompt=prompt,
                         verbalizers=verbalizers, option=option, score=score, max_examples=max_examples,
-                        max_length=max_length, batch_size=batch_size, predictions=predictions)
+                        max_length=max_length, batch_size=batch_size, predictions=predictions, shots=shots)
     summary = {k: v for k, v in res.items() if k != "predictions"}
     if as_json:
         return print_json(summary)
     if res["kind"] == "lambada":
         return typer.echo(f"zero-shot lambada: last-word accuracy {res['accuracy']:.4f}  ppl {res['ppl']:.3f}  "
                           f"({res['examples']:,} passages, {res['tokens']:,} tokens)  window {res['window']}")
+    if res["kind"] == "generate":
+        metrics = "  ".join(f"{k} {v:.2f}" for k, v in res.items() if isinstance(v, float))
+        return typer.echo(f"zero-shot {res['task']}: {metrics}  ({res['examples']:,} examples, {res['shots']}-shot, "
+                          f"greedy until {res['stop']!r})")
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in res.items() if isinstance(v, float) and not k.startswith("accuracy_"))
     typer.echo(f"zero-shot {res['task']} {res['split']}: {metrics}  ({res['examples']:,} examples, score {res['score']}; "
                f"accuracy by sum {res['accuracy_sum']:.4f}, by mean {res['accuracy_mean']:.4f})  window {res['window']}")
+
+
+# ---------------------------------------------------------------- lm-eval
+
+
+@commands.command("lm-eval")
+def lm_eval(
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest) of a causal LM (gpt, rnn, nnlm, "
+                                        "transformer_xl, xlnet, ngram)."),
+    tasks: str = typer.Option(..., "--tasks", "-t", help="lm-evaluation-harness task names, comma-separated "
+                              "(e.g. lambada_openai,hellaswag), or those of --include-path YAMLs."),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="Examples before each question (default: "
+                                              "the task's own)."),
+    limit: Optional[float] = typer.Option(None, "--limit", help="Score the first N documents of each task (below 1: that share)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Windows per forward pass (prompts per generation batch)."),
+    include_path: Optional[str] = typer.Option(None, "--include-path", help="A folder of task YAMLs of your own."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the harness' results and task configs as JSON."),
+    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="Bootstrap samples for some metrics' stderr "
+                                        "(0: none)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: run, tasks (task -> metric -> value), n-shot, versions."),
+):
+    """Score lm-evaluation-harness tasks with a plm run: each request by the scorer plm eval-ppl uses for the family.
+
+    loglikelihood requests sum log P(continuation | context) over the continuation's tokens; loglikelihood_rolling
+    ones score the whole text as eval-ppl does (sliding windows for GPT, the state carried for RNNs, memory for
+    Transformer-XL, left to right for XLNet, counts for n-grams); generate_until decodes greedily until a stop
+    string. Masked LMs (BERT, ...) and encoder-decoders are refused. Needs pip install 'plm[lm-eval]'.
+
+    Example: plm lm-eval runs/gpt --tasks lambada_openai,hellaswag --limit 100 --json
+    """
+    from plmcli import api
+
+    res = api.lm_eval(run, tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
+                      include_path=include_path, output=output, bootstrap_iters=bootstrap_iters)
+    if as_json:
+        return print_json(res)
+    width = max(len(t) for t in res["tasks"]) if res["tasks"] else 4
+    typer.echo(f"{'task':<{width}}  {'n-shot':>6}  metric")
+    for task, metrics in res["tasks"].items():
+        shown = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+                          if not k.endswith("_stderr") and isinstance(v, (int, float)))
+        typer.echo(f"{task:<{width}}  {res['n-shot'].get(task, ''):>6}  {shown}")
+    if res.get("output"):
+        typer.echo(f"results written to {res['output']}")

@@ -41,13 +41,16 @@ def plot(
 
 @commands.command()
 def export(
-    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest)."),
+    run: Optional[str] = typer.Argument(None, help="Run directory (default runs/latest), or a Hugging Face Hub model id."),
     format: str = typer.Option(..., "--format", "-f", help="arpa: n-gram runs, in the KenLM/SRILM back-off format; "
                                "hf: a transformers directory (runs of the families with a transformers counterpart: any other run's refusal "
                                "names them); "
                                "word2vec: word2vec runs, in the word2vec text format (gensim, fastText, … read it)."),
     out: str = typer.Option(..., "--out", "-o", help="File (arpa, word2vec) or directory (hf) to write."),
     force: bool = typer.Option(False, "--force", help="hf: replace an existing non-empty --out directory."),
+    push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", metavar="REPO",
+                                              help="hf: then upload --out to this Hugging Face Hub model repo "
+                                              "(ORG/NAME, created if missing; needs a login: hf auth login)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Write a finished run in another tool's format.
@@ -61,14 +64,17 @@ def export(
     Example: plm export runs/bert-mini --format hf --out hf/bert-mini
 
     Example: plm export runs/latest --format word2vec --out vectors.txt
+
+    Example: plm export runs/bert-mini --format hf --out hf/bert-mini --push-to-hub me/bert-mini
     """
     from plmcli import api
 
-    res = api.export(run, format, out, force)
+    res = api.export(run, format, out, force, push_to_hub)
     if as_json:
         return print_json(res)
     what = f": {res['architecture']} ({res['model_type']}), {res['parameters']:,} parameters" if "architecture" in res else ""
-    typer.echo(res["out"] + what + "".join(f"; {note}" for note in res.get("notes", [])))
+    pushed = f"; pushed to {res['pushed']['url']}" if res.get("pushed") else ""
+    typer.echo(res["out"] + what + "".join(f"; {note}" for note in res.get("notes", [])) + pushed)
 
 
 # ---------------------------------------------------------------- import
@@ -76,24 +82,35 @@ def export(
 
 @commands.command("import")
 def import_run(
-    hf_dir: str = typer.Argument(..., help="A local transformers model directory (config.json, model.safetensors or "
-                                 "pytorch_model.bin, tokenizer.json or vocab.txt or vocab.json + merges.txt)."),
-    out: str = typer.Option(..., "--out", "-o", help="Run directory to write."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing non-empty --out directory."),
+    hf_dir: str = typer.Argument(..., metavar="HF_DIR|NAME",
+                                 help="A local transformers model directory (config.json, model.safetensors or "
+                                 "pytorch_model.bin, tokenizer.json or vocab.txt or vocab.json + merges.txt), or a "
+                                 "Hugging Face Hub model id: bert-base-uncased, ORG/NAME, ORG/NAME@REVISION."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory to write (required for a local "
+                                      "directory; a Hub id's default is runs/hub/ORG--NAME, which every command "
+                                      "taking a run reads for that id)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing non-empty --out directory (a Hub id: "
+                               "fetch and convert it again)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Turn a transformers checkpoint into a plm run that finetune, eval-ppl and generate read.
 
-    Model types: bert, roberta, gpt2, openai-gpt, albert, electra, xlnet. Nothing is downloaded. Parts of
-    the plm model the checkpoint lacks (a bare BertModel has no MLM head) are initialised fresh and listed.
+    Model types: bert, roberta, gpt2, openai-gpt, albert, electra, xlnet. A Hub id is downloaded (only
+    config.json, the weights and the tokenizer files) through the Hugging Face cache, which HF_HUB_OFFLINE=1
+    keeps to what it holds. Parts of the plm model the checkpoint lacks (a bare BertModel has no MLM head) are
+    initialised fresh and listed.
 
     Example: plm import ~/models/bert-base-uncased --out runs/bert-base && plm finetune --task sst2 --from runs/bert-base
+
+    Example: plm import bert-base-uncased  (then --from bert-base-uncased, --model ... read the converted run)
     """
     from plmcli import api
 
     res = api.import_hf(hf_dir, out, force)
     if as_json:
         return print_json(res)
+    if res.get("reused"):
+        return typer.echo(f"{res['out']}: {hf_dir} is imported already (--force fetches and converts it again)")
     fresh = f"; fresh (not in the checkpoint): {', '.join(res['fresh'])}" if res["fresh"] else ""
     kind = ": ".join([res["model_type"], *res["architectures"][:1]]) if res["architectures"] else res["model_type"]
     typer.echo(f"{res['out']}: {res['family']} run from {hf_dir} ({kind}), {res['parameters']:,} parameters, "

@@ -9,7 +9,7 @@ import typer
 
 from plmcli.cli._common import Commands, Flag, config_flags, parse_duration, print_json, process, stderr
 from plmcli.config import FinetuneConfig, Recipe
-from plmcli.config_sections import FinetuneModelConfig, FinetuneTaskConfig
+from plmcli.config_sections import FinetuneLoraConfig, FinetuneModelConfig, FinetuneTaskConfig
 from plmcli.errors import PlmError
 
 commands = Commands()
@@ -27,11 +27,13 @@ FINETUNE_TRAINING = ("train.epochs", "optim.lr", "train.global_batch_size", "tra
 
 
 def _finetune_flags() -> tuple:
-    """Every field of the task and model sections, then FINETUNE_TRAINING's keys, as flags of plm finetune."""
+    """Every field of the task, model and lora sections (--lora-r, ...), then FINETUNE_TRAINING's keys, as flags of
+    plm finetune."""
     first = ("name", "data_dir", "max_seq_len")
     task = [*first, *(f.name for f in fields(FinetuneTaskConfig) if f.name not in first)]
     return (*(Flag(f"task.{n}", NAMES.get(f"task.{n}", ()), "Task") for n in task),
             *(Flag(f"model.{f.name}", NAMES.get(f"model.{f.name}", ()), "Model") for f in fields(FinetuneModelConfig)),
+            *(Flag(f"lora.{f.name}", ("--lora-" + f.name.replace("_", "-"),), "LoRA") for f in fields(FinetuneLoraConfig)),
             *(Flag(k, NAMES.get(k, ()), "Training") for k in FINETUNE_TRAINING))
 
 
@@ -101,8 +103,8 @@ def pretrain(
 @commands.command()
 @config_flags(FinetuneConfig, FINETUNE_FLAGS)
 def finetune(
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="A finetune config YAML: sections task, model, train, optim, "
-                                         "grid (a finished finetune's OUT/finetune.yaml is one)."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A finetune config YAML: sections task, model, lora, train, "
+                                         "optim, grid (a finished finetune's OUT/finetune.yaml is one)."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a config key: section.key=value (repeatable), "
                                                   "e.g. --set task.max_seq_len=256."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default runs/<run>-<task>-<time>)."),

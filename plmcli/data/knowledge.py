@@ -33,8 +33,8 @@ from typing import Literal
 
 import numpy as np
 
-from plmcli.data.masking import chinese_span_starts, is_chinese, load_jieba
-from plmcli.errors import PlmError
+from plmcli.data.masking import ZH_FEATURE, chinese_span_starts, is_chinese, load_jieba
+from plmcli.errors import PlmError, needs
 
 KINDS = ("phrases", "entities")
 KnowledgeUnits = Literal[KINDS]
@@ -52,9 +52,7 @@ _PHRASE = re.compile(PHRASE_GRAMMAR)
 @functools.lru_cache(maxsize=None)
 def _posseg():
     load_jieba()
-    import jieba.posseg
-
-    return jieba.posseg
+    return needs("jieba.posseg", "zh", ZH_FEATURE)
 
 
 def tag(text: str) -> list[tuple[str, str]]:
@@ -118,7 +116,7 @@ def unit_spans(text: str, kind: str) -> list[tuple[int, int]]:
 def units_key(kind: str) -> str:
     """What units found automatically depend on: the tagger and its version, the tag classes and the
     grammar. Cached data built with them is keyed by this, so a changed grammar builds afresh."""
-    import jieba
+    jieba = needs("jieba", "zh", ZH_FEATURE)
 
     check_kind(kind)
     desc = [jieba.__version__, "posseg HMM=False", kind, GRAMMAR_VERSION, sorted(ENTITY_TAGS), sorted(CLASSES.items()),

@@ -1,7 +1,7 @@
 """Masked-LM targets for a whole batch at once: BERT's create_masked_lm_predictions, vectorised.
 
-Per sequence the budget is `min(max_predictions or inf, max(1, round(n_maskable * mask_prob)))`, as in
-BERT (which counts [CLS]/[SEP] in the length; we count only maskable tokens). Units — tokens, whole words,
+Per sequence the budget is `min(max_predictions or inf, max(1, round(n * mask_prob)))`: n is the length that
+`counted` gives, [CLS]/[SEP] included (BERT's count), else the maskable tokens alone. Units — tokens, whole words,
 n-grams of whole words or spans of whole words — are visited in random order and a unit that would
 overflow the budget is skipped (Google's `continue`). That sequential greedy pass is computed exactly with
 a few cumulative-sum passes over all units of the batch (one pass per "overflow" event, not per token).
@@ -43,7 +43,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from plmcli.errors import PlmError
+from plmcli.errors import PlmError, needs
 
 STRATEGIES = ("token", "wwm", "ngram", "ngram_per_word", "span", "knowledge")
 PER_UNIT = ("span", "knowledge")
@@ -85,10 +85,11 @@ def span_pmf(span_p: float = 0.2, span_max: int = 10) -> np.ndarray:
     return pmf / pmf.sum()
 
 
-def _budget(special: np.ndarray, mask_prob: float, max_predictions: int) -> np.ndarray:
+def _budget(special: np.ndarray, mask_prob: float, max_predictions: int, counted=None) -> np.ndarray:
+    """Each row's masked tokens: a share of `counted` (its length), else of its maskable tokens; never more than those."""
     n = (~special).sum(axis=1)
-    budget = np.maximum(1, np.round(n * mask_prob)).astype(np.int64)
-    budget[n == 0] = 0
+    budget = np.maximum(1, np.round((n if counted is None else np.asarray(counted)) * mask_prob)).astype(np.int64)
+    np.minimum(budget, n, out=budget)
     if max_predictions and max_predictions > 0:
         np.minimum(budget, max_predictions, out=budget)
     return budget
@@ -261,15 +262,16 @@ def _walk(wstart, wend, run_first, T: int, budget: np.ndarray, pmf: np.ndarray, 
 def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.random.Generator, *,
                  mask_prob: float = 0.15, max_predictions: int = 0, strategy: str = "token",
                  ngram_probs: Sequence[float] = (0.4, 0.3, 0.2, 0.1), span_p: float = 0.2,
-                 span_max: int = 10, ngram_start_prob: float = 0.0) -> Units:
-    """Choose the units to predict in each row of a (B, T) batch; see the module docstring."""
+                 span_max: int = 10, ngram_start_prob: float | None = None, counted=None) -> Units:
+    """Choose the units to predict in each row of a (B, T) batch; see the module docstring. `counted` (B,): the
+    lengths the budgets are a share of (None: the maskable tokens); `ngram_start_prob` None: derived (start_prob)."""
     if strategy not in STRATEGIES:
         raise PlmError(f"unknown masking strategy '{strategy}'", f"use one of: {', '.join(STRATEGIES)}")
     if not 0 < mask_prob < 1:
         raise PlmError(f"mask_prob must be in (0, 1), got {mask_prob}", "use e.g. 0.15")
     special = np.asarray(special, dtype=bool)
     B, T = special.shape
-    budget = _budget(special, mask_prob, max_predictions)
+    budget = _budget(special, mask_prob, max_predictions, counted)
     if strategy == "token":
         rows, cols = np.nonzero(_token_targets(special, budget, rng))
         ones = np.ones(len(rows), dtype=np.int64)
@@ -277,10 +279,10 @@ def select_units(special: np.ndarray, word_starts: np.ndarray | None, rng: np.ra
     wstart, wend, run_first = _words(special, word_starts)
     if strategy == "ngram_per_word":
         check_ngram_probs(ngram_probs)
-        if not 0 <= ngram_start_prob <= 1:
-            raise PlmError(f"ngram_start_prob {ngram_start_prob} must be in [0, 1] (0: derived from mask_prob)",
-                           "leave it at 0, or give the probability of starting a span at a word")
-        p = ngram_start_prob or start_prob(mask_prob, ngram_probs)
+        if ngram_start_prob is not None and not 0 < ngram_start_prob <= 1:  # 1: a span at every word
+            raise PlmError(f"ngram_start_prob {ngram_start_prob} must be in (0, 1] (None: derived from mask_prob)",
+                           "leave it out, or give the probability of starting a span at a word")
+        p = start_prob(mask_prob, ngram_probs) if ngram_start_prob is None else ngram_start_prob
         return _walk(wstart, wend, run_first, T, budget, np.asarray(ngram_probs, dtype=float), p, rng)
 
     if strategy in ("wwm", "knowledge"):  # one word per unit
@@ -335,13 +337,15 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
                strategy: str = "token", mask_id: int, vocab_size: int,
                replace_probs: Sequence[float] = (0.8, 0.1, 0.1),
                ngram_probs: Sequence[float] = (0.4, 0.3, 0.2, 0.1), random_ids: np.ndarray | None = None,
-               span_p: float = 0.2, span_max: int = 10, ngram_start_prob: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+               span_p: float = 0.2, span_max: int = 10, ngram_start_prob: float | None = None,
+               counted=None) -> tuple[np.ndarray, np.ndarray]:
     """Mask a padded (B, T) batch. Returns (masked copy of input_ids, target): labels are input_ids[target].
 
     `special` (B, T) marks tokens never to mask ([CLS], [SEP], padding); `word_starts` (B, T) marks
     tokens that begin a word (None: every token is a word). Of the targets, replace_probs[0] become
     `mask_id`, replace_probs[1] a uniform draw from `random_ids` (default: all of 0..vocab_size-1), and
-    the rest stay unchanged — decided per token, or per unit for the PER_UNIT strategies.
+    the rest stay unchanged — decided per token, or per unit for the PER_UNIT strategies. `counted` (B,): the
+    lengths each row's budget is a share of ([CLS]/[SEP] included: BERT's count); None: its maskable tokens.
     """
     input_ids = np.asarray(input_ids)
     B, T = input_ids.shape
@@ -349,12 +353,12 @@ def mask_batch(input_ids: np.ndarray, special: np.ndarray, word_starts: np.ndarr
         if not 0 < mask_prob < 1:
             raise PlmError(f"mask_prob must be in (0, 1), got {mask_prob}", "use e.g. 0.15")
         special = np.asarray(special, dtype=bool)
-        target = _token_targets(special, _budget(special, mask_prob, max_predictions), rng)
+        target = _token_targets(special, _budget(special, mask_prob, max_predictions, counted), rng)
         pos = np.flatnonzero(target)
         return _replace(input_ids, pos, rng.random(len(pos)), rng, mask_id, vocab_size, replace_probs, random_ids), target
     units = select_units(special, word_starts, rng, mask_prob=mask_prob, max_predictions=max_predictions,
                          strategy=strategy, ngram_probs=ngram_probs, span_p=span_p, span_max=span_max,
-                         ngram_start_prob=ngram_start_prob)
+                         ngram_start_prob=ngram_start_prob, counted=counted)
     total = int(units.length.sum())
     unit_of = np.repeat(np.arange(len(units.length)), units.length)
     within = np.arange(total) - np.repeat(np.cumsum(units.length) - units.length, units.length)
@@ -391,10 +395,14 @@ _CJK = ("\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f\U0
 _CHINESE = re.compile(f"[{_CJK}]+")
 
 
+ZH_FEATURE = "Chinese word segmentation (tokenizer.segment=jieba, whole-word masking, ERNIE units)"
+"""What jieba is for, in the error naming the zh extra when it is missing (errors.needs)."""
+
+
 @functools.lru_cache(maxsize=None)
 def load_jieba():
     """jieba, initialised and quiet (it logs "Building prefix dict..." to stderr on first use)."""
-    import jieba
+    jieba = needs("jieba", "zh", ZH_FEATURE)
 
     jieba.setLogLevel(60)
     jieba.initialize()

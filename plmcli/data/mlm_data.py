@@ -15,7 +15,8 @@ Deviations from Google's script (each small, all on purpose):
 - instances are not shuffled across the corpus (pretrain shuffles at load time);
 - a random next segment is drawn from the other documents uniformly in one draw (not 10 tries);
 - truncate_seq_pair's per-token coin flips are drawn as one binomial per side (same distribution);
-- the masking budget counts only maskable tokens (not [CLS]/[SEP]), see masking.py;
+- (the masking budget is Google's, [CLS]/[SEP] counted; --mask-count maskable counts the maskable tokens
+  alone instead, plm's count before: a little fewer targets in short instances);
 - SOP with a one-sentence chunk splits that sentence at a random word boundary instead of taking a
   random segment of another document (ALBERT's code), which keeps the label meaning "swapped";
 - empty sentences/documents (lines that tokenize to nothing) are dropped.
@@ -36,7 +37,9 @@ import numpy as np
 
 from plmcli.data.corpus import masked_lm_special_ids, require_meta
 from plmcli.data.knowledge import AutoUnits, check_kind, units_key
+from plmcli.config_sections import check_value
 from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_word_starts, lexicon_key, mask_batch, resolve_lexicon
+from plmcli.data.masking_options import MaskingOptions, counted_lengths
 from plmcli.data.mlm_instances import assemble, packed_instances, pair_instances
 from plmcli.data.store import build_atomically, cache_key, read_meta, write_meta
 from plmcli.errors import PlmError
@@ -236,7 +239,8 @@ def _job_table(job: tuple, cfg: dict):
             tokens, special, None if strategy == "token" else ws, rng, mask_prob=cfg["mask_prob"],
             max_predictions=cfg["max_predictions"], strategy=strategy, mask_id=ids["mask"],
             vocab_size=cfg["vocab_size"], random_ids=random_ids, span_p=cfg.get("span_p", 0.2),
-            span_max=cfg.get("span_max", 10), ngram_probs=tuple(cfg.get("ngram_probs", (0.4, 0.3, 0.2, 0.1))))
+            span_max=cfg.get("span_max", 10), ngram_probs=tuple(cfg.get("ngram_probs", (0.4, 0.3, 0.2, 0.1))),
+            ngram_start_prob=cfg.get("ngram_start_prob"), counted=counted_lengths(cfg["mask_count"], lengths))
         yield _table(masked, target, tokens, types, lengths, labels)
 
 
@@ -303,12 +307,18 @@ def _shards(flat: _Flat) -> list[tuple[int, int]]:
 
 
 def _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
-           span_p=0.2, span_max=10, lexicon=None, ngram_probs=(0.4, 0.3, 0.2, 0.1), knowledge_units=None):
+           span_p=0.2, span_max=10, lexicon=None, ngram_probs=(0.4, 0.3, 0.2, 0.1), knowledge_units=None,
+           mask_count="reference", ngram_start_prob=None):
     if pairs not in PAIRS or masking not in MASKINGS:
         name, value, choices = ("--pairs", pairs, PAIRS) if pairs not in PAIRS else ("--masking", masking, MASKINGS)
         raise PlmError(f"unknown {name} '{value}'", f"use one of: {', '.join(choices)}")
     check_span(span_p, span_max, ("--span-p", "--span-max"))
     check_ngram_probs(ngram_probs, "--ngram-probs")
+    check_value(MaskingOptions, "mask_count", mask_count, "--mask-count")
+    check_value(MaskingOptions, "ngram_start_prob", ngram_start_prob, "--ngram-start-prob")
+    if ngram_start_prob is not None and masking != "ngram_per_word":
+        raise PlmError(f"--ngram-start-prob applies to --masking ngram_per_word, not {masking}",
+                       "add --masking ngram_per_word, or drop --ngram-start-prob")
     if masking == "knowledge" and bool(lexicon) == bool(knowledge_units):
         raise PlmError("--masking knowledge needs --lexicon FILE (one phrase or entity per line) or --knowledge-units "
                        f"phrases|entities (found by jieba's tagger){', not both' if lexicon else ''}",
@@ -349,24 +359,27 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
                   mask_prob: float = 0.15, max_predictions: int = 20, pairs: str = "nsp", masking: str = "token",
                   seed: int = 12345, num_proc: int = 1, force: bool = False, span_p: float = 0.2, span_max: int = 10,
                   lexicon: str | None = None, ngram_probs=(0.4, 0.3, 0.2, 0.1), packing: str = "full_sentences",
-                  knowledge_units: str | None = None) -> dict:
+                  knowledge_units: str | None = None, mask_count: str = "reference",
+                  ngram_start_prob: float | None = None) -> dict:
     """Masked-LM instances from a `plm tokenize` directory into `out_dir`; returns the output's meta.
 
     `packing` (pairs none): full_sentences packs sentences across documents, doc_sentences keeps each
     instance inside one document (RoBERTa's FULL-SENTENCES / DOC-SENTENCES).
 
+    `mask_count` and `ngram_start_prob`: masking_options.MaskingOptions.
     ngram_probs shapes masking "ngram"; span_p / span_max shape masking "span"; `lexicon` (a file, one phrase or entity per line) gives the
     units of masking "knowledge"; without one, `knowledge_units` (phrases | entities) has jieba's tagger find
     them (`knowledge.AutoUnits`). Reuses `out_dir` when it already holds this exact output (same corpus,
     settings and lexicon entries) unless `force`.
     """
     _check(max_seq_len, short_seq_prob, dupe_factor, mask_prob, max_predictions, pairs, masking, num_proc,
-           span_p, span_max, lexicon, ngram_probs, knowledge_units)
+           span_p, span_max, lexicon, ngram_probs, knowledge_units, mask_count, ngram_start_prob)
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     cmeta = require_meta(corpus_dir)
     masked_lm_special_ids(cmeta)  # a corpus without [CLS]/[SEP]/[MASK] is refused before any work
     settings = dict(max_seq_len=max_seq_len, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
-                    mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed)
+                    mask_prob=mask_prob, max_predictions=max_predictions, pairs=pairs, masking=masking, seed=seed,
+                    mask_count=mask_count)  # keyed whatever its value: data built with the older count is not reused
     if packing not in PACKINGS:
         raise PlmError(f"--packing '{packing}' is not one of {', '.join(PACKINGS)}", "use --packing full_sentences")
     if pairs == "none":
@@ -379,6 +392,8 @@ def make_mlm_data(corpus_dir, out_dir, *, max_seq_len: int = 128, short_seq_prob
         settings |= dict(span_p=span_p, span_max=span_max)
     if masking in ("ngram", "ngram_per_word"):
         settings |= dict(ngram_probs=[float(x) for x in ngram_probs])
+    if masking == "ngram_per_word" and ngram_start_prob is not None:
+        settings["ngram_start_prob"] = float(ngram_start_prob)
     if masking == "knowledge" and lexicon:
         settings |= dict(lexicon=str(resolve_lexicon(lexicon).resolve()), lexicon_key=lexicon_key(lexicon))
     elif masking == "knowledge":  # the tagger's version and the grammar count, so a changed grammar builds afresh

@@ -36,6 +36,7 @@ import torch
 
 from plmcli.config_sections import DataConfig, TokenizerConfig
 from plmcli.data.batching import batch_loader, loader_workers
+from plmcli.data.mixing import Blend, MixedLane
 from plmcli.data.store import build_atomically, cache_key, load_meta, tokenizer_settings, write_meta
 from plmcli.data.text import (
     STDIN,
@@ -71,9 +72,10 @@ reads = _Reads(maxlen=4096)
 
 
 def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig, objective_cls=None,
-                          cache_root=None, objective_cfg=None) -> Path:
+                          cache_root=None, objective_cfg=None, weights=None) -> Path:
     """A directory for streaming `inputs`: tokenizer.json, the validation tail tokenized, meta.json with
-    the file list. Cached under a key over the inputs (paths, sizes, mtimes) and settings."""
+    the file list. Cached under a key over the inputs (paths, sizes, mtimes) and settings. With `weights` (one
+    per input, normalised: data/mixing.py), each input is a source of a mix, with its own validation tail."""
     from plmcli.data.corpus import FORMAT, VERSION, default_cache_dir, read_corpus_meta
 
     if objective_cls is not None:  # before a tokenizer is trained on a corpus this big
@@ -83,7 +85,8 @@ def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig
     if len(inputs) == 1 and Path(inputs[0]).is_dir() and read_corpus_meta(Path(inputs[0])) is not None:
         raise PlmError(f"--streaming reads text files, and '{inputs[0]}' is already tokenized",
                        "drop --streaming (a tokenized corpus is read from disk as it trains), or pass the text files")
-    files = expand_inputs(inputs, data_cfg.text_column)
+    groups = [expand_inputs([i], data_cfg.text_column) for i in inputs] if weights else [expand_inputs(inputs, data_cfg.text_column)]
+    files = [f for g in groups for f in g]
     for name in files:
         if isinstance(name, TableInput):
             raise PlmError(f"--streaming reads plain text files, and {name.describe()} is a {FORMAT_NAMES[name.kind]}: "
@@ -95,10 +98,11 @@ def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig
                            "decompress it to a plain text file (or tokenize it with `plm tokenize` and drop --streaming)")
         open_text(name).close()  # binary files and UTF-16 fail now, not hours into training
     stats = input_stats(files)
+    mix = [[len(g) for g in groups], list(weights)] if weights else []  # appended only when set: older keys stay
     key = cache_key(stats, tokenizer_settings(tok_cfg), data_cfg.doc_per_line, float(data_cfg.val_fraction), FORMAT,
-                    VERSION, KIND, VAL_MAX_BYTES, TOKENIZER_SAMPLE_BYTES)
+                    VERSION, KIND, VAL_MAX_BYTES, TOKENIZER_SAMPLE_BYTES, *mix)
     out = (Path(cache_root) if cache_root is not None else default_cache_dir()) / "streams" / key[:16]
-    build_atomically(out, key, read_corpus_meta, lambda tmp: _build(tmp, files, stats, tok_cfg, data_cfg, key),
+    build_atomically(out, key, read_corpus_meta, lambda tmp: _build(tmp, groups, stats, tok_cfg, data_cfg, key, weights),
                      "plm pretrain --streaming")
     return out
 
@@ -116,28 +120,47 @@ def _sample_lines(files: list[str], budget: int) -> Iterator[str]:
             yield line
 
 
-def _build(tmp: Path, files: list[str], stats: list[dict], tok_cfg: TokenizerConfig, data_cfg: DataConfig, key: str) -> dict:
-    from plmcli.data.corpus import FORMAT, VERSION, encode_splits, tokenizer_entry
-
-    if not any(line.strip() for line in _sample_lines(files, TOKENIZER_SAMPLE_BYTES)):  # stops at the first text
-        raise PlmError("the input contains no text (every line is blank)", "check the input files")
+def _tail(files: list[str], data_cfg: DataConfig, val_max: int) -> dict:
+    """One source's files: their sizes, where its training text ends in the last and its validation tail starts."""
     sizes = [os.path.getsize(f) for f in files]
-    total = sum(sizes)
-    val_bytes = min(int(total * data_cfg.val_fraction), VAL_MAX_BYTES, sizes[-1])
+    val_bytes = min(int(sum(sizes) * data_cfg.val_fraction), val_max, sizes[-1])
     cut = sizes[-1] - val_bytes
     # Train on the lines before the first validation document: nothing lost, nothing shared.
     train_end = document_start(files[-1], cut, data_cfg.doc_per_line) if val_bytes else sizes[-1]
     if sum(sizes[:-1]) + train_end == 0:
         raise PlmError("--streaming found no training text (the validation tail takes it all)",
                        "add text or lower data.val_fraction")
+    return {"files": [str(Path(f).resolve()) for f in files], "sizes": sizes, "train_end": train_end,
+            "train_bytes": sum(sizes[:-1]) + train_end, "validation_start": cut if val_bytes else None}
+
+
+def _build(tmp: Path, groups: list[list[str]], stats: list[dict], tok_cfg: TokenizerConfig, data_cfg: DataConfig,
+           key: str, weights=None) -> dict:
+    from plmcli.data.corpus import FORMAT, VERSION, encode_splits, tokenizer_entry
+
+    files = [f for g in groups for f in g]
+    if not any(line.strip() for line in _sample_lines(files, TOKENIZER_SAMPLE_BYTES)):  # stops at the first text
+        raise PlmError("the input contains no text (every line is blank)", "check the input files")
+    tails = [_tail(g, data_cfg, VAL_MAX_BYTES // len(groups)) for g in groups]
     tok, entry = tokenizer_entry(tok_cfg, lambda: _sample_lines(files, TOKENIZER_SAMPLE_BYTES))
-    units = [(files[-1], cut, None, val_bytes)] if val_bytes else []
-    counts = encode_splits(tmp, units, tok, data_cfg.doc_per_line, 1, key, lambda n: 0)
+    units = [[(g[-1], t["validation_start"], None, t["sizes"][-1] - t["validation_start"])]
+             if t["validation_start"] is not None else [] for g, t in zip(groups, tails)]
+    counts = encode_splits(tmp, [u for us in units for u in us], tok, data_cfg.doc_per_line, 1, key, lambda n: 0)
     tok.save(str(tmp / "tokenizer.json"))
+    streamed = {**tails[-1], "files": [str(Path(f).resolve()) for f in files],
+                "sizes": [s for t in tails for s in t["sizes"]], "train_bytes": sum(t["train_bytes"] for t in tails)}
     meta = {"format": FORMAT, "version": VERSION, "tokenizer": entry, "inputs": stats,
             "doc_per_line": data_cfg.doc_per_line, "val_fraction": data_cfg.val_fraction, "counts": counts, "key": key,
-            KIND: {"files": [str(Path(f).resolve()) for f in files], "sizes": sizes, "train_end": train_end,
-                   "train_bytes": sum(sizes[:-1]) + train_end, "validation_start": cut if val_bytes else None}}
+            KIND: streamed}
+    if weights:  # a mix: each source's own files, and its validation tail apart too (data/mixing.py)
+        streamed["sources"] = [{**t, "weight": w} for t, w in zip(tails, weights)]
+        meta["mix"] = {"dirs": [f"sources/{k}" for k in range(len(groups))], "weights": list(weights)}
+        for k, us in enumerate(units):
+            sub = tmp / "sources" / str(k)
+            sub.mkdir(parents=True)
+            c = encode_splits(sub, us, tok, data_cfg.doc_per_line, 1, f"{key}-{k}", lambda n: 0)
+            tok.save(str(sub / "tokenizer.json"))
+            write_meta(sub, {"format": FORMAT, "version": VERSION, "tokenizer": entry, "counts": c, "key": f"{key}-{k}"})
     write_meta(tmp, meta)
     return meta
 
@@ -340,6 +363,10 @@ class TextStream(torch.utils.data.IterableDataset):
         self.rank, self.world, self.make_batch = rank, world, make_batch
         self.num_workers, self.packing = num_workers, packing
         self.text = (s["files"], s["sizes"], s["train_end"])
+        self.mix = s.get("sources")  # a mix: every lane reads each source's own stretch (data/mixing.py)
+        if self.mix and packing != "window":
+            raise PlmError(f"a streamed mix reads token windows, not {packing} rows", "drop the weights, or use clm")
+        self.blend = Blend([m["weight"] for m in self.mix]) if self.mix else None
         self.readers = None
         if num_workers != "auto":
             self.cut(max(1, int(num_workers)))
@@ -347,7 +374,12 @@ class TextStream(torch.utils.data.IterableDataset):
     def cut(self, readers: int) -> None:
         """Share this process's lanes among `readers` readers, none of them started."""
         per_reader = readers * self.B
-        self.pieces = lane_pieces(*self.text, self.world * per_reader)[self.rank * per_reader : (self.rank + 1) * per_reader]
+        mine = slice(self.rank * per_reader, (self.rank + 1) * per_reader)
+        if self.mix:  # per lane, its stretch of every source
+            cuts = [lane_pieces(m["files"], m["sizes"], m["train_end"], self.world * per_reader)[mine] for m in self.mix]
+            self.pieces = [list(p) for p in zip(*cuts)]
+        else:
+            self.pieces = lane_pieces(*self.text, self.world * per_reader)[mine]
         self.readers = readers
         self.positions: list = [None] * readers  # per reader: its lanes' positions (None: not started)
         self.first = 0  # the reader whose batch comes next
@@ -358,7 +390,15 @@ class TextStream(torch.utils.data.IterableDataset):
         tok = Tokenizer.from_str(self.tok_json)
         pos = self.positions[reader] or [None] * self.B
         base = (self.rank * self.readers + reader) * self.B
+        if self.mix:
+            return [self._mixed_lane(self.pieces[reader * self.B + b], tok, pos[b], base + b) for b in range(self.B)]
         return [Lane(self.pieces[reader * self.B + b], tok, self.sep, pos[b], f"lane {base + b}") for b in range(self.B)]
+
+    def _mixed_lane(self, pieces: list[list[Piece]], tok, position, lane: int) -> MixedLane:
+        makers = [functools.partial(lambda pc, name, pos: Lane(pc, tok, self.sep, pos, name), pc, f"lane {lane} of source {k}")
+                  for k, pc in enumerate(pieces)]
+        starts = [[0, 0, pc[0].start if pc else 0, 0, None] for pc in pieces]
+        return MixedLane(self.blend, position, makers, starts)
 
     def _batches(self, reader: int):
         lanes = self._lanes(reader)

@@ -62,3 +62,14 @@ def counts_report(row, order: int) -> dict:
     return {**report(math.inf if zero else float(nll), int(n), int(n_bytes), int(n_words), order, order),
             "oov_rate": oov_rate(oov, n, sentences), "sentences": int(sentences), "zero_prob_tokens": int(zero),
             "ppl_excluding_zero_prob": math.exp(float(nll) / kept) if kept else math.nan}
+
+
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int | None = None, device=None, tail: int | None = None):
+    """Per token of the text `ids` (tokenizer ids): (log P(word | the n-1 words before it, <s> before the
+    first), whether it is the most likely word), the text read as one sentence. tail: only the last `tail`."""
+    words = model.to_ids(np.asarray(ids, dtype=np.int64))
+    lp, hit = np.full(len(words), np.nan), np.zeros(len(words), dtype=bool)
+    for i in range(0 if tail is None else max(0, len(words) - tail), len(words)):
+        dist = model.logprobs(words[:i])
+        lp[i], hit[i] = dist[words[i]], int(np.argmax(dist)) == words[i]
+    return lp, hit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import eval_files, sequence_nll
+from plmcli.eval.perplexity import eval_files, from_start, sequence_nll, window_logprobs
 
 
 @torch.no_grad()
@@ -26,3 +26,13 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
     model.to(device).eval()
     return eval_files(files, tok, cfg, lambda seq: sequence_nll(model, seq, L, S, batch_size, device), L, S,
                       context=f"the {n1} previous tokens")
+
+
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
+    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
+    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
+    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    L = max(512, model.cfg.order - 1)
+    model.to(device).eval()
+    return from_start(lambda seq: window_logprobs(model, seq, L, L - (model.cfg.order - 2), batch_size, device, tail),
+                      ids, cfg)

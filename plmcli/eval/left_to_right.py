@@ -16,7 +16,7 @@ import numpy as np
 import torch.nn.functional as F
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import carried_nll, eval_files, sequence_nll, window_length
+from plmcli.eval.perplexity import carried_nll, eval_files, from_start, sequence_nll, window_length, window_logprobs
 
 FACTORISATION = ("left-to-right (identity permutation): the query stream predicts each token "
                  "from the content of all tokens before it")
@@ -70,3 +70,13 @@ def stream_nll(model, seq: np.ndarray, tgt_len: int, mem_len: int, device="cpu")
         return F.cross_entropy(logits[0].float(), y, reduction="sum"), mems
 
     return carried_nll(seq, tgt_len, step, device)
+
+
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
+    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
+    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
+    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    L, _ = window_length(None, model.max_positions, cfg.get("seq_len"))
+    model.to(device).eval()
+    return from_start(lambda seq: window_logprobs(lambda x: model.next_token_logits(x)[0], seq, L, max(1, L // 2),
+                                                  batch_size, device, tail), ids, cfg)

@@ -18,17 +18,14 @@ import numpy as np
 import torch
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import carried_nll, eval_files, sees_newlines
+from plmcli.eval.perplexity import carried_logprobs, carried_nll, eval_files, from_start, sees_newlines
 
 
 @torch.no_grad()
 def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
           batch_size: int = 8, device="cpu", mem_len: int | None = None, tgt_len: int | None = None) -> dict:
     """eval-ppl's report of a model with segment memory over `files`; adds `tgt_len` and `mem_len`."""
-    c = model.cfg
-    # a flag's 0 is a value (refused below); the recipe's eval_tgt_len 0 means "the training seq_len"
-    tgt = (c.eval_tgt_len or cfg.get("seq_len") or 128) if tgt_len is None else tgt_len
-    mem = (c.eval_mem_len or c.mem_len) if mem_len is None else mem_len
+    tgt, mem = segment_lengths(model, cfg, mem_len, tgt_len)
     if tgt < 1 or mem < 0:
         raise PlmError(f"--tgt-len {tgt} must be ≥ 1 and --mem-len {mem} ≥ 0", "e.g. --tgt-len 128 --mem-len 1600")
     if max_length is not None or stride is not None:
@@ -46,3 +43,23 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
 def stream_nll(model, seq: np.ndarray, tgt_len: int, device="cpu") -> tuple[float, int]:
     """Summed NLL of seq[1:] given everything before, one segment of tgt_len tokens at a time."""
     return carried_nll(seq, tgt_len, lambda x, y, mems: model(x, mems, labels=y[None]), device)
+
+
+def segment_lengths(model, cfg: dict, mem_len: int | None = None, tgt_len: int | None = None) -> tuple[int, int]:
+    """(tokens per segment, states kept per layer): the flags when given, else the config's evaluation values."""
+    c = model.cfg
+    # a flag's 0 is a value (refused by score); the recipe's eval_tgt_len 0 means "the training seq_len"
+    tgt = (c.eval_tgt_len or cfg.get("seq_len") or 128) if tgt_len is None else tgt_len
+    mem = (c.eval_mem_len or c.mem_len) if mem_len is None else mem_len
+    return tgt, mem
+
+
+@torch.no_grad()
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
+    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
+    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
+    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    tgt, mem = segment_lengths(model, cfg)
+    model.to(device).eval()
+    with model.evaluation_memory(mem):  # forward without labels: (log-probabilities, memory)
+        return from_start(lambda seq: carried_logprobs(seq, tgt, model, device), ids, cfg)

@@ -105,6 +105,65 @@ def carried_nll(seq: np.ndarray, chunk: int, step, device="cpu") -> tuple[float,
     return total, len(seq_t) - 1
 
 
+@torch.no_grad()
+def window_logprobs(logits_fn: Callable[[torch.Tensor], torch.Tensor], seq: np.ndarray, max_length: int, stride: int,
+                    batch_size: int = 8, device="cpu", tail: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per token of seq[1:], in `sequence_nll`'s windows: (log p(token | its window before it), whether the token
+    is the argmax there). `logits_fn`: (B, T) ids -> (B, T, V) next-token logits. tail: only the last `tail`
+    tokens are wanted; windows scoring none of them are not run (their tokens read nan, False)."""
+    seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+    n = len(seq_t)
+    lp, hit = np.full(max(n - 1, 0), np.nan), np.zeros(max(n - 1, 0), dtype=bool)
+    first = 0 if tail is None else n - tail  # the least target position wanted
+    pending = [w for w in windows(n, max_length, stride) if w[1] >= first]
+    for b in range(0, len(pending), batch_size):
+        group = pending[b : b + batch_size]
+        x = torch.zeros(len(group), max(e - s for s, e, _ in group), dtype=torch.long)  # right padding, never scored
+        for r, (s, e, _) in enumerate(group):
+            x[r, : e - s] = seq_t[s:e]
+        logits = logits_fn(x.to(device)).float().cpu()
+        for r, (s, e, k) in enumerate(group):
+            rows, targets = logits[r, e - s - k : e - s], seq_t[e - k + 1 : e + 1]
+            lp[e - k : e] = torch.log_softmax(rows, -1).gather(1, targets[:, None])[:, 0].double().numpy()
+            hit[e - k : e] = (rows.argmax(-1) == targets).numpy()
+    return lp, hit
+
+
+@torch.no_grad()
+def carried_logprobs(seq: np.ndarray, chunk: int, step, device="cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Per token of seq[1:] given everything before, the state carried as in `carried_nll`: (log-probability,
+    whether it is the argmax). `step(x (1, t), state) -> ((1, t, V) next-token logits, state)`."""
+    seq_t = torch.as_tensor(np.asarray(seq, dtype=np.int64), device=device)
+    lps, hits, state = [], [], None
+    for i in range(0, len(seq_t) - 1, chunk):
+        x = seq_t[i : min(i + chunk, len(seq_t) - 1)][None]  # (1, t)
+        y = seq_t[i + 1 : i + 1 + x.shape[1]]
+        logits, state = step(x, state)
+        logits = logits[0].float()
+        lps.append(torch.log_softmax(logits, -1).gather(1, y[:, None])[:, 0].double().cpu())
+        hits.append((logits.argmax(-1) == y).cpu())
+    if not lps:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    return torch.cat(lps).numpy(), torch.cat(hits).numpy()
+
+
+def start_token(cfg: dict) -> int | None:
+    """The token a text's first token is scored after: the run's tokenizer's bos, else its eos; None without either."""
+    ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
+    return next((int(ids[r]) for r in ("bos", "eos") if r in ids), None)
+
+
+def from_start(fn: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], ids, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    """`fn` (per token of seq[1:]: log-probabilities, argmax hits) over the text `ids` after the run's start token
+    (`start_token`), aligned with `ids`: without a start token the first token is context only (nan, False)."""
+    start = start_token(cfg)
+    seq = np.asarray(([start] if start is not None else []) + [int(i) for i in ids], dtype=np.int64)
+    lp, hit = fn(seq) if len(seq) > 1 else (np.zeros(0), np.zeros(0, dtype=bool))
+    if start is None and len(ids):
+        lp, hit = np.concatenate([[np.nan], lp]), np.concatenate([[False], hit])
+    return lp, hit
+
+
 def check_lengths(**flags) -> None:
     """Refuse a window, stride, segment, memory or batch length below its least value, before a scorer
     reads 0 as "not given" (`x or default`) or loops without moving. `flags`: option name (max_length

@@ -27,6 +27,32 @@ SCORERS: dict[str, str] = {
 """Scoring protocol -> its scorer ("module:function")."""
 
 
+LEFT_TO_RIGHT: dict[str, str] = {p: f"plmcli.eval.{p}:token_logprobs"
+                                 for p in ("window", "fixed_context", "state", "memory", "counts", "left_to_right")}
+"""The protocols that score a text left to right, token by token -> their per-token scorer
+(`token_logprobs(model, ids, cfg, *, batch_size, device, tail) -> (log-probabilities, argmax hits)`, one each
+per token of `ids`), which lm-eval's requests and eval-ppl read alike."""
+
+
+def scores_left_to_right(model_or_cls) -> bool:
+    """Whether a model's (or model class's) protocol gives every token's log p(token | the tokens before it)."""
+    return traits_of(model_or_cls).scoring in LEFT_TO_RIGHT
+
+
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
+    """(log p(token | the tokens before it), whether the token is the argmax) for each of the text `ids`
+    (tokenizer ids), by the per-token scorer of the model's protocol (`LEFT_TO_RIGHT`) with eval-ppl's
+    defaults; a first token with nothing to condition on reads nan. tail: only the last `tail` tokens are
+    wanted (the others may read nan). A model without such a protocol: PlmError."""
+    protocol = traits_of(model).scoring
+    if protocol not in LEFT_TO_RIGHT:
+        raise PlmError(f"a {type(model).__name__} model does not score text left to right (its perplexity protocol "
+                       f"is {protocol or 'none'})", "use a causal LM run (gpt, rnn, nnlm, transformer_xl, xlnet, ngram)")
+    with packed_weights():
+        return resolve(LEFT_TO_RIGHT, protocol, "scoring protocol")(model, ids, cfg, batch_size=batch_size,
+                                                                     device=device, tail=tail)
+
+
 def scorer(model_or_cls):
     """The score function of a model's (or model class's) protocol; PlmError when it has none."""
     protocol = traits_of(model_or_cls).scoring

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import carried_nll, eval_files
+from plmcli.eval.perplexity import carried_logprobs, eval_files, from_start
 
 
 @torch.no_grad()
@@ -30,9 +29,13 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
 
 def stream_nll(model, seq: np.ndarray, chunk: int, device="cpu") -> tuple[float, int]:
     """Summed NLL of seq[1:] given everything before, reading `chunk` tokens per forward pass."""
+    lp, _ = carried_logprobs(seq, chunk, model, device)
+    return -float(lp.sum()), len(lp)
 
-    def step(x, y, state):
-        logits, state = model(x, state)
-        return F.cross_entropy(logits[0].float(), y, reduction="sum"), state
 
-    return carried_nll(seq, chunk, step, device)
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
+    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
+    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
+    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    model.to(device).eval()
+    return from_start(lambda seq: carried_logprobs(seq, 1024, model, device), ids, cfg)

@@ -8,7 +8,7 @@ reads windows only: `model(ids, labels=...)` (objective clm's protocol) or `mode
 from __future__ import annotations
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import encode_file, report, sequence_nll, window_length
+from plmcli.eval.perplexity import encode_file, from_start, report, sequence_nll, window_length, window_logprobs
 
 
 def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
@@ -38,3 +38,12 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
     res["first_token"] = f"conditioned on {prefix_name}" if prefix_name else "not scored (tokenizer has no bos/eos)"
     res["files"] = per_file
     return res
+
+
+def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
+    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
+    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
+    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    L, _ = window_length(None, model.max_positions, cfg.get("seq_len"))
+    model.to(device).eval()
+    return from_start(lambda seq: window_logprobs(model, seq, L, max(1, L // 2), batch_size, device, tail), ids, cfg)

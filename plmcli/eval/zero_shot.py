@@ -8,6 +8,8 @@ choice          SWAG and RACE: every option, formatted by `option`, continues th
 lambada         a text file of passages, one a line (LAMBADA, Paperno et al. 2016): the last word is predicted
                 from the rest. Accuracy: every token of the word is the model's argmax given the tokens before
                 it (greedy decoding finds the word); also the perplexity of the last words.
+generate        `score: generate` (translation, squad): the model writes each prediction greedily after the
+                prompt, and `metric` scores it (BLEU, SQuAD's F1): plmcli.eval.zero_shot_generate.
 
 A continuation c after a prompt p scores log P(c | p) = Σ_t log p(c_t | p, c_<t), "sum", or that sum over c's
 token count, "mean". The default is sum for verbalised labels (the label's probability) and mean for options,
@@ -23,7 +25,6 @@ tasks in plmcli/recipes/zero-shot/<task>.yaml; a --config file and flags go over
 from __future__ import annotations
 
 import math
-import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
@@ -33,12 +34,17 @@ import torch
 
 from plmcli.config_sections import Count
 from plmcli.errors import PlmError
+from plmcli.eval.prompts import fill
 
 LAMBADA = "lambada"
 """The task name of last-word prediction on a text file (no reader in the task registry: its data is text)."""
 
-ZeroShotScore = Literal["sum", "mean"]
-"""sum: log P(continuation | prompt); mean: that over the continuation's tokens."""
+ZeroShotScore = Literal["sum", "mean", "generate"]
+"""sum: log P(continuation | prompt); mean: that over the continuation's tokens; generate: no continuations, the
+model's greedy continuation of the prompt is the prediction (plmcli.eval.zero_shot_generate)."""
+
+GeneratedMetric = Literal["bleu", "squad_f1"]
+"""What scores generated predictions: bleu (sacrebleu's corpus_bleu), squad_f1 (SQuAD v1.1's F1 and exact match)."""
 
 CONFIG_DIR = "zero-shot"
 """Under plmcli/recipes: the shipped zero-shot configs, one per task (sst2.yaml, race.yaml, ...)."""
@@ -66,9 +72,27 @@ class ZeroShotConfig:
     option: str = " {option}"
     """Multiple choice: how an option continues the prompt ({option})."""
     score: Optional[ZeroShotScore] = None
-    """sum | mean: what picks the prediction; none = sum for verbalised labels, mean for options."""
+    """sum | mean: what picks the prediction; none = sum for verbalised labels, mean for options. generate: the
+    model writes the prediction (greedy, until `stop`), read from `data` and scored by `metric`."""
     max_examples: Count = 0
     """Score the first N examples of the split only; 0 = all."""
+    metric: Optional[GeneratedMetric] = None
+    """score generate: bleu (translation pairs) | squad_f1 (questions on passages: F1 and exact match)."""
+    shot: str = ""
+    """score generate: the template of each solved example before the prompt (its fields and the answer's:
+    {source} {target} for pairs; {context} {question} {answer} for questions)."""
+    shots: Count = 0
+    """score generate: solved examples before each prompt, the data's first rows (not scored)."""
+    turn: str = "Q: {question}\nA: {answer}\n"
+    """score generate, CoQA: how each earlier question and answer of the conversation reads, in {history}."""
+    stop: str = "\n"
+    """score generate: decoding ends at this text (not part of the prediction)."""
+    max_new_tokens: Count = 32
+    """score generate: at most this many tokens per prediction."""
+
+
+GENERATE_KEYS = ("metric", "shot", "shots", "turn", "stop", "max_new_tokens")
+"""The keys only `score: generate` reads (left out of the other tasks' results)."""
 
 
 # ---------------------------------------------------------------- the config
@@ -188,20 +212,6 @@ def window_inputs(ctx: list[int], cont: list[int], window: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- a task's examples as rows
-
-
-def fill(template: str, fields: dict, key: str) -> str:
-    """`template` with the example's `fields`; a field the examples lack is a PlmError naming the ones they have."""
-    try:
-        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    except ValueError as e:
-        raise PlmError(f"{key} {template!r} is not a template ({e})",
-                       "write fields as {text}; a literal brace as {{ or }}") from None
-    unknown = [n for n in names if n not in fields]
-    if unknown:
-        raise PlmError(f"{key} {template!r} names {{{unknown[0]}}}, a field these examples do not have",
-                       f"use {', '.join('{' + f + '}' for f in fields)}")
-    return template.format_map(fields)
 
 
 def task_kind(task) -> str:
@@ -382,9 +392,16 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False).ids
 
-    scorer = score_lambada if cfg.task.lower() == LAMBADA else score_task
-    res = scorer(model, encode, prefix, cfg, window, batch_size, device)
+    if cfg.score == "generate":
+        from plmcli.eval.zero_shot_generate import score_generated
+
+        window, why = positions, "the model's positions: generation crops the prompt as plm generate does"
+        res = score_generated((model, tok, run_cfg), cfg, batch_size, device)
+    else:
+        scorer = score_lambada if cfg.task.lower() == LAMBADA else score_task
+        res = scorer(model, encode, prefix, cfg, window, batch_size, device)
     res.update(run=run_label(run, path), window=window, window_from=why,
                first_token=f"after {start}" if start else "after the prompt's first token (no bos/eos)",
-               config={k: v for k, v in asdict(cfg).items() if v not in (None, {}, "")})
+               config={k: v for k, v in asdict(cfg).items() if v not in (None, {}, "")
+                       and (cfg.score == "generate" or k not in GENERATE_KEYS)})
     return res

@@ -8,7 +8,8 @@ Optional: `hf_export_notes()` (what the export leaves out, for the report) and
 This driver finds them by scanning the model registry, so a family needs no line here.
 
 plm does not depend on transformers: HF configs are plain JSON, weights go through safetensors and
-tokenizers through `tokenizers`. Only local directories are read; nothing is downloaded.
+tokenizers through `tokenizers`. Only local directories are read here; Hub model ids are fetched into one
+by plmcli.interop.hub.
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ def hf_tokenizer_files(tok, run_config: dict, model) -> dict[str, str]:
 # ---------------------------------------------------------------- import
 
 
-def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
+def import_hf(hf_dir: str, out: str, force: bool = False, origin: dict | None = None) -> dict:
     """Turn a local transformers directory into a plm run directory `out` (config.json, model.safetensors,
-    tokenizer.json) that finetune, eval-ppl and generate read. Returns a report naming the fresh heads:
-    parts our model has that the checkpoint lacks, initialised (seed 0) instead.
+    tokenizer.json) that finetune, eval-ppl and generate read; `origin` is recorded in its imported_from
+    (a Hub model's {"hub": {repo_id, revision, commit}}, plmcli.interop.hub). Returns a report naming the fresh
+    heads: parts our model has that the checkpoint lacks, initialised (seed 0) instead.
 
     The run keeps the checkpoint's shapes (model.pad_vocab_multiple 1): padding rows would be weights the
     checkpoint never trained, and its config.json and state dict then convert back to transformers unchanged."""
@@ -180,7 +182,7 @@ def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     src = Path(hf_dir)
     if not (src / "config.json").is_file():
         raise PlmError(f"{src} is not a transformers model directory (no config.json)",
-                       "pass a local directory written by save_pretrained (plm never downloads from the Hub)")
+                       "pass a local directory written by save_pretrained, or a Hub model id (e.g. bert-base-uncased)")
     hf = _read_json(src / "config.json")
     model_type = hf.get("model_type")
     families = hf_families()
@@ -210,7 +212,7 @@ def import_hf(hf_dir: str, out: str, force: bool = False) -> dict:
     objective = "clm" if cls.traits.causal else "mlm" if cls.traits.masked_lm else None
     run_config = {"family": family, "model": asdict(cfg), "objective": objective, "tokenizer": entry,
                   "imported_from": {"path": str(src.resolve()), "model_type": model_type,
-                                    "architectures": hf.get("architectures")}}
+                                    "architectures": hf.get("architectures"), **(origin or {})}}
 
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(run_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

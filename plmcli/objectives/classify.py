@@ -6,9 +6,9 @@ pooler when it has one, else the [CLS] hidden state). [CLS] leads each example u
 class says `pair_layout = "cls_last"` (XLNet: a [SEP] b [SEP] [CLS]).
 
 Causal LMs (finetune passes layout "causal"): GPT's traversal-style input transforms, `<s> x <e>` and
-`<s> x1 $ x2 <e>` for pairs; for similarity (a regression on pairs, STS-B) both orders, whose features
-are added before the head. The features are what the backbone's `Traits.pooling` names: GPT and
-Transformer-XL the final state of the extract token <e> (each row's last real token); RNN/LSTM/GRU LMs
+`<s> x1 $ x2 <e>` for pairs; for a similarity or paraphrase task (its `symmetric_pair`: STS-B, MRPC, QQP)
+both orders, whose features are added before the head. The features are what the backbone's `Traits.pooling`
+names: GPT and Transformer-XL the final state of the extract token <e> (each row's last real token); RNN/LSTM/GRU LMs
 ULMFiT's concat pooling [last; max; mean] over the real tokens; a Transformer's encoder (framed the same
 way: its tokenizer has no [CLS]) the mean of its states; word2vec Kim's (2014) CNN over its vectors. Stateful
 LMs read every example from a fresh state (`HasTokenStates`). For a causal LM the loss adds GPT's auxiliary
@@ -312,8 +312,8 @@ class Classify(TaskObjective):
         """(encode_pairs-style arrays, rows per example): example i is rows i·R .. i·R + R-1."""
         pair = any(e.text_b is not None for e in examples)
         a, b = [e.text_a for e in examples], [e.text_b or "" for e in examples] if pair else None
-        if pair and self.regression and self.layout == CAUSAL:
-            # similarity has no natural order: both, <s> a $ b <e> and <s> b $ a <e>
+        if pair and self.task.symmetric_pair and self.layout == CAUSAL:
+            # similarity and paraphrase have no natural order: both, <s> a $ b <e> and <s> b $ a <e>
             both_a = [t for x, y in zip(a, b) for t in (x, y)]
             both_b = [t for x, y in zip(a, b) for t in (y, x)]
             return encode_framed(self.tokenizer, self.frame, both_a, both_b, self.seq_len), 2

@@ -50,6 +50,16 @@ class CausalLM(Objective):
         return None
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        from plmcli.data.mixing import mix_of
+        from plmcli.data.store import read_meta
+
+        if mix_of(read_meta(corpus_dir) or {}, corpus_dir) is not None:  # a mix directory (data/mixing.py)
+            return self.blended_stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
+        n, fetch = self.windows(corpus_dir, split, seed, shuffle)
+        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+
+    def windows(self, corpus_dir, split: str, seed: int, shuffle: bool, needed: bool = True):
+        """(windows of T+1 tokens in `split`, fetch(epochs, indices) -> their batch). `needed`: none is an error."""
         from plmcli.data.corpus import token_stream
 
         tokens = token_stream(corpus_dir, split, self.separator())
@@ -57,7 +67,7 @@ class CausalLM(Objective):
         # Windows of T+1 tokens (input + shifted target); reserving T-1 tokens of slack keeps the
         # window count the same in every epoch whatever the epoch's offset.
         n = (len(tokens) - T) // T if self.cfg.shift_windows and shuffle else (len(tokens) - 1) // T
-        if n < 1:
+        if n < 1 and needed:
             raise PlmError(
                 f"the {split} split has {len(tokens)} tokens, too few for one sequence of {T}+1",
                 "add text, lower train.seq_len, or lower data.val_fraction",
@@ -75,7 +85,22 @@ class CausalLM(Objective):
             x = torch.from_numpy(np.asarray(tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64))  # (B, T+1)
             return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
 
-        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        return max(n, 0), fetch
+
+    def blended_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        """A mix directory's stream (data/mixing.py): each source's windows, drawn by weight (validation: pooled)."""
+        from plmcli.data.mixing import BlendedStream, mix_of, source_seed
+        from plmcli.data.store import load_meta
+
+        mix = mix_of(load_meta(corpus_dir), corpus_dir)
+        parts = [self.windows(d, split, source_seed(seed, k), shuffle, needed=shuffle and w > 0)
+                 if shuffle or load_meta(d)["counts"].get(split, {}).get("documents") else (0, None)
+                 for k, (d, w) in enumerate(zip(mix["dirs"], mix["weights"]))]
+        if not any(n for n, _ in parts):
+            raise PlmError(f"no source of the mix has a {split} sequence of {self.seq_len}+1 tokens",
+                           "add text, lower train.seq_len, or lower data.val_fraction")
+        return BlendedStream([n for n, _ in parts], mix["weights"], batch_size,
+                             lambda k, epochs, indices: parts[k][1](epochs, indices), seed, rank, world, shuffle)
 
     def loss_counts(self, batch):
         return {"loss": (batch["labels"] != -100).sum()}

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from plmcli.config_sections import Count, Formerly, Fraction, NonNegative, Range, Rule, Size
 from plmcli.data.batching import BatchStream, TokenBudgetStream, row_generators
 from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
+from plmcli.data.masking_options import MaskingOptions, counted_lengths
 from plmcli.data.packing import PACKINGS
 from plmcli.data.store import read_meta
 from plmcli.errors import PlmError
@@ -47,7 +48,9 @@ leaves packing as set; a recipe or a saved config.json that has it still loads."
 
 
 @dataclass
-class MLMConfig:
+class MLMConfig(MaskingOptions):
+    """The mlm objective's keys; mask_count and ngram_start_prob (data/masking_options.py) are make-mlm-data's too."""
+
     mask_prob: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.15
     """Share of tokens chosen as prediction targets."""
     max_predictions: Count = 20
@@ -189,7 +192,8 @@ class MaskedLM(Objective):
         from plmcli.data.mlm_data import make_mlm_data
 
         settings = dict(max_seq_len=self.seq_len, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
-                        mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking)
+                        mask_prob=c.mask_prob, max_predictions=c.max_predictions, pairs=c.pairs, masking=c.masking,
+                        mask_count=c.mask_count)
         if c.packing == "doc_sentences":  # only when set: the other cache keys stay as they were
             settings["packing"] = "doc_sentences"
         # Only the settings a masking uses join in, so changing another one keeps the cached data.
@@ -197,6 +201,8 @@ class MaskedLM(Objective):
             settings |= dict(span_p=c.span_p, span_max=c.span_max)
         if c.masking in ("ngram", "ngram_per_word"):
             settings |= dict(ngram_probs=list(c.ngram_probs))
+        if c.masking == "ngram_per_word" and c.ngram_start_prob is not None:
+            settings["ngram_start_prob"] = c.ngram_start_prob
         keyed = dict(settings)
         if c.masking == "knowledge" and c.lexicon:
             from plmcli.data.masking import lexicon_key
@@ -331,6 +337,7 @@ class MaskedLM(Objective):
         never = np.array(sorted({v for r, v in self.special_ids.items() if r != "unk"}), dtype=np.int64)
         special = np.isin(ids, never)
         rows = [slice(r, r + 1) for r in range(B)] if isinstance(rngs, list) else [slice(0, B)]
+        real = np.full(B, T) if lengths is None else np.asarray(lengths)  # each row's length, [CLS]/[SEP] included
         masked, target = ids.copy(), np.zeros((B, T), dtype=bool)
         for rs, rng in zip(rows, rngs if isinstance(rngs, list) else [rngs]):
             r = (rs, slice(0, int(lengths[rs.start])) if lengths is not None else slice(None))
@@ -339,7 +346,8 @@ class MaskedLM(Objective):
                 max_predictions=c.max_predictions, strategy=STRATEGY.get(c.masking, c.masking),
                 mask_id=self._id("mask"), vocab_size=vocab,
                 replace_probs=tuple(c.replace_probs), random_ids=random_ids, span_p=c.span_p, span_max=c.span_max,
-                ngram_probs=tuple(c.ngram_probs))
+                ngram_probs=tuple(c.ngram_probs), ngram_start_prob=c.ngram_start_prob,
+                counted=counted_lengths(c.mask_count, real[rs]))
         positions = np.flatnonzero(target)  # row-major: b·T + t
         batch = {"input_ids": torch.from_numpy(masked), "mlm_positions": torch.from_numpy(positions),
                  "mlm_labels": torch.from_numpy(ids.reshape(-1)[positions]), "num_tokens": B * T}

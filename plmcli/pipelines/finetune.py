@@ -5,12 +5,13 @@ warmup over the first 10% of steps then linear decay to 0, gradient clipping at 
 after every epoch and the best dev weights kept (selected on the task's main metric). The test split
 is then predicted with those weights and written in the GLUE submission format.
 
-The settings are a typed FinetuneConfig (plmcli.config: sections task, model, train, optim), from a YAML
+The settings are a typed FinetuneConfig (plmcli.config: sections task, model, lora, train, optim), from a YAML
 file (`--config`), `--set section.key=value` and the flags, each of which sets one key.
 
 OUT/ holds what a run dir holds (config.json, tokenizer.json, model.safetensors, metrics.jsonl)
 plus metrics.json (the result), finetune.yaml (the resolved config), data/ (the encoded splits) and
-the submission files.
+the submission files; with LoRA (lora.r > 0, plmcli.train.lora) also adapter.safetensors, the adapters
+alone, merged into model.safetensors.
 `--from OUT` finetunes further from such a directory (e.g. MNLI, then RTE).
 """
 
@@ -30,6 +31,7 @@ from plmcli.data.outdir import discard
 from plmcli.errors import Interrupted, PlmError, stop_signal
 from plmcli.runs import (FINISHED_FINETUNE, FROM, RUN_CONFIG, TOKENIZER, WEIGHTS, check_new_run_dir, finetuned_model,
                          load_encoder, load_run_tokenizer, resolve_run, run_config, runs_root, task_objective)
+from plmcli.train.lora import add_adapters, check_lora, save_merged
 
 
 FINETUNE_CONFIG = "finetune.yaml"
@@ -61,6 +63,7 @@ def run_finetune(cfg: FinetuneConfig, out: str | None = None, eval_only: bool = 
         run_cfg = _with_dropout(run_cfg, cfg.model.dropout, run_label)
         model = load_encoder(run, run_cfg, pretrained=cfg.model.init == "pretrained", seed=cfg.train.seed)
         _check_features(model, cfg.model)
+        check_lora(model, cfg.lora, cfg.model.freeze, run_cfg["family"], run_label)
         cfg = _resolved(cfg, run, _seq_len(cfg.task.max_seq_len, _positions(model)))
         special_ids = run_cfg.get("tokenizer", {}).get("special_token_ids", {})
         obj = task_objective(t, tok, special_ids, cfg.task.max_seq_len, type(model), cfg.model.classifier_dropout)
@@ -250,6 +253,7 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
     torch.manual_seed(cfg.train.seed)
     model = obj.build_model(encoder)
     with_features(model, obj, cfg.model)
+    adapted = add_adapters(encoder, cfg.lora, run_cfg["family"]) if cfg.lora.r else None  # the backbone frozen
     looped = loop_config(cfg, steps_per_epoch)
     total, warmup = looped.train.max_steps, looped.optim.warmup(looped.train.max_steps)
     if state.is_main_process:
@@ -261,6 +265,8 @@ def _train(t, obj, encoder, run_cfg: dict, run: Path, out_dir: Path, data: Path,
     written = {}
     if state.is_main_process:
         load_model(model, str(out_dir / WEIGHTS))  # the best dev weights, for the test predictions
+        if adapted:  # OUT/adapter.safetensors, then the adapters merged: model.safetensors is a plain model
+            save_merged(model, encoder, adapted, cfg.lora, out_dir)
         written = _predict_tests(t, obj, model, data, counts, out_dir, cfg.train.global_batch_size, cfg.train.seed)
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # optimizer state: finetune does not resume
     result = {
@@ -303,7 +309,8 @@ def _settings(t, cfg: FinetuneConfig, steps_per_epoch: int, total: int, warmup: 
             "max_seq_len": cfg.task.max_seq_len, "max_steps": tr.max_steps, "steps_per_epoch": steps_per_epoch,
             "total_steps": total, "warmup_steps": warmup, "weight_decay": cfg.optim.weight_decay,
             "classifier_dropout": m.classifier_dropout, "dropout": m.dropout, "freeze": m.freeze, "features": m.features,
-            "elmo_at_output": m.elmo_at_output, "data_dir": cfg.task.data_dir if cfg.task.data_dir else _data_source(t)}
+            "elmo_at_output": m.elmo_at_output, "data_dir": cfg.task.data_dir if cfg.task.data_dir else _data_source(t),
+            **({"lora": asdict(cfg.lora)} if cfg.lora.r else {})}
 
 
 @contextmanager

@@ -143,6 +143,7 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     the model, checked against one another."""
     import torch
 
+    from plmcli.data import mixing
     from plmcli.data.corpus import default_cache_dir
     from plmcli.data.tokenizers import load_tokenizer
     from plmcli.models.base import Fits
@@ -153,7 +154,7 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     from plmcli.train.loop import batch_sizes
 
     shipped = default_corpus(r.data.default_data or objective_class(r.objective_name).default_data)
-    inputs = list(data) if data else ([r.data.path] if r.data.path else [shipped])
+    inputs, sources = data_inputs(r, stages, data, shipped)
     fits = issubclass(model_class(r.family), Fits)
     for st in stages if not fits else []:  # a batch that does not split over the processes fails before tokenizing
         batch_sizes(st.train.global_batch_size, st.train.micro_batch_size, state.num_processes)
@@ -161,8 +162,12 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
         from plmcli.data.streaming import StreamingObjective, prepare_stream_corpus
 
         def build():
-            return prepare_stream_corpus(inputs, r.tokenizer, r.data, objective_class(r.objective_name),
-                                         objective_cfg=r.objective)
+            return prepare_stream_corpus([s.path for s in sources] if sources else inputs, r.tokenizer, r.data,
+                                         objective_class(r.objective_name), objective_cfg=r.objective,
+                                         weights=mixing.shares(sources) if sources else None)
+    elif sources:  # each source its own corpus (one tokenizer), and a directory that mixes them
+        def build():
+            return mixing.prepare_mixed_corpus(sources, r.tokenizer, r.data, objective_class(r.objective_name).prepare_corpus)
     else:
         def build():
             return objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
@@ -189,6 +194,20 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
         with main_builds_first(state):
             data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
     return Prepared(inputs, corpus_dir, meta, fits, objectives, data_dirs, model)
+
+
+def data_inputs(r, stages, data, shipped) -> tuple[list, list | None]:
+    """(the inputs a run records, the sources of a mix or None): --data (a weight after a colon mixes), else the
+    recipe's data.mix, data.path or the shipped sample. A mix trains objective clm (or bilm) only (data/mixing.py)."""
+    from plmcli.data import mixing
+    from plmcli.objectives.registry import objective_class
+
+    sources = mixing.parse_inputs(data) if data else mixing.from_config(r.data.mix) if r.data.mix else None
+    if not sources:
+        return (list(data) if data else ([r.data.path] if r.data.path else [shipped])), None
+    for st in stages:
+        mixing.check_mixable(objective_class(st.objective_name))
+    return [mixing.spec(s) for s in sources], sources
 
 
 def _fill_run_dir(r, run_dir: Path, prep: Prepared, resume: bool, restart: bool, streaming: bool, held) -> None:

@@ -17,6 +17,7 @@ a node whose prepared corpus differs from the main process's stops every process
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import socket
@@ -39,7 +40,6 @@ FSDP2_TORCH = "2.6"
 """The first torch with `torch.distributed.fsdp.fully_shard`, which accelerate's FSDP2 wraps."""
 
 T = TypeVar("T")
-_PREPARATION: list = []  # [(the default process group, its preparation group)]: made once per process group
 
 
 def accelerate_configs() -> dict[str, Path]:
@@ -125,10 +125,15 @@ def preparation_group():
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    world = dist.group.WORLD
-    if not _PREPARATION or _PREPARATION[0][0] is not world:  # a new default group (tests make several in turn)
-        _PREPARATION[:] = [(world, dist.new_group(backend="gloo", timeout=timedelta(seconds=PREPARE_TIMEOUT)))]
-    return _PREPARATION[0][1]
+    return _group_beside(dist.group.WORLD)
+
+
+@functools.lru_cache(maxsize=1)  # one per default group: a new one (tests make several in turn) makes its own
+def _group_beside(world):
+    """The preparation group of the default process group `world` (every process makes it, in the same order)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=PREPARE_TIMEOUT))
 
 
 def build_turn(state) -> int:

@@ -32,11 +32,12 @@ from plmcli.train.optim import build_optimizer, skips_on_device
 from plmcli.train.peaks import peak_flops
 from plmcli.train.peers import Peers
 from plmcli.train.progress import MetricsLog, TrainProgress
+from plmcli.train.trackers import log_with
 from plmcli.train.signals import DeferredStop, ignore_stop_signals, signal_number
 from plmcli.train.schedule import build_scheduler
 
-def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, accum: int = 1):
-    """A fresh Accelerator on this process's process group, accumulating over `accum` micro-batches."""
+def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, accum: int = 1, report_to=None, run_dir=None):
+    """A fresh Accelerator on this process's process group, accumulating over `accum` micro-batches, tracking to report_to."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
@@ -47,12 +48,10 @@ def make_accelerator(mixed_precision: str, dist_timeout_s: int = DIST_TIMEOUT, a
     process_state(dist_timeout_s)  # the process group, unless pretrain / finetune already made it
     # Several runs in one process (tests, notebooks, phases) each get a fresh precision setting.
     AcceleratorState._reset_state()
-    return Accelerator(
-        cpu=cpu, mixed_precision=mixed_precision,
-        # A plugin, not gradient_accumulation_steps=: accelerate would let a launch config's value win.
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=accum, sync_with_dataloader=False),
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))],
-    )
+    return Accelerator(cpu=cpu, mixed_precision=mixed_precision, log_with=log_with(report_to, run_dir), project_dir=run_dir,
+                       # A plugin, not gradient_accumulation_steps=: accelerate would let a launch config's value win.
+                       gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=accum, sync_with_dataloader=False),
+                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))])
 
 
 def resolve_precision(requested: str, cuda: bool, bf16: bool) -> str:
@@ -191,7 +190,7 @@ class _Training:
         dist = process_state(self.t.dist_timeout)
         self.world, self.rank = dist.num_processes, dist.process_index
         self.micro, self.accum = batch_sizes(self.t.global_batch_size, self.t.micro_batch_size, self.world)
-        self.accelerator = make_accelerator(self.t.mixed_precision, self.t.dist_timeout, self.accum)
+        self.accelerator = make_accelerator(self.t.mixed_precision, self.t.dist_timeout, self.accum, self.t.report_to, run_dir)
         if self.accelerator.device.type == "cuda":  # set either way: a run must not inherit the last one's choice
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.t.tf32
         self.loop = ckpt.LoopState()
@@ -264,7 +263,7 @@ class _Training:
         """What the steps keep track of: logs, progress, the throughput window, health, the peers' agreement."""
         t, accelerator = self.t, self.accelerator
         self.main = accelerator.is_main_process
-        self.log = MetricsLog(self.run_dir, enabled=self.main, step=self.loop.step)  # a resume redoes later steps
+        self.log = MetricsLog(self.run_dir, enabled=self.main, step=self.loop.step, tracked=(accelerator, self.recipe))  # a resume redoes later steps
         unwrapped = accelerator.unwrap_model(self.model)
         fpt = unwrapped.flops_per_token(t.seq_len) if isinstance(unwrapped, CountsFlops) else None
         self.fpt, self.peak = fpt, peak_flops(accelerator.device, accelerator.mixed_precision)

@@ -1,5 +1,5 @@
 """What a person watches during training: a time estimate before the first step, a rich progress bar
-(or plain lines off a terminal), metrics.jsonl, and TensorBoard events when tensorboard is installed."""
+(or plain lines off a terminal), metrics.jsonl, and the same rows to the trackers of train.report_to."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import functools
 import json
 import time
 from pathlib import Path
+
+from plmcli.train import trackers
 
 FAR_S = 3 * 86400  # a run estimated longer than this is far too big for the device: say what would fit
 FIT_S = 86400  # the --max-steps a hint proposes fit in about a day
@@ -370,23 +372,19 @@ class StageProgress:
 
 
 class MetricsLog:
-    """Appends to metrics.jsonl (so a resumed run continues the same file) and mirrors to TensorBoard."""
+    """Appends to metrics.jsonl (so a resumed run continues the same file) and gives each row to the run's trackers
+    (train.report_to: `tracked` is the (accelerator, recipe) whose trackers start here; trackers.py)."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True, step: int = 0):
+    def __init__(self, run_dir: Path, enabled: bool = True, step: int = 0, tracked: tuple | None = None):
         self.enabled = enabled
         self.last: dict = {}
         path = Path(run_dir) / "metrics.jsonl"
         if enabled and path.is_file():
             _cut_back(path, step)
         self.file = open(path, "a", encoding="utf-8") if enabled else None
-        self.tb = None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(Path(run_dir) / "tb"))
-            except ImportError:  # tensorboard is optional
-                self.tb = None
+        self.accelerator = tracked[0] if tracked else None
+        if tracked:
+            trackers.start(self.accelerator, run_dir, tracked[1])
 
     def write(self, row: dict) -> None:
         if "loss" in row:
@@ -395,18 +393,16 @@ class MetricsLog:
             return
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        if self.tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, row["step"])
+        if self.accelerator is not None and self.accelerator.trackers:
+            self.accelerator.log(trackers.numbers(row), step=row["step"])
 
     def close(self) -> None:
         if self.file:
             self.file.close()
             self.file = None
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
+        if self.accelerator is not None:
+            trackers.finish(self.accelerator)
+            self.accelerator = None
 
 
 def _cut_back(path: Path, step: int) -> None:

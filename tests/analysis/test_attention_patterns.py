@@ -130,6 +130,35 @@ def test_same_word_counts_every_piece_of_the_other_occurrences():
         assert row["same_word_other"] is None and row["same_token_other"] is None  # one segment: no query has one
 
 
+def test_same_word_pieces_measures_attention_within_a_split_word():
+    """Clark et al. §4's straw ↔ ##berries heads: [CLS] straw ##berries are red [SEP] from a WordPiece tokenizer.
+    Head 1 attends from each piece only to the other piece of its word: 1.0; head 2 only to [CLS]: 0. Queries:
+    the two pieces (a one-piece word and [CLS]/[SEP] have no other piece)."""
+    from tokenizers import pre_tokenizers
+    from tokenizers.models import WordPiece
+
+    wp = Tokenizer(WordPiece({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "straw": 3, "##berries": 4, "are": 5, "red": 6},
+                             unk_token="[UNK]"))
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wp.decoder = decoders.WordPiece()
+    assert wp.encode("strawberries are red").tokens == ["straw", "##berries", "are", "red"]
+    ((cls, occ),) = word_classes(wp, ["strawberries are red"], {})
+    ids = torch.tensor([[1, 3, 4, 5, 6, 2]])
+    words = (torch.tensor([[-1, *cls, -1]]), torch.tensor([[-1, *occ, -1]]))
+    encoder = _rows({0: 1.0}, {2: 1.0}, {1: 1.0}, {3: 1.0}, {4: 1.0}, {5: 1.0})  # straw ↔ ##berries
+    causal = _rows({0: 1.0}, {1: 1.0}, {1: 1.0}, {3: 1.0}, {4: 1.0}, {5: 1.0})   # straw sees no later piece
+    to_cls = _rows(*({0: 1.0} for _ in range(6)))
+    real = torch.ones(1, 6, dtype=torch.bool)
+    for is_causal, head, queries in ((False, encoder, 2), (True, causal, 1)):
+        sums = PatternSums()
+        sums.add([torch.stack([head, to_cls])[None]], real, (ids == 1) & real, (ids == 2) & real, is_causal, ids=ids,
+                 special=(ids == 1) | (ids == 2), words=words)
+        head1, head2 = sums.rows()
+        assert head1["same_word_pieces"] == pytest.approx(1.0) and head2["same_word_pieces"] == pytest.approx(0.0)
+        assert sums.counts["same_word_pieces"] == queries
+        assert head1["same_word"] is None  # no word occurs twice: pieces of one word are not twins
+
+
 def test_word_classes_follow_the_pre_tokenizer_and_the_decoded_text():
     from tokenizers import pre_tokenizers
     from tokenizers.models import WordPiece
@@ -221,7 +250,9 @@ def test_command_reports_the_patterns_on_a_tiny_bert(bert_run, tmp_path):
     assert got["broad"] == BROAD
     assert "patterns.png" in got["figures"] and (out / "patterns.png").stat().st_size > 10_000
     tsv = (out / "attention.tsv").read_text().splitlines()
-    assert tsv[0].split("\t")[-6:] == ["same_token", "same_token_other", "same_word", "same_word_other", "punct", "breadth"]
+    assert tsv[0].split("\t")[-7:] == ["same_token", "same_token_other", "same_word", "same_word_other", "same_word_pieces",
+                                      "punct", "breadth"]
+    assert all(h["same_word_pieces"] is None for h in got["heads"])  # every word here is one wordpiece
 
     res = run("attention", bert_run, "the cat , the mat .", "--text-pair", "a cat ran .", "--out", out)
     assert res.exit_code == 0, res.output
@@ -243,4 +274,5 @@ def test_command_single_text_has_no_other_sentence(bert_run, tmp_path):
     text = " ".join(res.stdout.split())
     assert "punctuation: none in the input" in text and "no token occurs twice in the input" in text
     assert "no word occurs twice in the input" in text and "pass --text-pair or tab-separated pairs" in text
+    assert "other pieces of the same word: n/a (no word of the input is split into pieces)" in text
     assert_clean_error(run("attention", bert_run, "the cat", "--text-pair", " ", "--out", tmp_path / "b"), "--text-pair")

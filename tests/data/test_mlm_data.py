@@ -93,12 +93,14 @@ class Places:
         return docs.pop(), local[0], local[-1]
 
 
-def check_masking(rows, specials_of, max_predictions=20):
+def check_masking(rows, specials_of, max_predictions=20, mask_count="reference"):
+    """Google's num_to_predict = min(max_predictions, max(1, int(round(len(tokens) * masked_lm_prob)))), len(tokens)
+    counting [CLS]/[SEP]; with mask_count maskable, the same share of the maskable tokens alone."""
     for row in rows:
         n = len(row["input_ids"])
         special = specials_of(row)
-        maskable = n - len(special)
-        want = min(max_predictions, max(1, round(maskable * 0.15)))
+        counted = n if mask_count == "reference" else n - len(special)
+        want = min(max_predictions, max(1, int(round(counted * 0.15))))
         assert len(row["masked_lm_positions"]) == want
         assert not set(row["masked_lm_positions"]) & special
         assert row["masked_lm_positions"] == sorted(row["masked_lm_positions"])
@@ -179,7 +181,7 @@ def test_none_packs_across_documents_with_separator(corpora, tmp_path):
 
     cmeta = read_meta(corpora["main"])  # the key as before packing had a name: outputs built then are reused
     before = dict(max_seq_len=MAX_LEN, short_seq_prob=0.1, dupe_factor=2, mask_prob=0.15, max_predictions=20, pairs="none",
-                  masking="token", seed=3, cross_documents=True)
+                  masking="token", seed=3, mask_count="reference", cross_documents=True)
     assert meta["key"] == cache_key(cmeta.get("key"), cmeta["tokenizer"].get("hash"), before, FORMAT, VERSION)
     train = load_from_disk(str(corpora["main"] / "dataset"))["train"]
     assert words_out == 2 * sum(map(len, train["input_ids"]))  # every token once per dupe
@@ -265,7 +267,7 @@ def test_whole_word_masking_never_splits_words(tmp_path):
         # A "##" piece goes with the piece before it (unless truncation left it first after [CLS]/[SEP]).
         cont = np.array([p.startswith("##") and q not in ("[CLS]", "[SEP]") for q, p in zip(["[CLS]"] + piece, piece)])
         assert (target[1:][cont[1:]] == target[:-1][cont[1:]]).all()
-        total += len(ids) - 3
+        total += len(ids)  # the budget is a share of the whole instance, [CLS]/[SEP] included (Google's count)
         masked += target.sum()
     assert 0.12 < masked / total < 0.16
 
@@ -327,3 +329,27 @@ def test_bad_corpora(corpora, tmp_path):
     with pytest.raises(PlmError, match="not a `plm make-mlm-data` output"):
         make_mlm_data(corpora["main"], tmp_path / "taken")
     assert not (tmp_path / "x").exists()
+
+
+def test_mask_count_reference_by_default_maskable_on_request(corpora, tmp_path):
+    """Google's count ([CLS]/[SEP] in the length) by default; --mask-count maskable keeps plm's older count, and
+    each count has its own cache key (data built with the other count is never reused)."""
+    kw = dict(max_seq_len=MAX_LEN, dupe_factor=1, short_seq_prob=0.0, seed=4)
+    ref = make_mlm_data(corpora["main"], tmp_path / "ref", **kw)
+    own = make_mlm_data(corpora["main"], tmp_path / "own", mask_count="maskable", **kw)
+    assert ref["mask_count"] == "reference" and own["mask_count"] == "maskable" and ref["key"] != own["key"]
+    specials = lambda r: {0, len(r["input_ids"]) - 1, r["token_type_ids"].index(1) - 1}  # noqa: E731
+    check_masking(load(tmp_path / "ref").to_list(), specials)
+    check_masking(load(tmp_path / "own").to_list(), specials, mask_count="maskable")
+    assert ref["counts"]["train"]["predictions"] > own["counts"]["train"]["predictions"]  # 32 tokens: 5 targets, not 4
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"mask_count": "all"}, "--mask-count 'all' is not one of reference, maskable"),
+    ({"masking": "ngram_per_word", "ngram_start_prob": 0.0}, "--ngram-start-prob 0.0 is out of range"),
+    ({"masking": "ngram_per_word", "ngram_start_prob": 1.0}, "--ngram-start-prob 1.0 is out of range"),
+    ({"ngram_start_prob": 0.2}, "--ngram-start-prob applies to --masking ngram_per_word, not token"),
+])
+def test_bad_masking_options(corpora, tmp_path, kwargs, pattern):
+    with pytest.raises(PlmError, match=pattern):
+        make_mlm_data(corpora["main"], tmp_path / "x", **kwargs)

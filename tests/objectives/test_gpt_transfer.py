@@ -80,6 +80,11 @@ def test_input_transforms(tmp_path):
     rows, got = _encode(tmp_path / "s", objective("stsb", 1), {"train": [Example(a, b, 3.2), Example(b, b, 5.0)],
                                                              "dev": [Example(b, a, 1.0)]})
     assert rows == 2 and got == [[s, *A, d, *B, e], [s, *B, d, *A, e], [s, *B, d, *B, e], [s, *B, d, *B, e]]
+    # paraphrase (MRPC, QQP: Task.symmetric_pair) too; entailment keeps its order (the rte case above)
+    for name in ("mrpc", "qqp"):
+        rows, got = _encode(tmp_path / name, objective(name, 2), {"train": [Example(a, b, 1)], "dev": [Example(b, a, 0)]})
+        assert rows == 2 and got == [[s, *A, d, *B, e], [s, *B, d, *A, e]]
+    assert not any(get_task(n).symmetric_pair for n in ("mnli", "rte", "qnli", "wnli"))
     # longest-first truncation to max_seq_len, <e> kept last
     rows, got = _encode(tmp_path / "t", objective("rte", 2, seq_len=9), {"train": [Example(a, b, 0)], "dev": [Example(a, b, 0)]})
     assert got == [[s, *A[:3], d, *B[:3], e]] and json.loads((tmp_path / "t" / "meta.json").read_text())["counts"]["train"]["truncated"] == 1
@@ -250,3 +255,37 @@ def test_swag_from_a_gpt_run(gpt_run, tmp_path):
     finetune("swag", from_run=str(gpt_run), options=off, train__max_steps=2, train__batch_size=8, out=str(tmp_path / "off"))
     logged = [json.loads(x) for x in (tmp_path / "off" / "metrics.jsonl").read_text().splitlines()]
     assert all("lm_loss" not in r for r in logged) and any("loss" in r for r in logged)
+
+
+def mrpc_files(root: Path, n_train: int, n_dev: int) -> Path:
+    """A tiny MRPC in GLUE's layout (MRPC/train.tsv, dev.tsv: Quality, #1 ID, #2 ID, #1 String, #2 String)."""
+    folder = root / "MRPC"
+    folder.mkdir(parents=True)
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+        lines += [f"{i % 2}\t{i}\t{i + 100}\t{TEXTS[i % len(TEXTS)]}\t{TEXTS[(i + 1 + i % 2) % len(TEXTS)]}" for i in range(n)]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_mrpc_from_a_gpt_run_reads_both_orders(gpt_run, tmp_path):
+    """Radford et al. §3.3 "Similarity" for a paraphrase task: each example is two rows, a $ b and b $ a, whose
+    features are added, so swapping an example's sentences gives the same logits."""
+    out = tmp_path / "ft"
+    res = finetune("mrpc", from_run=str(gpt_run), data_dir=str(mrpc_files(tmp_path / "glue", 16, 4)), train__max_steps=2,
+                   train__batch_size=8, out=str(out))
+    assert res["examples"]["train"] == 16 and res["steps"] == 2
+    d = np.load(out / "data" / "train.npz")
+    assert int(d["rows"]) == 2 and len(d["offsets"]) - 1 == 2 * 16
+    model, tok, fcfg = load_finetuned(str(out))
+    ids = json.loads((out / "config.json").read_text())["tokenizer"]["special_token_ids"]
+    a, b = "a man is playing a guitar .", "the film is dull and far too long ."
+    obj = Classify(ClassifyConfig(task="mrpc"), tok, ids, 32, task=get_task("mrpc"), layout=CAUSAL)
+    logits = []
+    for x, y in ((a, b), (b, a)):
+        obj.encode_splits({"train": [Example(x, y, 1)], "dev": [Example(x, y, 1)]}, tmp_path / "one")
+        batch = obj.stream(tmp_path / "one", "validation", 1, 0, 0, 1, shuffle=False)[0]
+        assert batch["input_ids"].shape[:2] == (1, 2)  # one example, its two orderings
+        with torch.no_grad():
+            logits.append(model.eval()(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]))
+    torch.testing.assert_close(logits[0], logits[1])

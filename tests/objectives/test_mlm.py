@@ -252,7 +252,7 @@ def test_static_prepare_builds_into_a_settings_keyed_cache(tmp_path, monkeypatch
     out = obj.prepare(tok, tmp_path / "cache")
     assert out.parent == tmp_path / "cache" / "mlm"
     assert calls[0][2] == dict(max_seq_len=16, short_seq_prob=0.1, dupe_factor=5, mask_prob=0.15, max_predictions=20,
-                               pairs="nsp", masking="wwm", num_proc=1)
+                               pairs="nsp", masking="wwm", mask_count="reference", num_proc=1)
     assert obj.prepare(tok, tmp_path / "cache") == out and len(calls) == 1  # cached
     other = MaskedLM(MLMConfig(max_predictions=80), None, meta["tokenizer"]["special_token_ids"], 16)
     assert other.prepare(tok, tmp_path / "cache") != out  # a phase with other settings gets its own data
@@ -322,7 +322,7 @@ def test_dynamic_span_masking_follows_the_truncated_geometric(tmp_path, monkeypa
     def spy(ids, special, ws, rng, **kw):
         assert (kw["strategy"], kw["span_p"], kw["span_max"]) == ("span", 0.3, 6)
         units = masking.select_units(special, ws, copy.deepcopy(rng), mask_prob=kw["mask_prob"], strategy="span",
-                                     max_predictions=kw["max_predictions"], span_p=0.3, span_max=6)
+                                     max_predictions=kw["max_predictions"], span_p=0.3, span_max=6, counted=kw["counted"])
         masked, target = real(ids, special, ws, rng, **kw)
         assert target.sum() == units.length.sum() and target[units.row, units.start].all()
         words.extend(units.words.tolist())

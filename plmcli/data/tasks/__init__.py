@@ -44,6 +44,10 @@ class Task:
     """The objective (plmcli.objectives.registry) that trains it."""
     num_labels: int = 2
     """Classes; 1 = regression."""
+    symmetric_pair: bool = False
+    """A similarity or paraphrase task on sentence pairs, whose two sentences have no natural order (STS-B, MRPC,
+    QQP; not entailment): GPT-style transfer from a causal LM reads both orderings and adds their features
+    (Radford et al. 2018, §3.3 "Similarity")."""
     label_names: tuple = ()
     metrics: tuple = ("accuracy",)
     main_metric: str = "accuracy"

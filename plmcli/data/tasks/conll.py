@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plmcli.data.tasks import Task
-from plmcli.errors import PlmError
+from plmcli.errors import PlmError, needs
 
 LAYOUTS = (
     {"train": "eng.train", "dev": "eng.testa", "test": "eng.testb"},  # the CoNLL-2003 release
@@ -151,7 +151,8 @@ class Conll2003(Task):
     def score(self, preds, labels) -> dict[str, float]:
         """Entity-level micro precision / recall / F1 (seqeval, conlleval semantics) and token accuracy,
         over sentences given as sequences of tag indices."""
-        from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
+        m = needs("seqeval.metrics", "tasks", "CoNLL entity-level scoring (conlleval semantics)")
+        accuracy_score, f1_score, precision_score, recall_score = m.accuracy_score, m.f1_score, m.precision_score, m.recall_score
 
         y_pred = [self.tag_names(p) for p in preds]
         y_true = [self.tag_names(g) for g in labels]

@@ -63,6 +63,8 @@ class OwnDataTask(Task):
     pairs: bool = False
     """pair-classification: every example is a pair (text a, text b); the others read a second text
     only when --text-pair-col names one."""
+    symmetric_pair: bool = False
+    """Task.symmetric_pair: regression on pairs scores their similarity (STS-style), read in both orders from a causal LM."""
     num_labels: int = 2
     """Set by load() from the training labels (or by restore()); 1 for regression."""
     label_names: tuple = ()
@@ -335,5 +337,5 @@ def _shown(columns: list) -> str:
 
 
 CLASSIFICATION = OwnDataTask(name="classification")
-REGRESSION = OwnDataTask(name="regression", regression=True)
+REGRESSION = OwnDataTask(name="regression", regression=True, symmetric_pair=True)
 PAIR_CLASSIFICATION = OwnDataTask(name="pair-classification", pairs=True)

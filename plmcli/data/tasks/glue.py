@@ -39,6 +39,8 @@ class GlueTask(Task):
     main_metric: str = "accuracy"
     hub_columns: tuple = ()
     num_labels: int = 2
+    symmetric_pair: bool = False
+    """Task.symmetric_pair: the similarity and paraphrase tasks (STS-B, MRPC, QQP), read in both orders from a causal LM."""
     headerless: dict | None = None
     """Positions of text and label in a file without a header (CoLA train/dev)."""
     lenient: bool = False
@@ -196,13 +198,13 @@ SST2 = GlueTask(name="sst2", folder="SST-2", columns=("sentence",), label_names=
                 hub_columns=("sentence",))
 MRPC = GlueTask(name="mrpc", folder="MRPC", columns=("#1 String", "#2 String"), label_column="Quality",
                 label_names=("not_equivalent", "equivalent"), metrics=("f1", "accuracy"), main_metric="f1",
-                hub_columns=("sentence1", "sentence2"))
+                hub_columns=("sentence1", "sentence2"), symmetric_pair=True)
 STSB = GlueTask(name="stsb", folder="STS-B", columns=("sentence1", "sentence2"), label_column="score",
                 label_values=(), label_names=("score",), num_labels=1, metrics=("pearson", "spearman"),
-                main_metric="spearman", hub_columns=("sentence1", "sentence2"))
+                main_metric="spearman", hub_columns=("sentence1", "sentence2"), symmetric_pair=True)
 QQP = GlueTask(name="qqp", folder="QQP", columns=("question1", "question2"), label_column="is_duplicate",
                label_names=("not_duplicate", "duplicate"), metrics=("accuracy", "f1"), main_metric="f1",
-               hub_columns=("question1", "question2"), lenient=True)
+               hub_columns=("question1", "question2"), lenient=True, symmetric_pair=True)
 MNLI = GlueTask(name="mnli", folder="MNLI", columns=("sentence1", "sentence2"), label_column="gold_label",
                 label_values=NLI3, num_labels=3, hub_columns=("premise", "hypothesis"),
                 files={"train": "train.tsv", "dev": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plmcli.data.tasks import Task
-from plmcli.errors import PlmError
+from plmcli.errors import PlmError, needs
 
 
 @dataclass
@@ -109,9 +109,14 @@ _PUNKT_SENT_STARTERS = (
 _PUNKT_ORTHO = {"z-holiday": 16, "administrators": 48, "r-revised": 16, "b-week": 16}
 
 
+CMRC_FEATURE = "CMRC 2018 scoring (its official scorer's nltk word split)"
+"""What nltk is for, in the error naming the tasks extra when it is missing (errors.needs)."""
+
+
 @functools.lru_cache(maxsize=1)
 def _punkt_english():
-    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    punkt = needs("nltk.tokenize.punkt", "tasks", CMRC_FEATURE)
+    PunktParameters, PunktSentenceTokenizer = punkt.PunktParameters, punkt.PunktSentenceTokenizer
 
     params = PunktParameters()
     params.abbrev_types = set(_PUNKT_ABBREVS.split())
@@ -123,9 +128,7 @@ def _punkt_english():
 
 @functools.lru_cache(maxsize=1)
 def _treebank():
-    from nltk.tokenize import NLTKWordTokenizer
-
-    return NLTKWordTokenizer()
+    return needs("nltk.tokenize", "tasks", CMRC_FEATURE).NLTKWordTokenizer()
 
 
 def cmrc_words(text: str) -> list[str]:
