@@ -38,3 +38,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fed(monkeypatch):
+    """Every training batch's input_ids (a CPU copy), in the order the loop fed them to CausalLM (evaluation
+    excluded): what an interrupted and resumed run must feed again, batch for batch."""
+    from plmcli.objectives.clm import CausalLM
+
+    seen = []
+    step = CausalLM.step
+
+    def recording(self, model, batch, state=None):
+        if model.training:
+            seen.append(batch["input_ids"].detach().cpu().clone())
+        return step(self, model, batch, state)
+
+    monkeypatch.setattr(CausalLM, "step", recording)
+    return seen

@@ -15,7 +15,6 @@ from plmcli import api
 from plmcli.data import mixing
 from plmcli.data.mixing import Blend, BlendedStream, Source, parse_inputs
 from plmcli.errors import PlmError
-from plmcli.objectives.clm import CausalLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,21 +34,6 @@ def sources(tmp_path):
     a.write_text(_text(A_WORDS, 120), encoding="utf-8")
     b.write_text(_text(B_WORDS, 40), encoding="utf-8")  # the small source: it cycles (epochs) before a does
     return tiny_recipe(tmp_path / "tiny.yaml"), a, b
-
-
-@pytest.fixture
-def fed(monkeypatch):
-    """Every training batch's input_ids, in the order the loop fed them."""
-    seen = []
-    step = CausalLM.step
-
-    def recording(self, model, batch, state=None):
-        if model.training:
-            seen.append(batch["input_ids"].clone())
-        return step(self, model, batch, state)
-
-    monkeypatch.setattr(CausalLM, "step", recording)
-    return seen
 
 
 def _counts(src: np.ndarray, k: int) -> np.ndarray:
