@@ -49,6 +49,22 @@ def tiny_gpt_run(root: Path) -> Path:
     return root / "gpt"
 
 
+def pretrained_on(root: Path, text: str, max_positions: int = 64, steps: int = 3) -> Path:
+    """root/run: the tiny recipe (TINY_RECIPE, its positions set) pretrained `steps` steps on `text`, its runs dir and
+    cache inside root (a module-scoped fixture has no per-test PLM_RUNS / PLM_CACHE)."""
+    import pytest
+
+    from plmcli import api
+
+    (root / "corpus.txt").write_text(text)
+    (root / "tiny.yaml").write_text(TINY_RECIPE.replace("max_positions: 32", f"max_positions: {max_positions}"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLM_RUNS", str(root / "runs"))
+        mp.setenv("PLM_CACHE", str(root / "cache"))
+        api.pretrain(str(root / "tiny.yaml"), [str(root / "corpus.txt")], str(root / "run"), {"train.max_steps": steps})
+    return root / "run"
+
+
 def assert_clean_error(res, *needles):
     """Exit 2, exactly one line on stderr starting `error:`, no traceback, and each needle in it."""
     assert res.exit_code == 2, res.output

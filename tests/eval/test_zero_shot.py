@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TINY_RECIPE, assert_clean_error, run
+from helpers import assert_clean_error, pretrained_on, run
 from plmcli import api
 from plmcli.eval.zero_shot import zero_shot_config
 from race_data import ARTICLES, TEXTS as RACE_TEXTS, write_race_dir
@@ -22,17 +22,10 @@ SST = [("a fine and moving film", 1), ("dull and far too long", 0), ("great fun"
 @pytest.fixture(scope="module")
 def gpt(tmp_path_factory):
     """(run dir, its model, tokenizer, eos id): TINY_RECIPE (char tokenizer, trained on seq_len 16) with 64 positions."""
-    root = tmp_path_factory.mktemp("zs")
-    corpus = root / "corpus.txt"
     texts = [t for t, _ in SST] + ["It was great.", "It was terrible."] + RACE_TEXTS
-    corpus.write_text("\n\n".join(texts * 2) + "\n")
-    (root / "tiny.yaml").write_text(TINY_RECIPE.replace("max_positions: 32", "max_positions: 64"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLM_RUNS", str(root / "runs"))
-        mp.setenv("PLM_CACHE", str(root / "cache"))
-        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 3})
-        model, tok, cfg = api.load_run(str(root / "run"))
-    return root / "run", model, tok, cfg["tokenizer"]["special_token_ids"]["eos"]
+    run_dir = pretrained_on(tmp_path_factory.mktemp("zs"), "\n\n".join(texts * 2) + "\n")
+    model, tok, cfg = api.load_run(str(run_dir))
+    return run_dir, model, tok, cfg["tokenizer"]["special_token_ids"]["eos"]
 
 
 def by_hand(gpt, prompt: str, continuation: str, window: int) -> tuple[float, int, bool]:

@@ -8,7 +8,7 @@ import json
 import pytest
 import sacrebleu
 
-from helpers import TINY_RECIPE, assert_clean_error, run
+from helpers import assert_clean_error, pretrained_on, run
 from plmcli import api
 from plmcli import generate as generation
 from plmcli.data.tasks.squad import score_answers
@@ -25,16 +25,8 @@ QUESTIONS = [("What colour is the bike?", ["red", "a red one"]), ("Who walks?", 
 @pytest.fixture(scope="module")
 def gpt(tmp_path_factory):
     """The run dir of TINY_RECIPE (char tokenizer) with 64 positions, trained 3 steps on text with newlines."""
-    root = tmp_path_factory.mktemp("zsg")
-    corpus = root / "corpus.txt"
     lines = [f"{s} = {t}" for s, t in PAIRS] + [PASSAGE] + [q for q, _ in QUESTIONS]
-    corpus.write_text("\n".join(lines * 4) + "\n")
-    (root / "tiny.yaml").write_text(TINY_RECIPE.replace("max_positions: 32", "max_positions: 64"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLM_RUNS", str(root / "runs"))
-        mp.setenv("PLM_CACHE", str(root / "cache"))
-        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 3})
-    return root / "run"
+    return pretrained_on(tmp_path_factory.mktemp("zsg"), "\n".join(lines * 4) + "\n")
 
 
 def pairs_file(tmp_path, header: bool = True):

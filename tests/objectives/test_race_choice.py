@@ -8,13 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_RECIPE
-from plmcli import api
+from helpers import finetune, pretrained_on
 from plmcli.data.tasks.race import RaceExample
 from plmcli.data.tasks.registry import get_task
 from plmcli.objectives.choice import Choice, ChoiceConfig, encode_with_questions
 from plmcli.objectives.classify import CAUSAL, CausalTransfer, SequenceClassifier
-from helpers import finetune
 from plmcli.runs import load_finetuned
 from test_choice import make_run
 from test_gpt_transfer import enc, make_tok
@@ -88,15 +86,7 @@ def test_truncation_cuts_longest_first_and_keeps_the_option(tmp_path):
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
     """A tiny GPT (tests/helpers.py TINY_RECIPE) pretrained a few steps on the RACE articles."""
-    root = tmp_path_factory.mktemp("gpt")
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join(TEXTS * 3) + "\n")
-    (root / "tiny.yaml").write_text(TINY_RECIPE.replace("max_positions: 32", "max_positions: 96"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PLM_RUNS", str(root / "runs"))
-        mp.setenv("PLM_CACHE", str(root / "cache"))
-        api.pretrain(str(root / "tiny.yaml"), [str(corpus)], str(root / "run"), overrides={"train.max_steps": 3})
-    return root / "run"
+    return pretrained_on(tmp_path_factory.mktemp("gpt"), "\n\n".join(TEXTS * 3) + "\n", max_positions=96)
 
 
 def test_race_from_a_gpt_run(gpt_run, tmp_path):
