@@ -278,6 +278,10 @@ ROWS: dict[str, tuple[Reader, Reader]] = {
         None,
         lambda s: (f"8 workers build {span(column(s, '8 workers (`auto`) ÷ GPU'))} what one H100 trains at 45% MFU "
                    "(goal ≥ 2×)")),
+    "ernie-entity-units": (
+        lambda s: "entity precision by occurrence, old → new: reviews {} → {}, news {} → {}".format(
+            cell(s, "ChnSentiCorp*", 3), cell(s, "ChnSentiCorp*", 5), cell(s, "THUCNews*", 3), cell(s, "THUCNews*", 5)),
+        None),
     # start-up and end to end
     "startup": (
         None,

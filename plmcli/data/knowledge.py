@@ -7,7 +7,10 @@ chunker a small regular grammar over its tags (PKU / ICTCLAS tag set):
 
 entities  a maximal run of words tagged as proper nouns is one unit: persons (nr, and jieba's nrt for
           transliterated and nrfg for full names), places (ns), organisations (nt) and other proper
-          nouns (nz). 北京/ns 天安门/ns is one unit, 毛泽东/nr another.
+          nouns (nz). 北京/ns 天安门/ns is one unit, 毛泽东/nr another. jieba's dictionary tags many
+          common words as proper nouns (陈旧/nr, 毛巾/nr, 东西/ns, 四星/nz), so a word of
+          `entity_stoplist.COMMON_WORDS` is no part of a run (`entity_word`), and a run of a single
+          character (换/nz, 美/ns, 丹/ns of 于丹) is no unit (MIN_ENTITY_CHARS).
 phrases   each word is given a class — N (common noun: n, ng, nl, vn, an, j), E (proper noun: the entity
           tags), A (noun modifier: a, b), V (verb: v, but not the copula 是, the existential 有 — ICTCLAS's
           vshi, vyou, which jieba tags v — nor a modal such as 能), M (numeral: m, mq), Q (classifier: q,
@@ -33,14 +36,18 @@ from typing import Literal
 
 import numpy as np
 
+from plmcli.data.entity_stoplist import COMMON_WORDS
 from plmcli.data.masking import ZH_FEATURE, chinese_span_starts, is_chinese, load_jieba
 from plmcli.errors import PlmError, needs
 
 KINDS = ("phrases", "entities")
 KnowledgeUnits = Literal[KINDS]
-GRAMMAR_VERSION = 1
+GRAMMAR_VERSION = 2
 """Bump when the classes or the grammar change meaning without their text changing (the key hashes both)."""
 ENTITY_TAGS = frozenset({"nr", "nr1", "nr2", "nrj", "nrf", "nrfg", "nrt", "ns", "nsf", "nt", "nz"})
+MIN_ENTITY_CHARS = 2
+"""An entity unit spans at least this many characters: a lone character tagged nr/ns/nz is mostly a common
+word (换, 连) or a fragment of a name the dictionary cuts (丹 of 于丹, 泰 of 格林豪泰)."""
 CLASSES = {**{t: "E" for t in ENTITY_TAGS}, **{t: "N" for t in ("n", "ng", "nl", "vn", "an", "j")},
            "a": "A", "b": "A", "v": "V", "m": "M", "mq": "M", "q": "Q", "qt": "Q", "qv": "Q"}
 LIGHT_VERBS = frozenset({"是", "有", "能", "会", "要", "可以", "可能", "应该", "应当", "能够", "需要", "得"})
@@ -60,14 +67,22 @@ def tag(text: str) -> list[tuple[str, str]]:
     return [(p.word, p.flag) for p in _posseg().lcut(text, HMM=False)]
 
 
-def entity_chunks(tagged: list[tuple[str, str]]) -> list[tuple[int, int]]:
-    """Word ranges [i, j) of the entities: maximal runs of all-Chinese words with an entity tag."""
+def entity_word(word: str, pos: str, common: frozenset[str] = COMMON_WORDS) -> bool:
+    """Whether a tagged word can be part of an entity: all Chinese, a proper-noun tag, not a common word."""
+    return pos in ENTITY_TAGS and is_chinese(word) and word not in common
+
+
+def entity_chunks(tagged: list[tuple[str, str]], common: frozenset[str] = COMMON_WORDS,
+                  min_chars: int = MIN_ENTITY_CHARS) -> list[tuple[int, int]]:
+    """Word ranges [i, j) of the entities: maximal runs of `entity_word`s spanning at least `min_chars`
+    characters. common=frozenset(), min_chars=1 give every run of proper-noun tags (the filter before
+    GRAMMAR_VERSION 2, which the precision test compares against)."""
     out, i = [], 0
     while i < len(tagged):
         j = i
-        while j < len(tagged) and tagged[j][1] in ENTITY_TAGS and is_chinese(tagged[j][0]):
+        while j < len(tagged) and entity_word(*tagged[j], common):
             j += 1
-        if j > i:
+        if j > i and sum(len(w) for w, _ in tagged[i:j]) >= min_chars:
             out.append((i, j))
         i = max(j, i + 1)
     return out
@@ -120,7 +135,7 @@ def units_key(kind: str) -> str:
 
     check_kind(kind)
     desc = [jieba.__version__, "posseg HMM=False", kind, GRAMMAR_VERSION, sorted(ENTITY_TAGS), sorted(CLASSES.items()),
-            sorted(LIGHT_VERBS), "Q after Arabic digits", PHRASE_GRAMMAR]
+            sorted(LIGHT_VERBS), "Q after Arabic digits", PHRASE_GRAMMAR, sorted(COMMON_WORDS), MIN_ENTITY_CHARS]
     return hashlib.sha256(repr(desc).encode("utf-8")).hexdigest()
 
 

@@ -1,0 +1,99 @@
+"""ERNIE's entity units found by jieba's tagger are proper nouns: precision by occurrence against hand labels.
+
+tests/data/fixtures/ernie_entity_labels.tsv labels each unit type (word, is_entity, note). Precision by occurrence
+is the share of the units found, counted with repeats, whose type is labelled a proper noun, over the units whose
+type is labelled at all; `coverage` is that labelled share of all units found. The old filter (every maximal run
+of proper-noun tags) is entity_chunks with common=frozenset(), min_chars=1. `pytest -s` prints the figures
+BENCHMARKS.md records ("ERNIE entity units: precision").
+"""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from plmcli import api
+from plmcli.data.entity_stoplist import COMMON_WORDS
+from plmcli.data.knowledge import entity_chunks, entity_word, tag, units
+
+pytest.importorskip("jieba")
+
+LABELS = Path(__file__).resolve().parent / "data" / "fixtures" / "ernie_entity_labels.tsv"
+OLD = {"common": frozenset(), "min_chars": 1}
+SAMPLE = 2000
+
+
+def labels() -> dict[str, int]:
+    rows = [line.split("\t") for line in LABELS.read_text(encoding="utf-8").splitlines()
+            if line and not line.startswith("#")]
+    assert rows[0] == ["word", "is_entity", "note"]
+    return {word: int(flag) for word, flag, _ in rows[1:]}
+
+
+def precision(texts: list[str], lab: dict[str, int], **filter_args) -> tuple[float, float, int]:
+    """(precision by occurrence over labelled units, labelled share of units, units found) of the filter."""
+    found = labelled = entities = 0
+    for text in texts:
+        tagged = tag(text)
+        for i, j in entity_chunks(tagged, **filter_args):
+            unit = "".join(w for w, _ in tagged[i:j])
+            found += 1
+            if unit in lab:
+                labelled += 1
+                entities += lab[unit]
+    return entities / labelled, labelled / found, found
+
+
+def report(name: str, texts: list[str], lab: dict[str, int]) -> dict[str, tuple[float, float, int]]:
+    out = {"old": precision(texts, lab, **OLD), "new": precision(texts, lab)}
+    for which, (p, cov, n) in out.items():
+        print(f"\n{name} ({len(texts):,} texts) {which}: precision {p:.3f} by occurrence, "
+              f"{n:,} units, {cov:.0%} of them labelled")
+    return out
+
+
+def read_column(path: Path, col: int, skip: int) -> list[str]:
+    return [line.split("\t")[col] for line in path.read_text(encoding="utf-8").splitlines()[skip:]]
+
+
+def test_common_words_are_no_entities():
+    for word in ("陈旧", "毛巾", "谢谢", "安静", "东西", "四星"):
+        assert tag(word)[0][1] in {"nr", "ns", "nz"}  # jieba's dictionary tags them proper nouns ...
+        assert not entity_word(*tag(word)[0]) and word in COMMON_WORDS  # ... the filter knows better
+    assert units("房间很安静，毛巾有点陈旧，谢谢前台小姐。", "entities") == []
+    assert units("在京东买的华硕，比惠普好。", "entities") == ["京东", "华硕", "惠普"]
+    assert units("北京的希尔顿酒店，张爱玲的书。", "entities") == ["北京", "希尔顿酒店", "张爱玲"]  # 希尔顿酒店/ns: one jieba word
+    # one character alone is no unit (换/nz, 丹/ns of 于丹); in a run of two it is (张/nr 三/nrfg)
+    assert units("于丹的书，换了一本。", "entities") == []
+    assert entity_chunks([("张", "nr"), ("三", "nrfg"), ("去", "v"), ("换", "nz")]) == [(0, 2)]
+    # a common word ends a run: 北京/ns 中考/ns is 北京 alone
+    assert entity_chunks([("北京", "ns"), ("中考", "ns")]) == [(0, 1)]
+    assert entity_chunks([("北京", "ns"), ("中考", "ns")], **OLD) == [(0, 2)]
+
+
+def test_labels_are_clean():
+    lab = labels()
+    assert len(lab) > 2000 and set(lab.values()) == {0, 1}
+    assert not COMMON_WORDS & {w for w, e in lab.items() if e}, "a stop word labelled a proper noun"
+
+
+def test_precision_on_the_shipped_sample():
+    text = Path(api.default_corpus("chinese-sample.txt")).read_text(encoding="utf-8").splitlines()
+    got = report("chinese-sample.txt", [t for t in text if t], labels())
+    p, cov, _ = got["new"]
+    assert p >= 0.8 and cov >= 0.7
+    assert got["old"][0] < 0.6
+
+
+def test_precision_on_reviews_and_news(shared_data):
+    zh = shared_data / "chinese"
+    if not (zh / "ChnSentiCorp" / "train.tsv").is_file() or not (zh / "THUCNews-titles" / "test.txt").is_file():
+        pytest.skip("ChnSentiCorp or THUCNews titles not in ../shared/data")
+    lab = labels()
+    reviews = random.Random(0).sample(read_column(zh / "ChnSentiCorp" / "train.tsv", 1, 1), SAMPLE)
+    titles = random.Random(0).sample(read_column(zh / "THUCNews-titles" / "test.txt", 0, 0), SAMPLE)
+    for name, texts, old_at_most in (("ChnSentiCorp train", reviews, 0.4), ("THUCNews test titles", titles, 0.65)):
+        got = report(name, texts, lab)
+        p, cov, _ = got["new"]
+        assert p >= 0.8 and cov >= 0.6, name
+        assert got["old"][0] <= old_at_most, name
