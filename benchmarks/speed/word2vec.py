@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--archs", default="skip-gram,cbow", help="comma-separated: skip-gram, cbow")
     p.add_argument("--epochs", type=int, default=5, help="passes over the corpus, both sides")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", default="1,2",
+                   help="comma-separated worker threads, one row pair per count: gensim workers=N vs plm model.workers=N")
 
 
 def gensim_run(corpus: Path, m, arch: str, epochs: int, threads: int, seed: int, out: Path) -> dict:
@@ -46,15 +48,16 @@ def gensim_run(corpus: Path, m, arch: str, epochs: int, threads: int, seed: int,
     return {"vocab": len(model.wv), "train_s": train_s, "words_per_s": raw / train_s}
 
 
-def plm_run(corpus: Path, arch: str, epochs: int, seed: int, run_dir: Path, out: Path) -> dict:
+def plm_run(corpus: Path, arch: str, epochs: int, workers: int, seed: int, run_dir: Path, out: Path) -> dict:
     from plmcli import api
 
     t0 = time.perf_counter()
-    s = api.pretrain(RECIPES[arch], [str(corpus)], str(run_dir), overrides=[f"model.epochs={epochs}", f"train.seed={seed}"])
+    s = api.pretrain(RECIPES[arch], [str(corpus)], str(run_dir),
+                     overrides=[f"model.epochs={epochs}", f"model.workers={workers}", f"train.seed={seed}"])
     wall = time.perf_counter() - t0
     api.export(str(run_dir), "word2vec", str(out))
     return {"vocab": s["vocab"], "words": s["tokens"], "train_s": s["train_s"],
-            "words_per_s": s["tokens"] * epochs / s["train_s"], "wall_s": wall}
+            "words_per_s": s["tokens"] * epochs / s["train_s"], "wall_s": wall, "trainer": s.get("trainer")}
 
 
 def scores(vectors: Path, questions: str, pairs: str) -> dict:
@@ -76,6 +79,43 @@ def scores(vectors: Path, questions: str, pairs: str) -> dict:
             "pairs": ours["similarity"]["pairs"], "agree": agree}
 
 
+def compare(args, arch: str, workers: int, root: Path, questions: str, pairs: str, notes: dict) -> tuple[list, dict]:
+    """gensim and plm on one architecture with `workers` threads each, interleaved: the table rows, plm's first run."""
+    import gensim
+
+    from plmcli.config import load_recipe
+
+    m = load_recipe(RECIPES[arch]).model
+    runs: dict[str, list[dict]] = {"gensim": [], "plm": []}
+    first: dict[str, tuple[bytes, dict]] = {}
+    for r in range(args.repeats):
+        for tool, done in runs.items():  # gensim, plm, gensim, plm, ...: drift in the load hits both alike
+            vec = root / f"{tool}-{arch}-{workers}-{r + 1}.txt"
+            t = plm_run(args.corpus, arch, args.epochs, workers, args.seed, root / f"{arch}-{workers}-{r + 1}", vec) \
+                if tool == "plm" else gensim_run(args.corpus, m, arch, args.epochs, workers, args.seed, vec)
+            done.append(t)
+            if tool not in first:  # the vectors are scored once; later rounds must give the same bytes (1 worker)
+                first[tool] = (vec.read_bytes(), scores(vec, questions, pairs))
+                if not first[tool][1]["agree"]:
+                    notes["disagree"].append(f"{tool} {arch}")
+            elif workers == 1 and vec.read_bytes() != first[tool][0]:
+                notes["changed"].append(f"{tool} {arch} (round {r + 1})")
+            print(f"round {r + 1}/{args.repeats} {tool} {arch} workers={workers}: {t}")
+    rate = {tool: common.summary([t["words_per_s"] for t in v]) for tool, v in runs.items()}
+    rows, many = [], "" if workers == 1 else f", {workers} workers"  # 1 worker: the rows benchmarks/summary.py reads
+    for tool in ("plm", "gensim"):
+        s, w = first[tool][1], rate[tool]
+        train_s = statistics.median(t["train_s"] for t in runs[tool])
+        side = f"{tool} {arch}" + (f" (`{RECIPES[arch]}`)" if tool == "plm" else f" {gensim.__version__}") + many
+        rows.append([side, f"{runs[tool][0]['vocab']:,}", f"**{s['gensim_acc']:.2%}**", f"{s['plm_acc']:.2%}",
+                     f"{s['correct']:,} / {s['scored']:,} of {s['questions']:,}",
+                     f"{s['rho']:.3f} ({s['pairs']} pairs)", f"**{w['median']:,.0f}**",
+                     f"{w['min']:,.0f}–{w['max']:,.0f}", f"{train_s:.1f} s"])
+    rows.append([f"**plm ÷ gensim, {arch}{many}**", "", "", "", "", "",
+                 f"**{rate['plm']['median'] / rate['gensim']['median']:.2f}×**", "", ""])
+    return rows, runs["plm"][0]
+
+
 def run(args) -> int:
     if not args.corpus.is_file():
         print(f"word2vec: skipped — {args.corpus} not found")
@@ -85,49 +125,25 @@ def run(args) -> int:
     except ImportError:
         print("word2vec: skipped — gensim is not installed (pip install -e '.[peers]')")
         return 0
-    import gensim
-
     from plmcli.config import load_recipe
 
     common.set_threads(args.threads)
     info = common.machine_info()
     questions, pairs = datapath("questions-words.txt"), datapath("wordsim353.tsv")
-    rows, disagree, changed = [], [], []
+    counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    rows, notes, plm = [], {"disagree": [], "changed": []}, {}
     with common.isolated_workdir("plm-bench-word2vec-") as root:
         for arch in [a.strip() for a in args.archs.split(",") if a.strip()]:
-            m = load_recipe(RECIPES[arch]).model
-            runs: dict[str, list[dict]] = {"gensim": [], "plm": []}
-            first: dict[str, tuple[bytes, dict]] = {}
-            for r in range(args.repeats):
-                for tool, done in runs.items():  # gensim, plm, gensim, plm, ...: drift in the load hits both alike
-                    vec = root / f"{tool}-{arch}-{r + 1}.txt"
-                    t = plm_run(args.corpus, arch, args.epochs, args.seed, root / f"{arch}-{r + 1}", vec) if tool == "plm" \
-                        else gensim_run(args.corpus, m, arch, args.epochs, args.threads, args.seed, vec)
-                    done.append(t)
-                    if tool not in first:  # the vectors are scored once; later rounds must give the same bytes
-                        first[tool] = (vec.read_bytes(), scores(vec, questions, pairs))
-                        if not first[tool][1]["agree"]:
-                            disagree.append(f"{tool} {arch}")
-                    elif vec.read_bytes() != first[tool][0]:
-                        changed.append(f"{tool} {arch} (round {r + 1})")
-                    print(f"round {r + 1}/{args.repeats} {tool} {arch}: {t}")
-            rate = {tool: common.summary([t["words_per_s"] for t in v]) for tool, v in runs.items()}
-            for tool in ("plm", "gensim"):
-                s, w = first[tool][1], rate[tool]
-                train_s = statistics.median(t["train_s"] for t in runs[tool])
-                rows.append([f"{tool} {arch}" + (f" (`{RECIPES[arch]}`)" if tool == "plm" else f" {gensim.__version__}"),
-                             f"{runs[tool][0]['vocab']:,}", f"**{s['gensim_acc']:.2%}**", f"{s['plm_acc']:.2%}",
-                             f"{s['correct']:,} / {s['scored']:,} of {s['questions']:,}",
-                             f"{s['rho']:.3f} ({s['pairs']} pairs)", f"**{w['median']:,.0f}**",
-                             f"{w['min']:,.0f}–{w['max']:,.0f}", f"{train_s:.1f} s"])
-            rows.append([f"**plm ÷ gensim, {arch}**", "", "", "", "", "",
-                         f"**{rate['plm']['median'] / rate['gensim']['median']:.2f}×**", "", ""])
+            for workers in counts:
+                more, plm = compare(args, arch, workers, root, questions, pairs, notes)
+                rows += more
     table = common.markdown_table(["side", "vocab", "analogies (gensim's eval)", "(plm eval-vectors)",
                                    "correct / in vocab of all", "WordSim-353 ρ", "train words/s (median)",
                                    "min–max", "train time (median)"], rows)
-    same = "every later round's vectors are byte for byte the first's on both sides" if not changed else \
-        "the vectors of " + ", ".join(changed) + " DIFFER from the first round's"
-    words = runs["plm"][0]["words"]  # every architecture trains on the same corpus
+    same = "every later round's 1-worker vectors are byte for byte the first's on both sides" if not notes["changed"] \
+        else "the vectors of " + ", ".join(notes["changed"]) + " DIFFER from the first round's"
+    words = plm["words"]  # every architecture trains on the same corpus
+    m = load_recipe(RECIPES["skip-gram"]).model
     ptb = args.corpus == DEFAULT_CORPUS
     if ptb:
         corpus = f"""Penn Treebank's training text ({args.corpus.name}: {words:,} words, each line a sentence) because it is the largest
@@ -139,13 +155,15 @@ vocabulary are skipped by both sides alike."""
     text = f"""
 {corpus} Same settings on both sides
 (the recipe's: dim {m.dim}, window {m.window}, negative {m.negative}, sample {m.sample:g}, min_count {m.min_count},
-{args.epochs} epochs, alpha 0.025 (skip-gram) or 0.05 (CBOW) falling to {m.min_alpha:g}; gensim `workers={args.threads}`, plm
-{args.threads} torch thread(s)). Words/s = corpus words × epochs / training time, vocabulary building and
-tokenizing left out on both sides; {args.repeats} rounds per architecture in one process, gensim then plm in each
+{args.epochs} epochs, alpha 0.025 (skip-gram) or 0.05 (CBOW) falling to {m.min_alpha:g}), and the same number of
+worker threads: gensim `workers=N` against plm `model.workers=N` (its compiled trainer, trainer: {plm.get("trainer")};
+{args.threads} torch thread(s)). Several workers are Hogwild! on both sides, so their vectors change run to run.
+Words/s = corpus words × epochs / training time, vocabulary building and
+tokenizing left out on both sides; {args.repeats} rounds per row pair in one process, gensim then plm in each
 (interleaved), and the median of the rounds. Each side's vectors are written in the word2vec text format and the
 first round's are scored on gensim's own questions-words.txt and wordsim353.tsv by gensim's
 `evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`:
-{"they agree on every file" if not disagree else "they DISAGREE on " + ", ".join(disagree)};
+{"they agree on every file" if not notes["disagree"] else "they DISAGREE on " + ", ".join(notes["disagree"])};
 {same}.
 """
     common.publish(NAME, common.section_body(f"word2vec on {'PTB' if ptb else args.corpus.name}: plm vs gensim",

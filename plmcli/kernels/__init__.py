@@ -7,6 +7,9 @@ Each kernel has a plain torch op it must equal (tests/kernels/test_conformance.p
   whose weights stay still (scoring, generation). Equal to F.linear up to the summation order's rounding.
 - `dropout` / `Dropout` (kernels/dropout.py): `F.dropout` with masks drawn by numpy's SFC64 from one torch draw;
   the same semantics (drop with probability p, scale the rest by 1/(1 − p)), p rounded to 16 bits.
+- `word2vec_kernel` (kernels/word2vec.py, word2vec.cpp): word2vec's trainer compiled on first use (g++, ninja;
+  cached in torch's extension directory), word2vec.c's per-example SGD with Hogwild! threads; its plain-torch
+  counterpart is models/word2vec.py's batched path, which trains where it is None (switch off, no compiler).
 - `attention` (kernels/attention.py): `F.scaled_dot_product_attention`, computed explicitly where it has dropout
   (its masks from `dropout`) or where the caller wants the probabilities (recorded attention maps).
 
@@ -25,7 +28,8 @@ from plmcli.kernels.dropout import Dropout, drop_probability, dropout
 from plmcli.kernels.onednn import (ACTIVATIONS, Linear, linear, onednn_available, onednn_enabled, packed_cache,
                                    packed_weights, takes_onednn)
 from plmcli.kernels.switch import ENV, enabled, switched, switched_on
+from plmcli.kernels.word2vec import word2vec_kernel
 
 __all__ = ["ACTIVATIONS", "ENV", "Dropout", "Linear", "attention", "drop_probability", "dropout", "enabled", "linear",
            "onednn_available", "onednn_enabled", "packed_cache", "packed_weights", "switched", "switched_on",
-           "takes_onednn"]
+           "takes_onednn", "word2vec_kernel"]
