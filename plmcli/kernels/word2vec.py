@@ -11,6 +11,7 @@ says so, once per process.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 import threading
@@ -23,9 +24,7 @@ FLAGS = ["-O3", "-march=native", "-ffast-math", "-funroll-loops", "-std=c++17"]
 """-ffast-math lets the dot products and row updates vectorise (reordered sums): the same bits run after run on
 one machine, not the torch path's bits."""
 
-_lock = threading.Lock()
-_built: dict[str, object] = {}
-"""The loaded module (or None after a failed build), by source hash: one build per process."""
+_lock = threading.Lock()  # one build at a time: a second caller waits for the first one's module
 
 
 def _cpu_signature() -> str:
@@ -54,15 +53,18 @@ def word2vec_kernel():
     if not switched_on():
         return None
     source = SOURCE.read_text()
-    key = hashlib.sha1("\n".join([source, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:12]
     with _lock:
-        if key not in _built:
-            try:
-                _built[key] = compile_kernel(f"plm_word2vec_{key}", source)
-            except Exception as e:  # no compiler, no ninja, a failed compile: the torch path trains instead
-                _built[key] = None
-                reason = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
-                print(f"plm: word2vec's compiled trainer could not be built ({reason}); training with torch ops "
-                      f"instead (several times slower, model.workers ignored) — install g++ and ninja for the fast "
-                      f"path, or set {ENV}=0 to choose the torch path silently", file=sys.stderr)
-        return _built[key]
+        return _built(hashlib.sha1("\n".join([source, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:12], source)
+
+
+@functools.lru_cache(maxsize=None)
+def _built(key: str, source: str):
+    """The loaded module of the source hashed `key` (or None after a failed build): one build per process."""
+    try:
+        return compile_kernel(f"plm_word2vec_{key}", source)
+    except Exception as e:  # no compiler, no ninja, a failed compile: the torch path trains instead
+        reason = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+        print(f"plm: word2vec's compiled trainer could not be built ({reason}); training with torch ops "
+              f"instead (several times slower, model.workers ignored) — install g++ and ninja for the fast "
+              f"path, or set {ENV}=0 to choose the torch path silently", file=sys.stderr)
+        return None
