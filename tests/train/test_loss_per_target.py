@@ -17,13 +17,14 @@ pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("one_thread")]
 
 # BERT at a tiny size, masked as it trains: whole-word masking over character tokens skips a word that would
 # overshoot a row's budget, so rows of one length mask different numbers of tokens and micro-batches hold
-# uneven targets. Full windows: the samples of a step do not depend on the micro batch (no length grouping).
+# uneven targets (the budget counted over maskable tokens, mask_count maskable: each row's own). Full windows: the
+# samples of a step do not depend on the micro batch (no length grouping).
 TINY_BERT = """\
 extends: bert-mini
 model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, max_positions: 64, dropout: 0.0, attn_dropout: 0.0}
 tokenizer: {kind: char, vocab_size: 200, min_frequency: 1}
 data: {val_fraction: 0.2}
-objective: {dynamic: true, pairs: none, packing: window, masking: wwm, mask_prob: 0.4, max_predictions: 0}
+objective: {dynamic: true, pairs: none, packing: window, masking: wwm, mask_prob: 0.4, max_predictions: 0, mask_count: maskable}
 train: {seq_len: 64, global_batch_size: 8, max_steps: 1, eval_every: 0, save_every: 0, log_every: 1, grad_clip: 0.0}
 optim: {name: sgd, lr: 1.0, weight_decay: 0.0, warmup_steps: 0, schedule: constant}
 """
