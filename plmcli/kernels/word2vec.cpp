@@ -103,8 +103,11 @@ inline double negative_sampling(const Job& j, const float* __restrict__ h, float
   return loss;
 }
 
-struct Tally {
+// One thread's sums per epoch, on cache lines of its own: the threads' tallies were small heap blocks side by side,
+// and skip-gram's per-pair additions to them made the cores fight over one line (2 workers slower than 1).
+struct alignas(64) Tally {
   std::vector<double> loss, examples;
+  char pad[64];
 };
 
 // One sentence's kept words `sen`: every centre's examples. Adds to the tally of `epoch`.
@@ -158,13 +161,14 @@ void train_thread(const Job& j, uint64_t seed, Tally& tally) {
   const int64_t n_chunks = static_cast<int64_t>(j.chunks.size()) - 1;
   for (int64_t job = j.next_job->fetch_add(1); job < n_chunks * j.epochs; job = j.next_job->fetch_add(1)) {
     const int64_t epoch = job / n_chunks, chunk = job % n_chunks;
+    double loss = 0.0, examples = 0.0;  // in registers while the job runs: added to the tally once, at its end
     for (int64_t s = j.chunks[chunk]; s < j.chunks[chunk + 1]; ++s) {
       sen.clear();
       for (int64_t p = j.starts[s]; p < j.starts[s + 1]; ++p) {
         const int32_t w = j.words[p];
         if (j.keep[w] >= 1.0 || uniform(rng) < j.keep[w]) sen.push_back(w);
       }
-      train_sentence(j, sen, alpha, rng, h, err, rows, tally.loss[epoch], tally.examples[epoch]);
+      train_sentence(j, sen, alpha, rng, h, err, rows, loss, examples);
       unreported += j.starts[s + 1] - j.starts[s];
       if (unreported >= REPORT_EVERY) {
         const int64_t done = j.done->fetch_add(unreported) + unreported;
@@ -173,6 +177,8 @@ void train_thread(const Job& j, uint64_t seed, Tally& tally) {
         alpha = static_cast<float>(j.alpha - (j.alpha - j.min_alpha) * progress);
       }
     }
+    tally.loss[epoch] += loss;
+    tally.examples[epoch] += examples;
   }
   j.done->fetch_add(unreported);
 }
