@@ -105,7 +105,7 @@ def resolve_run(run: str | None, usage: str = "--model RUN") -> Path:
 
 def run_config(path: Path) -> dict:
     """RUN/config.json, checked: a JSON object naming a known family whose model section is valid."""
-    from plmcli.config_sections import build_section
+    from plmcli.config_schema import build_section
     from plmcli.models.registry import model_config_class
 
     file = Path(path) / RUN_CONFIG
@@ -142,7 +142,7 @@ def build_run_model(path: Path, cfg: dict, init: bool = True):
     the caller to load every weight into: drawing 110M random numbers takes a bert-base about a second."""
     from contextlib import nullcontext
 
-    from plmcli.config_sections import build_section
+    from plmcli.config_schema import build_section
     from plmcli.models.registry import build_model, model_config_class
     from plmcli.models.skip_init import NoRandomInit
 

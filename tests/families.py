@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from plmcli.config import parse_overrides
-from plmcli.config_sections import build_section
+from plmcli.config_schema import build_section
 from plmcli.models.registry import FAMILIES, build_model, model_class
 
 

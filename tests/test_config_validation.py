@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from plmcli.cli import app
 from plmcli.config import load_recipe, shipped_recipes
-from plmcli.config_sections import build_section
-from plmcli.config_sections import Count, Divides, Heads, Probability, Range, Size
+from plmcli.config_schema import build_section
+from plmcli.config_schema import Count, Divides, Heads, Probability, Range, Size
 from plmcli.errors import PlmError
 from plmcli.models.registry import FAMILIES, model_config_class
 from plmcli.objectives.registry import OBJECTIVES, objective_config_class

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from families import families, tiny_model
-from plmcli.config_sections import Count, Divides, Heads, Probability, Size
+from plmcli.config_schema import Count, Divides, Heads, Probability, Size
 from plmcli.models.base import (CountsFlops, Encodes, ExportsHF, ExportsHFExtras, Fits, HasHFExportNotes, HasHidden,
                                 HasLayerStates, HasTaskHead, HasTokenStates, RecordsAttention, traits_of)
 from plmcli.models.layers import record_attention
@@ -171,7 +171,7 @@ def test_declared_attention_is_what_gets_recorded(family):
 
 DIMENSIONS = {"vocab_size": Count, "max_positions": Size, "n_layer": Size, "n_head": Heads, "d_model": Size,
               "dropout": Probability, "attn_dropout": Probability}
-"""The Transformer dimensions' types, each written once in plmcli.config_sections; a Config that copies a field keeps
+"""The Transformer dimensions' types, each written once in plmcli.config_schema; a Config that copies a field keeps
 its constraints (it may add its own: NEZHA's even head size)."""
 
 

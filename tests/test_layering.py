@@ -29,7 +29,7 @@ LAYERS = (
     ("models", "data"),
     ("kernels",),  # CPU kernels behind one switch: torch and numpy only, called by models and objectives
     ("config",),
-    ("config_sections", "errors", "registry_util", "__init__"),
+    ("config_sections", "config_schema", "errors", "registry_util", "__init__"),
 )
 """Top to bottom: a module imports its own layer or one below. Same-layer imports (a package's own
 modules, analysis -> train, data -> models) are allowed where they make no cycle (test_no_import_cycle)."""
@@ -51,8 +51,8 @@ _MODEL_SECTION = "a model config section (a dataclass, not a model): the fields 
 PROBE_ALLOWED = {
     # (path under plmcli/, attribute): why this getattr/hasattr is no capability check on a model
     ("config.py", "CSafeLoader"): "libyaml's C loader is optional in PyYAML builds",
-    ("config_sections.py", "holds"): "Annotated[...] metadata: only constraint objects have .holds",
-    ("config_sections.py", "value"): "an ast node read while collecting attribute docstrings",
+    ("config_schema.py", "holds"): "Annotated[...] metadata: only constraint objects have .holds",
+    ("config_schema.py", "value"): "an ast node read while collecting attribute docstrings",
     ("data/text.py", "buffer"): "sys.stdin may be a text-only stream (test runners, notebooks)",
     ("train/distributed.py", "accelerator"): "torch.accelerator exists from torch 2.6 on",
     ("train/distributed.py", "fsdp_plugin"): "older accelerate AcceleratorState has no fsdp_plugin",

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from helpers import assert_clean_error, run
 from plmcli import api
 from plmcli.config import load_recipe
-from plmcli.config_sections import DataConfig, TokenizerConfig, build_section
+from plmcli.config_schema import build_section
+from plmcli.config_sections import DataConfig, TokenizerConfig
 from plmcli.data.batching import TokenBudgetStream
 from plmcli.data.corpus import token_stream, tokenize_corpus
 from plmcli.data.packing import sentence_rows

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import assert_clean_error, run
-from plmcli.config_sections import TokenizerConfig, build_section
+from plmcli.config_schema import build_section
+from plmcli.config_sections import TokenizerConfig
 from plmcli.data import masking, mlm_data
 from plmcli.data.corpus import tokenize_corpus
 from plmcli.errors import PlmError

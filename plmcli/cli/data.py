@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from plmcli.cli._common import Commands, floats, print_json
-from plmcli.config_sections import field_docs
+from plmcli.config_schema import field_docs
 from plmcli.data.masking_options import MaskingOptions
 from plmcli.errors import PlmError
 

@@ -1,5 +1,5 @@
 """Masking settings that `plm make-mlm-data`'s flags and the mlm objective's keys share, declared once: a field's
-type is its check (config_sections.check_value for a flag, build_section for a recipe key), its docstring the
+type is its check (config_schema.check_value for a flag, build_section for a recipe key), its docstring the
 flag's help and the key's reference. objectives.mlm.MLMConfig inherits them; data.mlm_data reads them.
 No numpy here: the CLI reads these docstrings when it starts.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
-from plmcli.config_sections import Range
+from plmcli.config_schema import Range
 
 MASK_COUNTS = ("reference", "maskable")
 

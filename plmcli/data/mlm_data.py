@@ -37,7 +37,7 @@ import numpy as np
 
 from plmcli.data.corpus import masked_lm_special_ids, require_meta
 from plmcli.data.knowledge import AutoUnits, check_kind, units_key
-from plmcli.config_sections import check_value
+from plmcli.config_schema import check_value
 from plmcli.data.masking import Lexicon, check_ngram_probs, check_span, chinese_word_starts, lexicon_key, mask_batch, resolve_lexicon
 from plmcli.data.masking_options import MaskingOptions, counted_lengths
 from plmcli.data.mlm_instances import assemble, packed_instances, pair_instances

@@ -32,7 +32,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from plmcli.config_sections import Count
+from plmcli.config_schema import Count
 from plmcli.errors import PlmError
 from plmcli.eval.prompts import fill
 
@@ -127,7 +127,7 @@ def zero_shot_config(path: str | None = None, flags: dict | None = None) -> Zero
     (verbalizers) is replaced whole, never merged: a file's labels are all its labels."""
     import re
 
-    from plmcli.config_sections import build_section
+    from plmcli.config_schema import build_section
 
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     own = read_config(path) if path else {}

@@ -18,7 +18,7 @@ from typing import Annotated, ClassVar
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
+from plmcli.config_schema import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks

@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Size
+from plmcli.config_schema import Count, Heads, NonNegative, Positive, Probability, Size
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.bert import absolute_embeddings

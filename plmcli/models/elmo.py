@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, Probability, Rule, Size
+from plmcli.config_schema import Count, Probability, Rule, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.kernels import Linear
 from plmcli.models.layers import Dropout, ScalarMix, require_vocab

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, Heads, NonNegative, Positive, Probability, Rule, Size
+from plmcli.config_schema import Count, Heads, NonNegative, Positive, Probability, Rule, Size
 from plmcli.models.bert import MaskedLMEncoder, MLMHead
 from plmcli.kernels import Linear, dropout
 from plmcli.models.layers import (Activation, Dropout, FeedForward, MultiHeadAttention, init_weights,

@@ -42,7 +42,7 @@ from typing import Literal
 
 import numpy as np
 
-from plmcli.config_sections import Count
+from plmcli.config_schema import Count
 from plmcli.errors import PlmError
 from plmcli.models.base import LanguageModel, Traits
 

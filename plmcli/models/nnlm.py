@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, NonNegative, Probability, Range, Size
+from plmcli.config_schema import Count, NonNegative, Probability, Range, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.kernels import Linear
 from plmcli.models.layers import Dropout, require_vocab

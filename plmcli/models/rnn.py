@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from plmcli.config_sections import Count, NonNegative, Probability, Size
+from plmcli.config_schema import Count, NonNegative, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.kernels import Linear
 from plmcli.models.layers import Dropout, require_vocab

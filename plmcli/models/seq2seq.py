@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, NonNegative, Probability, Rule, Size
+from plmcli.config_schema import Count, NonNegative, Probability, Rule, Size
 from plmcli.models import device as devices
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.kernels import Linear, linear

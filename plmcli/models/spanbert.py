@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from plmcli.config_sections import Size
+from plmcli.config_schema import Size
 from plmcli.errors import PlmError
 from plmcli import kernels
 from plmcli.models.bert import Bert, BertConfig, BertOutput

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, Heads, Positive, Probability, Size
+from plmcli.config_schema import Count, Heads, Positive, Probability, Size
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks
 from plmcli.kernels import linear

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Count, Divides, NonNegative, Positive, Probability, Range, Rule, Size
+from plmcli.config_schema import Count, Divides, NonNegative, Positive, Probability, Range, Rule, Size
 from plmcli.models.adaptive import AdaptiveEmbedding, AdaptiveSoftmax
 from plmcli.models.base import LanguageModel, Traits
 from plmcli.models.checkpointing import CheckpointedBlocks

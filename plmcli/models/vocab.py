@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from plmcli.config_sections import Size
+from plmcli.config_schema import Size
 from plmcli.kernels import Linear
 
 

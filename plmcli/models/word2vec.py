@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from plmcli.config_sections import Count, NonNegative, OrAuto, Positive, Range, Rule, Size
+from plmcli.config_schema import Count, NonNegative, OrAuto, Positive, Range, Rule, Size
 from plmcli.errors import PlmError
 from plmcli.kernels.switch import ENV
 from plmcli.kernels.word2vec import word2vec_kernel

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 from torch import nn
 
-from plmcli.config_sections import Probability, Size
+from plmcli.config_schema import Probability, Size
 from plmcli.data.pairs import Frame, encode_framed, truncate_pair
 from plmcli.data.tasks.race import RaceExample
 from plmcli.errors import PlmError

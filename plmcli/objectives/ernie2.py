@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import Fraction, NonNegative, Range
+from plmcli.config_schema import Fraction, NonNegative, Range
 from plmcli.data.batching import BatchStream
 from plmcli.data.sentence_tasks import FORMAT, MAX_SEGMENTS, check, num_classes
 from plmcli.data.store import read_meta

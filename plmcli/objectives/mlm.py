@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import Count, Formerly, Fraction, NonNegative, Range, Rule, Size
+from plmcli.config_schema import Count, Formerly, Fraction, NonNegative, Range, Rule, Size
 from plmcli.data.batching import BatchStream, TokenBudgetStream, row_generators
 from plmcli.data.knowledge import KINDS as KNOWLEDGE_UNITS
 from plmcli.data.masking_options import MaskingOptions, counted_lengths

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import Count, Size
+from plmcli.config_schema import Count, Size
 from plmcli.data.tasks import truncate_pair
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plmcli.config_sections import Probability, Size
+from plmcli.config_schema import Probability, Size
 from plmcli.data.batching import BatchStream
 from plmcli.data.pairs import encoder_frame
 from plmcli.data.tasks import load_split, require_roles, save_split

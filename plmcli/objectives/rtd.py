@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import NonNegative, Positive
+from plmcli.config_schema import NonNegative, Positive
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.device import row_lengths

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.config_sections import Fraction, Positive, Probability, Size
+from plmcli.config_schema import Fraction, Positive, Probability, Size
 from plmcli.data.batching import BatchStream, LengthGroupedOrder
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of

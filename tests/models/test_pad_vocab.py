@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from families import tiny_overrides
 from plmcli.api import count_params
 from plmcli.config import load_recipe
-from plmcli.config_sections import build_section
+from plmcli.config_schema import build_section
 from plmcli.errors import PlmError
 from plmcli.generate import generate
 from plmcli.models.lm_loss import linear_cross_entropy

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import tiny_corpus
-from plmcli.config_sections import TokenizerConfig, build_section
+from plmcli.config_schema import build_section
+from plmcli.config_sections import TokenizerConfig
 from plmcli.errors import PlmError
 from plmcli.models.bert import Bert, BertConfig
 from plmcli.models.gpt import GPT, GPTConfig
