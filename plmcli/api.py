@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError
 from plmcli.pipelines.common import quiet_datasets_off_terminal, sample_data_dir
 
@@ -75,9 +76,9 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
 
     # checked as typed and before any reading: replace() below skips the tokenizer section's own range checks
     for flag, value, least, example in (("--vocab-size", vocab_size, 1, 8192), ("--min-frequency", min_frequency, 0, 2),
-                                        ("--num-proc", num_proc, 1, 4)):
-        if value is not None and value < least:
-            raise PlmError(f"{flag} {value} must be ≥ {least}", f"e.g. {flag} {example}, or leave it out")
+                                        ("--num-proc", num_proc, 1, 4), ("--val-fraction", val_fraction, None, 0.05)):
+        allowed = Range(0, 1, hi_open=True) if least is None else Range(least)
+        check_option(flag, value, allowed, f"e.g. {flag} {example}" + (", or leave it out" if least is not None else ""))
     check_writable(out)
     quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()
@@ -90,8 +91,6 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     changes = {k: v for k, v in dict(vocab_size=vocab_size, min_frequency=min_frequency, lowercase=lowercase,
                                      special_tokens=special_tokens).items() if v is not None}
     cfg = replace(base, **changes)
-    if not 0 <= val_fraction < 1:
-        raise PlmError(f"--val-fraction {val_fraction} must be in [0, 1)", "e.g. --val-fraction 0.05")
     return tokenize_corpus(inputs, out, cfg, doc_per_line=doc_per_line, val_fraction=val_fraction,
                            num_proc=num_proc, force=force, split_sentences=split_sentences, column=text_column)
 
@@ -310,10 +309,9 @@ def lm_eval(run: str | None, tasks, num_fewshot: int | None = None, limit: float
     names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks or []) if t.strip()]
     if not names:
         raise PlmError("no task given", "pass --tasks NAME[,NAME...] (lm-eval's names, or those of --include-path YAMLs)")
-    for flag, value, least in (("--num-fewshot", num_fewshot, 0), ("--limit", limit, 0), ("--batch-size", batch_size, 1),
-                               ("--bootstrap-iters", bootstrap_iters, 0)):
-        if value is not None and (value < least or (flag == "--limit" and value == 0)):
-            raise PlmError(f"{flag} {value} must be {'> 0' if flag == '--limit' else f'≥ {least}'}", f"e.g. {flag} 8")
+    for flag, value, allowed in (("--num-fewshot", num_fewshot, Range(0)), ("--limit", limit, Range(0, lo_open=True)),
+                                 ("--batch-size", batch_size, Range(1)), ("--bootstrap-iters", bootstrap_iters, Range(0))):
+        check_option(flag, value, allowed, f"e.g. {flag} 8")
     if include_path is not None and not Path(include_path).is_dir():
         raise PlmError(f"--include-path {include_path} is not a folder", "pass the folder that holds your task YAMLs")
     if output:
@@ -381,8 +379,7 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
         texts += [line.rstrip("\n") for line in iter_text_lines([input_file]) if line.strip()]
     if not texts:
         raise PlmError("no prompts given", "pass --prompt TEXT (repeatable) or --input FILE (one prompt per line)")
-    if batch_size < 1:
-        raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 16")
+    check_option("--batch-size", batch_size, Range(1), "e.g. --batch-size 16")
     outputs = run_generate(local_run(model), texts, max_new_tokens=max_new_tokens, strategy=strategy, num_beams=num_beams,
                            top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
                            length_penalty=length_penalty, batch_size=batch_size, console=console)

@@ -254,6 +254,13 @@ def check_value(cls, name: str, value, label: str) -> None:
                        f"e.g. {label} {yaml_scalar(_example(c, default, {}))}" + (", or leave it out" if default is None else ""))
 
 
+
+def check_option(flag: str, value, allowed: Range, hint: str) -> None:
+    """A command's numeric option that is no recipe field (--stop-after, --vocab-size, --limit) against `allowed`:
+    one PlmError naming the flag, checked before anything is read. None is "not given" and passes; 0 is a value."""
+    if value is not None and not allowed.holds(value, {}):
+        raise PlmError(f"{flag} {value:g} must be {allowed}", hint)
+
 def _example(c, default, values: dict):
     """A value for a hint: the field's default where it meets the check `c`, else one inside its Range."""
     return default if default is not None and c.holds(default, values) else _inside(c)

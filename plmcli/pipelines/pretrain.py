@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from plmcli.config_schema import Range, check_option
 from plmcli.data import store
 from plmcli.data.store import content_fingerprint, has_meta, load_meta
 from plmcli.errors import PlmError, WriteFailed
@@ -28,8 +29,7 @@ def pretrain(recipe=None, data: list[str] | None = None, out: str | None = None,
     quiet_datasets_off_terminal()
     # 0 is a value, not "unset": every bound is checked as given (None alone means no limit).
     for flag, value, example in (("--stop-after", stop_after, "10"), ("--time-budget", time_budget, "2h")):
-        if value is not None and value <= 0:
-            raise PlmError(f"{flag} {value:g} must be > 0", f"e.g. {flag} {example}, or leave it out")
+        check_option(flag, value, Range(0, lo_open=True), f"e.g. {flag} {example}, or leave it out")
     if isinstance(recipe, Recipe) and overrides:
         raise PlmError("overrides over a Recipe object", "load it with plmcli.config.load_recipe(name, overrides)")
     if resume == "auto":
