@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError
 from plmcli.models.base import CachesKeysValues, CarriesStateBatch, HasGenerationSession, HasPositionLimit
 from plmcli.models.registry import families_that, named
@@ -344,10 +345,8 @@ def _beam(session, n: int, K: int, max_new: int, eos: int | None, length_penalty
 def _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, length_penalty):
     if strategy not in STRATEGIES:
         raise PlmError(f"unknown decoding strategy '{strategy}'", f"use one of: {', '.join(STRATEGIES)}")
-    if max_new_tokens < 0:
-        raise PlmError(f"--max-new-tokens {max_new_tokens} must be ≥ 0", "e.g. --max-new-tokens 50")
-    if num_beams < 1:
-        raise PlmError(f"--num-beams {num_beams} must be ≥ 1", "e.g. --num-beams 4")
+    check_option("--max-new-tokens", max_new_tokens, Range(0), "e.g. --max-new-tokens 50")
+    check_option("--num-beams", num_beams, Range(1), "e.g. --num-beams 4")
     if top_k < 0:
         raise PlmError(f"--top-k {top_k} must be ≥ 0 (0 = no top-k filter)", "e.g. --top-k 50")
     if not 0 < top_p <= 1:

@@ -34,6 +34,7 @@ from plmcli.analysis.attention_report import PATTERNS_PNG, tick_label, write_out
 from plmcli.analysis.attention_stats import (BROAD, PATTERNS, PatternSums, broad_heads, punctuation_ids, summarize,
                                              word_classes)
 from plmcli.data.pairs import encode_framed, encoder_frame
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError
 from plmcli.models.base import Encodes, HasHidden, RecordsAttention, uses_token_types
 
@@ -243,8 +244,7 @@ def _check_options(text, text_pair, corpus, out, batch_size, max_lines, max_seq_
     # before the run is loaded: its positions bound --max-seq-len from above only
     for flag, value, least, example in (("--batch-size", batch_size, 1, 16), ("--max-lines", max_lines, 1, 500),
                                         ("--max-seq-len", max_seq_len, 4, 128)):
-        if value is not None and value < least:
-            raise PlmError(f"{flag} {value} must be ≥ {least}", f"e.g. {flag} {example}, or leave it out")
+        check_option(flag, value, Range(least), f"e.g. {flag} {example}, or leave it out")
     out_dir = Path(out)  # checked now, not after the model has run (build_atomically checks again)
     if out_dir.exists() and not (out_dir.is_dir() and (not any(out_dir.iterdir()) or _read_meta(out_dir))):
         raise PlmError(f"'{out_dir}' exists and is not a `plm attention` output", "choose another --out directory (plm will not overwrite it)")

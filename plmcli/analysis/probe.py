@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError
 
 TASKS = {"pos": 1, "chunk": 2, "ner": -1}
@@ -227,10 +228,9 @@ def probe(run: str | None, task: str, out: str, data_dir: str | None = None, tra
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise PlmError(f"--out {out_dir} is a file", "pass a directory for probe.json, probe.tsv and the figure")
-    if batch_size < 1:
-        raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 32")
-    if seed < 0:  # numpy's generators refuse it, and only once the sentences are sampled
-        raise PlmError(f"--seed {seed} must be ≥ 0", "e.g. --seed 0")
+    check_option("--batch-size", batch_size, Range(1), "e.g. --batch-size 32")
+    # numpy's generators refuse a negative seed, and only once the sentences are sampled
+    check_option("--seed", seed, Range(0), "e.g. --seed 0")
     path = resolve_run(run, "plm probe RUN").resolve()  # runs/latest -> the run it points at, for the report and the figure
     cfg = run_config(path)
     cls = model_class(cfg["family"])

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plmcli.errors import PlmError
+from plmcli.config_schema import Range, check_option
 from plmcli.eval.perplexity import eval_files
 
 
@@ -25,10 +25,8 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
           batch_size: int = 8, device="cpu") -> dict:
     """eval-ppl's report of a bidirectional LM over `files`; adds fwd_ppl, bwd_ppl, avg_ppl and `windows`."""
     L = 256 if max_length is None else max_length  # 0 is a value (refused below), not the default
-    if L < 1:
-        raise PlmError(f"--max-length {L} must be ≥ 1", "e.g. --max-length 256")
-    if batch_size < 1:
-        raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 8")
+    check_option("--max-length", L, Range(1), "e.g. --max-length 256")
+    check_option("--batch-size", batch_size, Range(1), "e.g. --batch-size 8")
     model.to(device).eval()
     per_file = []
 

@@ -168,15 +168,13 @@ def check_lengths(**flags) -> None:
     """Refuse a window, stride, segment, memory or batch length below its least value, before a scorer
     reads 0 as "not given" (`x or default`) or loops without moving. `flags`: option name (max_length
     for --max-length) -> (value or None, least value)."""
-    from plmcli.errors import PlmError
+    from plmcli.config_schema import Range, check_option
 
     examples = {"max_length": 128, "stride": 64, "tgt_len": 128, "mem_len": 128, "batch_size": 8,
                 "max_tokens_per_batch": 8192}
     for name, (value, least) in flags.items():
-        if value is not None and value < least:
-            flag = "--" + name.replace("_", "-")
-            raise PlmError(f"{flag} {value} must be ≥ {least}",
-                           f"leave {flag} out for the default, or pass e.g. {flag} {examples.get(name, least)}")
+        flag = "--" + name.replace("_", "-")
+        check_option(flag, value, Range(least), f"leave {flag} out for the default, or pass e.g. {flag} {examples.get(name, least)}")
 
 
 def window_length(max_length: int | None, positions: int, seq_len: int | None) -> tuple[int, str]:

@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError
 
 DEFAULT_TOKENS_PER_BATCH = 8192
@@ -172,8 +173,7 @@ def score(model, files: list[str], tok, cfg: dict, *, max_length: int | None = N
         raise PlmError(f"--stride {stride} does not apply to pseudo-perplexity: each token is scored in its own "
                        "window, centred on it", "leave --stride out (it is reported as 1); --max-length sets the window")
     budget = DEFAULT_TOKENS_PER_BATCH if max_tokens_per_batch is None else max_tokens_per_batch
-    if budget < 1:
-        raise PlmError(f"--max-tokens-per-batch {budget} must be ≥ 1", f"e.g. --max-tokens-per-batch {DEFAULT_TOKENS_PER_BATCH}")
+    check_option("--max-tokens-per-batch", budget, Range(1), f"e.g. --max-tokens-per-batch {DEFAULT_TOKENS_PER_BATCH}")
 
     model.to(device).eval()
     totals, per_file = np.zeros(4), []  # nll, tokens, bytes, words

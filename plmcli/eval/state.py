@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plmcli.errors import PlmError
+from plmcli.config_schema import Range, check_option
 from plmcli.eval.perplexity import carried_logprobs, eval_files, from_start
 
 
@@ -20,8 +20,7 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
           batch_size: int = 8, device="cpu") -> dict:
     """eval-ppl's report of a stateful LM over `files`."""
     chunk = 1024 if max_length is None else max_length  # 0 is a value (refused below), not the default
-    if chunk < 1:
-        raise PlmError(f"--max-length {chunk} must be ≥ 1", "it is only the chunk size: e.g. --max-length 1024")
+    check_option("--max-length", chunk, Range(1), "it is only the chunk size: e.g. --max-length 1024")
     model.to(device).eval()
     return eval_files(files, tok, cfg, lambda seq: stream_nll(model, seq, chunk, device), chunk, chunk,
                       context="the whole text before it (hidden state carried)")

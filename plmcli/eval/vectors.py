@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError, os_error
 
 USAGE = "plm eval-vectors RUN"
@@ -197,8 +198,7 @@ def evaluate(source: str | None, analogies: str | None = None, similarity: str |
     if not analogies and not similarity:
         raise PlmError("no test set given", "pass --analogies questions-words.txt and/or --similarity wordsim353.tsv "
                        "(gensim ships both in gensim/test/test_data)")
-    if restrict_vocab < 1:
-        raise PlmError(f"--restrict-vocab {restrict_vocab} must be ≥ 1", "e.g. --restrict-vocab 300000 (gensim's default)")
+    check_option("--restrict-vocab", restrict_vocab, Range(1), "e.g. --restrict-vocab 300000 (gensim's default)")
     tests = [(p, what) for p, what in ((analogies, "--analogies"), (similarity, "--similarity")) if p]
     for p, what in tests:
         if not Path(p).is_file():

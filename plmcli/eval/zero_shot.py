@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from plmcli.config_schema import Count
+from plmcli.config_schema import Range, check_option
 from plmcli.errors import PlmError
 from plmcli.eval.prompts import fill
 
@@ -364,8 +365,7 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
     from plmcli.models.registry import model_class
     from plmcli.runs import load_run_at, resolve_run, run_config, run_label
 
-    if batch_size < 1:
-        raise PlmError(f"--batch-size {batch_size} must be ≥ 1", "e.g. --batch-size 8")
+    check_option("--batch-size", batch_size, Range(1), "e.g. --batch-size 8")
     if max_length is not None and max_length < 1:  # before the run is loaded: its positions bound it from above
         raise PlmError(f"--max-length {max_length} must be ≥ 1", "e.g. --max-length 128, or leave it out for the "
                        "run's training seq_len")
