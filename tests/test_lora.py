@@ -168,3 +168,96 @@ def test_flags_set_the_lora_section(handed):
                        (["--lora-targets", "q,q"], "must be distinct module names")):
         res = run("finetune", "--task", "sst2", *args)
         assert res.exit_code == 2 and says in res.output, res.output
+
+
+@pytest.fixture(scope="module")
+def causal_tokenizer():
+    """test_finetune_matrix's tokenizer: with <s> and </s>, which a causal family's finetuning inputs need."""
+    from dataclasses import asdict
+
+    from test_finetune_matrix import SPECIALS
+    from plmcli.config_sections import TokenizerConfig
+    from plmcli.data.tokenizers import resolve_special_tokens, special_token_ids, train_tokenizer
+
+    lines = (SAMPLE / "SST-2" / "train.tsv").read_text(encoding="utf-8").split("\n")[1:]
+    cfg = TokenizerConfig(kind="wordpiece", vocab_size=600, min_frequency=1, lowercase=True, special_tokens=SPECIALS)
+    tok = train_tokenizer([line.split("\t")[0] for line in lines if line], cfg)
+    return tok, {**asdict(cfg), "special_token_ids": special_token_ids(tok, resolve_special_tokens(cfg))}
+
+
+@pytest.mark.parametrize("family", ["transformer_xl", "xlnet"])
+def test_transformer_xl_and_xlnet_adapt_their_own_attention(family, tmp_path, causal_tokenizer):
+    """Their attention is their own (relative positions, memory, two streams), and calls its Linear layers as
+    modules: the adapters train alone, the base stays bitwise, and the merged run scores as base + adapters."""
+    import plmcli.pipelines.finetune as ft
+    from plmcli.models.transformer_xl import TransformerXL, TransformerXLConfig
+    from plmcli.models.xlnet import XLNet, XLNetConfig
+
+    tok, meta = causal_tokenizer
+    V = tok.get_vocab_size()
+    torch.manual_seed(0)
+    model = (TransformerXL(TransformerXLConfig(vocab_size=V, n_layer=2, d_model=16, n_head=2, d_ff=32, mem_len=8))
+             if family == "transformer_xl" else
+             XLNet(XLNetConfig(vocab_size=V, n_layer=2, d_model=16, n_head=2, d_ff=32, mem_len=8, max_positions=64)))
+    pre = make_run(tmp_path / family, family, model, tok, meta)
+    held = {}
+
+    def recording(model, backbone, names, lora, out_dir):
+        held["backbone"] = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
+        held["trainable"] = [n for n, p in model.named_parameters() if p.requires_grad]
+        return merge(model, backbone, names, lora, out_dir)
+
+    merge = ft.save_merged
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ft, "save_merged", recording)
+        finetune("sst2", from_run=str(pre), data_dir=str(SAMPLE), out=str(tmp_path / "ft"), train__max_steps=3,
+                 train__batch_size=16, optim__lr=1e-2, task__max_seq_len=32, lora__r=R, lora__alpha=ALPHA)
+    per_layer = ("qkv", "r_net", "o") if family == "transformer_xl" else ("q", "k", "v", "r", "o")
+    base = load_file(str(pre / "model.safetensors"))
+    seen = {k.replace(".base_layer.", "."): v for k, v in held["backbone"].items() if "lora_" not in k}
+    for k, v in base.items():
+        assert torch.equal(seen[k], v), k
+    merged = load_file(str(tmp_path / "ft" / "model.safetensors"))
+    prefix = "backbone." if family == "transformer_xl" else "encoder."  # a causal family's transfer model: GPT's names
+    adapters = [n for n in held["trainable"] if "lora_" in n]
+    assert len(adapters) == 2 * len(per_layer) * 2 and all("lora_" in n or not n.startswith(prefix)
+                                                            for n in held["trainable"])
+    with safe_open(str(tmp_path / "ft" / "adapter.safetensors"), "pt") as f:
+        lora = {k: f.get_tensor(k) for k in f.keys()}
+    changed = 0
+    for k, w in base.items():
+        name = k.rpartition(".")[0]
+        if f"{name}.lora_A.weight" in lora:
+            w = w + (lora[f"{name}.lora_B.weight"] @ lora[f"{name}.lora_A.weight"]) * (ALPHA / R)
+            changed += 1
+        assert torch.equal(merged[prefix + k], w), k
+    assert changed == 2 * len(per_layer)
+
+
+def test_transformer_xl_calls_its_qkv_module_when_one_is_put_in_its_place():
+    """A module swapped in for qkv (an adapter, a quantised linear) runs, and gives plm's own layer's result."""
+    from plmcli.models.transformer_xl import TransformerXL, TransformerXLConfig
+
+    torch.manual_seed(0)
+    model = TransformerXL(TransformerXLConfig(vocab_size=40, n_layer=1, d_model=16, n_head=2, d_ff=32,
+                                              mem_len=4)).eval()
+    ids = torch.randint(0, 40, (2, 6))
+    with torch.no_grad():
+        _, mems = model.hidden(ids)
+        want = model.hidden(ids, mems)[0]
+    attn, calls = model.layers[0].attn, []
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            calls.append(x.shape)
+            return self.inner(x)
+
+    attn.qkv = Wrapped(attn.qkv)
+    with torch.no_grad():
+        got = model.hidden(ids, mems)[0]
+    assert calls == [(2, 10, 16)]  # memory and segment rows, through the module
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -258,6 +258,15 @@ class RecordsAttention(Protocol):
 
 
 @runtime_checkable
+class AdaptsAttention(Protocol):
+    """A family whose attention calls every Linear layer as its module, so a layer put in its place (peft's LoRA, a
+    quantised linear) runs: `adapter_modules()` lists the attention modules whose Linear layers LoRA adapts by default
+    (train/lora.py). Wider than RecordsAttention: Transformer-XL's and XLNet's own attention records no maps."""
+
+    def adapter_modules(self) -> list[nn.Module]: ...
+
+
+@runtime_checkable
 class CarriesStateBatch(Protocol):
     """A stateful model whose carried state has its batch on dimension `state_batch_dim` (Transformer-XL's
     memories: 0). A stateful model without it carries RNN states, (layers, B, H): dimension 1."""

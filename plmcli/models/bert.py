@@ -159,6 +159,8 @@ class MaskedLMEncoder(CheckpointedBlocks, LanguageModel):
         """RecordsAttention: every layer's (ALBERT's shared ones, each run once per use)."""
         return [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
 
+    adapter_modules = attention_modules  # AdaptsAttention: the same modules
+
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """`states` (a list): the embedding output and each layer's output are appended to it (layer_states)."""
         raise NotImplementedError

@@ -167,6 +167,8 @@ class Electra(CheckpointedBlocks, LanguageModel):
         """RecordsAttention: the discriminator's, which `encode` runs (the generator serves pretraining alone)."""
         return [m for m in self.discriminator.modules() if isinstance(m, MultiHeadAttention)]
 
+    adapter_modules = attention_modules  # AdaptsAttention: the same modules
+
     def __init__(self, cfg: ElectraConfig):
         super().__init__()
         require_vocab(cfg)

@@ -70,6 +70,8 @@ class GPT(CheckpointedBlocks, LanguageModel):
         """RecordsAttention: each block's causal self-attention."""
         return [m for m in self.blocks.modules() if isinstance(m, MultiHeadAttention)]
 
+    adapter_modules = attention_modules  # AdaptsAttention: the same modules
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         require_vocab(cfg)

@@ -143,9 +143,14 @@ class RelPartialLearnableAttention(nn.Module):
         K = cat.shape[1]
         if self.pre_norm:
             cat = self.ln(cat)
-        w_q, w_kv = self.qkv.weight.split([H * D, 2 * H * D])
-        q = linear(cat[:, -T:], w_q).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k, val = linear(cat, w_kv).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × (B, H, K, D)
+        if type(self.qkv) is Linear:  # plm's own: queries of the segment's rows only, not of the memory's
+            w_q, w_kv = self.qkv.weight.split([H * D, 2 * H * D])
+            q, kv = linear(cat[:, -T:], w_q), linear(cat, w_kv)
+        else:  # a module put in its place (LoRA, a quantised linear) is called, on every row
+            qkv = self.qkv(cat)
+            q, kv = qkv[:, -T:, : H * D], qkv[..., H * D :]
+        q = q.reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k, val = kv.reshape(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × (B, H, K, D)
         r_k = self.r_net(r).view(K, H, D).transpose(0, 1)  # (H, K, D)
         bd = rel_shift(torch.matmul(q + v[:, None], r_k.transpose(1, 2)))  # (B, H, T, K): terms (b) + (d)
         bias = (bd * (1.0 / math.sqrt(D))).masked_fill(blocked, float("-inf"))
@@ -227,6 +232,10 @@ class TransformerXL(CheckpointedBlocks, LanguageModel):
     def max_positions(self) -> int:
         """Relative positions: no table bounds the length (memory is what costs)."""
         return 2**31 - 1
+
+    def adapter_modules(self) -> list[nn.Module]:
+        """AdaptsAttention: each layer's relative attention (its qkv, r_net and o)."""
+        return [layer.attn for layer in self.layers]
 
     def hidden(self, input_ids: torch.Tensor, mems=None, states: list | None = None):
         """(B, T) ids, memory from the previous segment (a list of n_layer (B, M, C) tensors, or None) ->

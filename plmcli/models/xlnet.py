@@ -197,6 +197,10 @@ class XLNet(CheckpointedBlocks, LanguageModel):
     def max_positions(self) -> int:
         return self.cfg.max_positions
 
+    def adapter_modules(self) -> list[nn.Module]:
+        """AdaptsAttention: each block's two-stream relative attention (its q, k, v, r and o; both streams use them)."""
+        return [block.attn for block in self.blocks]
+
     # ------------------------------------------------------------------ the stack
 
     def stack(self, input_ids, seg=None, perm_mask=None, q_pos=None, mems=None, key_pad=None,

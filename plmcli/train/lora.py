@@ -11,10 +11,9 @@ backbone, peft's names without the adapter name; the settings in its metadata), 
 Linear layers back and rewrites OUT/model.safetensors: a finetuned run like any other, which --eval-only, export and
 eval-ppl read unchanged.
 
-Targets: by default the Linear layers inside the family's self-attention modules (base.RecordsAttention: plm's
-MultiHeadAttention, which every layer calls as modules). A family without them (RNNs, word2vec, ELMo; XLNet and
-Transformer-XL run attention of their own, and Transformer-XL reads its qkv weight directly, which an adapter would
-not see) is refused.
+Targets: by default the Linear layers inside the family's attention modules (base.AdaptsAttention: BERT, ALBERT,
+NEZHA, SpanBERT, ELECTRA, GPT, Transformer-XL, XLNet, each calling those layers as modules). A family without them
+(RNNs, word2vec, ELMo, seq2seq) is refused.
 """
 
 from __future__ import annotations
@@ -51,15 +50,16 @@ def target_modules(backbone: nn.Module, targets: list[str], family: str = "", ru
     `targets`, or with none given, those inside the family's self-attention modules."""
     from torch import nn
 
-    from plmcli.models.base import RecordsAttention
+    from plmcli.models.base import AdaptsAttention
 
-    if not isinstance(backbone, RecordsAttention):
+    if not isinstance(backbone, AdaptsAttention):
         raise PlmError(f"--lora-r: run {run_label} is a {family} model, and LoRA adapts the Linear layers of plm's "
                        "Transformer self-attention, which it does not run",
-                       "finetune it without --lora-r, or finetune a BERT, ALBERT, NEZHA, SpanBERT, ELECTRA or GPT run")
+                       "finetune it without --lora-r, or finetune a BERT, ALBERT, NEZHA, SpanBERT, ELECTRA, GPT, "
+                       "Transformer-XL or XLNet run")
     linears = {name: m for name, m in backbone.named_modules() if isinstance(m, nn.Linear)}
     if not targets:
-        inside = {id(m) for a in backbone.attention_modules() for m in a.modules()}
+        inside = {id(m) for a in backbone.adapter_modules() for m in a.modules()}
         return [name for name, m in linears.items() if id(m) in inside]
     names = []
     for t in targets:
