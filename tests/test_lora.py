@@ -185,20 +185,25 @@ def causal_tokenizer():
     return tok, {**asdict(cfg), "special_token_ids": special_token_ids(tok, resolve_special_tokens(cfg))}
 
 
-@pytest.mark.parametrize("family", ["transformer_xl", "xlnet"])
-def test_transformer_xl_and_xlnet_adapt_their_own_attention(family, tmp_path, causal_tokenizer):
-    """Their attention is their own (relative positions, memory, two streams), and calls its Linear layers as
-    modules: the adapters train alone, the base stays bitwise, and the merged run scores as base + adapters."""
+@pytest.mark.parametrize("family", ["transformer_xl", "xlnet", "transformer"])
+def test_transformer_xl_xlnet_and_the_transformer_adapt_their_own_attention(family, tmp_path, causal_tokenizer):
+    """Their attention is their own (relative positions, memory, two streams, attention over the source), and calls
+    its Linear layers as modules: the adapters train alone, the base stays bitwise, and the merged run is
+    base + (α/r)BA."""
     import plmcli.pipelines.finetune as ft
+    from plmcli.models.transformer import Transformer, TransformerConfig
     from plmcli.models.transformer_xl import TransformerXL, TransformerXLConfig
     from plmcli.models.xlnet import XLNet, XLNetConfig
 
     tok, meta = causal_tokenizer
     V = tok.get_vocab_size()
     torch.manual_seed(0)
-    model = (TransformerXL(TransformerXLConfig(vocab_size=V, n_layer=2, d_model=16, n_head=2, d_ff=32, mem_len=8))
-             if family == "transformer_xl" else
-             XLNet(XLNetConfig(vocab_size=V, n_layer=2, d_model=16, n_head=2, d_ff=32, mem_len=8, max_positions=64)))
+    model = {"transformer_xl": lambda: TransformerXL(TransformerXLConfig(vocab_size=V, n_layer=2, d_model=16, n_head=2,
+                                                                         d_ff=32, mem_len=8)),
+             "xlnet": lambda: XLNet(XLNetConfig(vocab_size=V, n_layer=2, d_model=16, n_head=2, d_ff=32, mem_len=8,
+                                                max_positions=64)),
+             "transformer": lambda: Transformer(TransformerConfig(vocab_size=V, n_encoder_layers=1, n_decoder_layers=1,
+                                                                  d_model=16, n_head=2, d_ff=32, max_positions=64))}[family]()
     pre = make_run(tmp_path / family, family, model, tok, meta)
     held = {}
 
@@ -212,26 +217,29 @@ def test_transformer_xl_and_xlnet_adapt_their_own_attention(family, tmp_path, ca
         mp.setattr(ft, "save_merged", recording)
         finetune("sst2", from_run=str(pre), data_dir=str(SAMPLE), out=str(tmp_path / "ft"), train__max_steps=3,
                  train__batch_size=16, optim__lr=1e-2, task__max_seq_len=32, lora__r=R, lora__alpha=ALPHA)
-    per_layer = ("qkv", "r_net", "o") if family == "transformer_xl" else ("q", "k", "v", "r", "o")
+    per_layer = {"transformer_xl": ("qkv", "r_net", "o"), "xlnet": ("q", "k", "v", "r", "o"),
+                 "transformer": ("qkv", "proj")}[family]  # the encoder's: a task reads the encoder alone
+    layers = 1 if family == "transformer" else 2
     base = load_file(str(pre / "model.safetensors"))
     seen = {k.replace(".base_layer.", "."): v for k, v in held["backbone"].items() if "lora_" not in k}
     for k, v in base.items():
         assert torch.equal(seen[k], v), k
     merged = load_file(str(tmp_path / "ft" / "model.safetensors"))
-    prefix = "backbone." if family == "transformer_xl" else "encoder."  # a causal family's transfer model: GPT's names
+    prefix = "encoder." if family == "xlnet" else "backbone."  # a causal or seq2seq family's transfer model: GPT's names
     adapters = [n for n in held["trainable"] if "lora_" in n]
-    assert len(adapters) == 2 * len(per_layer) * 2 and all("lora_" in n or not n.startswith(prefix)
+    assert len(adapters) == 2 * len(per_layer) * layers and all("lora_" in n or not n.startswith(prefix)
                                                             for n in held["trainable"])
     with safe_open(str(tmp_path / "ft" / "adapter.safetensors"), "pt") as f:
         lora = {k: f.get_tensor(k) for k in f.keys()}
+    assert all(torch.count_nonzero(v) for k, v in lora.items() if "lora_B" in k)  # B starts at 0: each one ran and learnt
     changed = 0
     for k, w in base.items():
         name = k.rpartition(".")[0]
-        if f"{name}.lora_A.weight" in lora:
+        if f"{name}.lora_A.weight" in lora and k.endswith(".weight"):
             w = w + (lora[f"{name}.lora_B.weight"] @ lora[f"{name}.lora_A.weight"]) * (ALPHA / R)
             changed += 1
         assert torch.equal(merged[prefix + k], w), k
-    assert changed == 2 * len(per_layer)
+    assert changed == len(per_layer) * layers
 
 
 def test_transformer_xl_calls_its_qkv_module_when_one_is_put_in_its_place():

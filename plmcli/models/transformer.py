@@ -155,6 +155,11 @@ class Transformer(CheckpointedBlocks, LanguageModel):
     def max_positions(self) -> int:
         return self.cfg.max_positions
 
+    def adapter_modules(self) -> list[nn.Module]:
+        """AdaptsAttention: the encoder's self-attention, what a finetuned task runs (its heads read the encoder's
+        states, framed as GPT's transfer); the decoder serves translation alone."""
+        return [block.attn for block in self.encoder]
+
     def embed_tokens(self, emb: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """(B, T) ids at positions offset.. -> (B, T, C): √d · embedding + sinusoid, then dropout."""
         T = ids.shape[1]

@@ -12,8 +12,8 @@ Linear layers back and rewrites OUT/model.safetensors: a finetuned run like any 
 eval-ppl read unchanged.
 
 Targets: by default the Linear layers inside the family's attention modules (base.AdaptsAttention: BERT, ALBERT,
-NEZHA, SpanBERT, ELECTRA, GPT, Transformer-XL, XLNet, each calling those layers as modules). A family without them
-(RNNs, word2vec, ELMo, seq2seq) is refused.
+NEZHA, SpanBERT, ELECTRA, GPT, Transformer-XL, XLNet, the Transformer's encoder, each calling those layers as
+modules). A family without them (RNNs, word2vec, ELMo, the RNN seq2seq) is refused.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def target_modules(backbone: nn.Module, targets: list[str], family: str = "", ru
         raise PlmError(f"--lora-r: run {run_label} is a {family} model, and LoRA adapts the Linear layers of plm's "
                        "Transformer self-attention, which it does not run",
                        "finetune it without --lora-r, or finetune a BERT, ALBERT, NEZHA, SpanBERT, ELECTRA, GPT, "
-                       "Transformer-XL or XLNet run")
+                       "Transformer-XL, XLNet or Transformer run")
     linears = {name: m for name, m in backbone.named_modules() if isinstance(m, nn.Linear)}
     if not targets:
         inside = {id(m) for a in backbone.adapter_modules() for m in a.modules()}
