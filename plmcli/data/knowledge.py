@@ -9,8 +9,12 @@ entities  a maximal run of words tagged as proper nouns is one unit: persons (nr
           transliterated and nrfg for full names), places (ns), organisations (nt) and other proper
           nouns (nz). 北京/ns 天安门/ns is one unit, 毛泽东/nr another. jieba's dictionary tags many
           common words as proper nouns (陈旧/nr, 毛巾/nr, 东西/ns, 四星/nz), so a word of
-          `entity_stoplist.COMMON_WORDS` is no part of a run (`entity_word`), and a run of a single
-          character (换/nz, 美/ns, 丹/ns of 于丹) is no unit (MIN_ENTITY_CHARS).
+          `entity_stoplist.COMMON_WORDS` is no part of a run (`entity_word`), nor is a reduplicated
+          word (健健康康, 山山水水) or a filler entry of the dictionary made of common words
+          (`compound_of_common_words`: 市场秩序/nr, 宣传语/nr); a run loses a leading function character
+          (连/nr 华硕) and a trailing character after a longer word (曼城/ns 惜/nr), a run read as a
+          predicate (很/d 安静, 陈旧 得) is none, and a run of a single character (换/nz, 美/ns, 丹/ns of
+          于丹) is no unit (MIN_ENTITY_CHARS).
 phrases   each word is given a class — N (common noun: n, ng, nl, vn, an, j), E (proper noun: the entity
           tags), A (noun modifier: a, b), V (verb: v, but not the copula 是, the existential 有 — ICTCLAS's
           vshi, vyou, which jieba tags v — nor a modal such as 能), M (numeral: m, mq), Q (classifier: q,
@@ -42,7 +46,7 @@ from plmcli.errors import PlmError, needs
 
 KINDS = ("phrases", "entities")
 KnowledgeUnits = Literal[KINDS]
-GRAMMAR_VERSION = 2
+GRAMMAR_VERSION = 3
 """Bump when the classes or the grammar change meaning without their text changing (the key hashes both)."""
 ENTITY_TAGS = frozenset({"nr", "nr1", "nr2", "nrj", "nrf", "nrfg", "nrt", "ns", "nsf", "nt", "nz"})
 MIN_ENTITY_CHARS = 2
@@ -50,6 +54,17 @@ MIN_ENTITY_CHARS = 2
 word (换, 连) or a fragment of a name the dictionary cuts (丹 of 于丹, 泰 of 格林豪泰)."""
 CLASSES = {**{t: "E" for t in ENTITY_TAGS}, **{t: "N" for t in ("n", "ng", "nl", "vn", "an", "j")},
            "a": "A", "b": "A", "v": "V", "m": "M", "mq": "M", "q": "Q", "qt": "Q", "qv": "Q"}
+FILLER_FREQ = 3
+"""jieba's dictionary gives 63,000 of its 112,000 proper-noun entries the frequency 2 or 3: words added in bulk with
+a tag that is often wrong (宣传语/nr, 市场秩序/nr, 洗手液/nz) among new names (郭德刚/nr, 张静初/nr). At or below it an
+entry made of common words is taken to be one (`compound_of_common_words`)."""
+FUNCTION_CHARS = frozenset("连和与及或在从向对把被给让跟将的了着过也都就还又才很太最更是不没这那我你他她它")
+"""One-character words that lead a run as a preposition, conjunction or adverb, not as a name: jieba tags 连 and 和
+as surnames, so 连/nr 华硕/nr ("even ASUS") would be one unit."""
+DEGREE_WORDS = frozenset("很 太 非常 比较 特别 十分 更加 相当 极其 有点 最 更 这么 那么 越来越 太过".split())
+PREDICATE_AFTER = frozenset({"得", "着"})
+"""A run after a degree adverb or before a complement marker is an adjective or a verb (很/d 安静/nr, 陈旧/nr 得):
+proper nouns take neither. Adverbs that also precede nouns (超, 够, 挺, 不, 有些) are left out."""
 LIGHT_VERBS = frozenset({"是", "有", "能", "会", "要", "可以", "可能", "应该", "应当", "能够", "需要", "得"})
 """Verbs that head no verb-object phrase: the copula and the existential (ICTCLAS's vshi, vyou), modals."""
 PHRASE_GRAMMAR = r"VN+|(?:M+Q?)?[ANE]*[NE]|M+Q"
@@ -67,23 +82,77 @@ def tag(text: str) -> list[tuple[str, str]]:
     return [(p.word, p.flag) for p in _posseg().lcut(text, HMM=False)]
 
 
-def entity_word(word: str, pos: str, common: frozenset[str] = COMMON_WORDS) -> bool:
-    """Whether a tagged word can be part of an entity: all Chinese, a proper-noun tag, not a common word."""
-    return pos in ENTITY_TAGS and is_chinese(word) and word not in common
+@functools.lru_cache(maxsize=None)
+def _dictionary() -> tuple[dict, dict]:
+    """jieba's dictionary: word -> frequency (0 for a prefix that is no word), word -> its one tag."""
+    return load_jieba().dt.FREQ, _posseg().dt.word_tag_tab
+
+
+def dictionary_tag(word: str) -> str | None:
+    freq, tags = _dictionary()
+    return tags.get(word) if freq.get(word, 0) > 0 else None
+
+
+def reduplicated(word: str) -> bool:
+    """AABB or ABAB (健健康康, 山山水水, 大片大片): a descriptive form no name takes. AA and ABB are left alone,
+    as nicknames and given names use them (拉拉, 娜娜, 范冰冰)."""
+    return len(word) == 4 and ((word[0] == word[1] and word[2] == word[3]) or word[:2] == word[2:])
+
+
+def compound_of_common_words(word: str) -> bool:
+    """Whether a filler entry (FILLER_FREQ) of three or more characters splits in two dictionary words that make
+    it a common phrase: both of two or more characters (市场/n 秩序/n), or the longer one no noun (宣传/vn 语,
+    太/d 漂亮/a). A split with a proper-noun part (北京/ns 奥运, 韩/ns 政府) or a leading surname (张/nr 静初)
+    reads as a name, and a noun with one more character (携程/n 网/n) is as often a name as not."""
+    freq, _ = _dictionary()
+    if len(word) < 3 or freq.get(word, 0) > FILLER_FREQ:
+        return False
+    for k in range(1, len(word)):
+        parts = [(p, dictionary_tag(p)) for p in (word[:k], word[k:])]
+        if any(t is None for _, t in parts) or any(t in ENTITY_TAGS and (len(p) > 1 or t != "nr") for p, t in parts):
+            continue
+        if len(parts[0][0]) == 1 and parts[0][1] == "nr":
+            continue
+        long = [t for p, t in parts if len(p) > 1]
+        if len(long) == 2 or not long[0].startswith("n"):
+            return True
+    return False
+
+
+def entity_word(word: str, pos: str, common: frozenset[str] = COMMON_WORDS, rules: bool = True) -> bool:
+    """Whether a tagged word can be part of an entity: all Chinese, a proper-noun tag, not a common word (a stop
+    word and, with `rules`, no reduplicated form nor a filler entry of common words)."""
+    if pos not in ENTITY_TAGS or not is_chinese(word) or word in common:
+        return False
+    return not rules or not (reduplicated(word) or compound_of_common_words(word))
+
+
+def trim_run(tagged: list[tuple[str, str]], i: int, j: int) -> tuple[int, int]:
+    """The run [i, j) less a leading function character (连/nr 华硕) and a trailing character after a longer word
+    (曼城/ns 惜/nr, 西城/ns 金/nr: a name is cut there far more often than it ends in one character); empty where
+    the context makes it a predicate (DEGREE_WORDS, PREDICATE_AFTER)."""
+    if j - i >= 2 and tagged[i][0] in FUNCTION_CHARS:
+        i += 1
+    if j - i >= 2 and len(tagged[j - 1][0]) == 1 and len(tagged[j - 2][0]) > 1:
+        j -= 1
+    if (i > 0 and tagged[i - 1][0] in DEGREE_WORDS) or (j < len(tagged) and tagged[j][0] in PREDICATE_AFTER):
+        return i, i
+    return i, j
 
 
 def entity_chunks(tagged: list[tuple[str, str]], common: frozenset[str] = COMMON_WORDS,
-                  min_chars: int = MIN_ENTITY_CHARS) -> list[tuple[int, int]]:
-    """Word ranges [i, j) of the entities: maximal runs of `entity_word`s spanning at least `min_chars`
-    characters. common=frozenset(), min_chars=1 give every run of proper-noun tags (the filter before
-    GRAMMAR_VERSION 2, which the precision test compares against)."""
+                  min_chars: int = MIN_ENTITY_CHARS, rules: bool = True) -> list[tuple[int, int]]:
+    """Word ranges [i, j) of the entities: maximal runs of `entity_word`s, trimmed by `trim_run` (with `rules`),
+    spanning at least `min_chars` characters. common=frozenset(), min_chars=1, rules=False give every run of
+    proper-noun tags (the filter before GRAMMAR_VERSION 2, which the precision test compares against)."""
     out, i = [], 0
     while i < len(tagged):
         j = i
-        while j < len(tagged) and entity_word(*tagged[j], common):
+        while j < len(tagged) and entity_word(*tagged[j], common, rules):
             j += 1
-        if j > i and sum(len(w) for w, _ in tagged[i:j]) >= min_chars:
-            out.append((i, j))
+        a, b = trim_run(tagged, i, j) if rules and j > i else (i, j)
+        if b > a and sum(len(w) for w, _ in tagged[a:b]) >= min_chars:
+            out.append((a, b))
         i = max(j, i + 1)
     return out
 
@@ -135,7 +204,8 @@ def units_key(kind: str) -> str:
 
     check_kind(kind)
     desc = [jieba.__version__, "posseg HMM=False", kind, GRAMMAR_VERSION, sorted(ENTITY_TAGS), sorted(CLASSES.items()),
-            sorted(LIGHT_VERBS), "Q after Arabic digits", PHRASE_GRAMMAR, sorted(COMMON_WORDS), MIN_ENTITY_CHARS]
+            sorted(LIGHT_VERBS), "Q after Arabic digits", PHRASE_GRAMMAR, sorted(COMMON_WORDS), MIN_ENTITY_CHARS,
+            FILLER_FREQ, sorted(FUNCTION_CHARS), sorted(DEGREE_WORDS), sorted(PREDICATE_AFTER)]
     return hashlib.sha256(repr(desc).encode("utf-8")).hexdigest()
 
 
