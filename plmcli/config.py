@@ -18,8 +18,11 @@ from typing import Annotated, Any, Optional
 
 import yaml
 
-from plmcli.config_schema import Count, Folded, Fraction, NonNegative, Positive, Probability, Rule, Seed, Size, Workers, build_section, canonical, check_value, field_docs, plain_type, reject_unknown, yaml_scalar
-from plmcli.config_sections import DataConfig, FinetuneGridConfig, FinetuneModelConfig, FinetuneTaskConfig, FinetuneLoraConfig, MixedPrecision, OptimizerName, ReportTo, ScheduleName, TaskOptions, TokenizerConfig, default_trackers
+from plmcli.config_schema import (Count, Folded, Fraction, NonNegative, Positive, Probability, Rule, Seed, Size, Workers,
+                                   build_section, canonical, check_value, field_docs, plain_type, reject_unknown, yaml_scalar)
+from plmcli.config_sections import (DataConfig, FinetuneGridConfig, FinetuneLoraConfig, FinetuneModelConfig, FinetuneTaskConfig,
+                                     MixedPrecision, OptimizerName, ReportTo, ScheduleName, TaskOptions, TokenizerConfig,
+                                     default_trackers)
 from plmcli.errors import PlmError
 
 # libyaml's loader builds the same values ten times faster: `plm recipes` reads every shipped recipe.

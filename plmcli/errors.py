@@ -16,7 +16,7 @@ class PlmError(Exception):
 
 
 EXTRAS = {"jieba": "zh", "seqeval": "tasks", "nltk": "tasks", "matplotlib": "plot", "mlflow": "trackers", "wandb": "trackers",
-          "peft": "lora", "lm_eval": "lm-eval", "sacrebleu": "tasks"}
+          "peft": "lora", "lm_eval": "lm-eval", "sacrebleu": "tasks", "thulac": "zh-ner"}
 """The optional packages (top-level module) and the pyproject extra that installs each
 (tests/test_extras.py holds this and pyproject's [project.optional-dependencies] to agreeing)."""
 

@@ -141,3 +141,30 @@ def test_precision_on_reviews_and_news(shared_data):
         p, cov, _ = got["new"]
         assert p >= floor and cov >= 0.99, name
         assert got["old"][0] <= old_at_most, name
+
+
+def kind_precision(texts: list[str], lab: dict[str, int], kind: str) -> tuple[float, float, int]:
+    """(precision by occurrence over labelled units, labelled share, entity occurrences kept) of a units kind."""
+    found = [u for t in texts for u in units(t, kind)]
+    labelled = [lab[u] for u in found if u in lab]
+    return sum(labelled) / len(labelled), len(labelled) / len(found), sum(labelled)
+
+
+def test_thulac_confirms_entities_in_context(shared_data):
+    """entities-thulac: jieba's entity units less those THULAC's tagger reads as common words in the sentence."""
+    pytest.importorskip("thulac")
+    assert units("携程订的希尔顿酒店，红茶不错", "entities") == ["希尔顿酒店", "红茶"]  # 红茶/nz in jieba's dictionary
+    assert units("携程订的希尔顿酒店，红茶不错", "entities-thulac") == ["希尔顿酒店"]  # THULAC: 红茶/n
+    assert units("北京的希尔顿酒店，张爱玲的书。", "entities-thulac") == ["北京", "希尔顿酒店", "张爱玲"]
+    zh = shared_data / "chinese"
+    if not (zh / "ChnSentiCorp" / "train.tsv").is_file() or not (zh / "THUCNews-titles" / "test.txt").is_file():
+        pytest.skip("ChnSentiCorp or THUCNews titles not in ../shared/data")
+    lab = labels()
+    reviews = random.Random(0).sample(read_column(zh / "ChnSentiCorp" / "train.tsv", 1, 1), SAMPLE)
+    titles = random.Random(0).sample(read_column(zh / "THUCNews-titles" / "test.txt", 0, 0), SAMPLE)
+    for name, texts, floor in (("ChnSentiCorp train", reviews, 0.88), ("THUCNews test titles", titles, 0.89)):
+        p, cov, kept = kind_precision(texts, lab, "entities-thulac")
+        base = kind_precision(texts, lab, "entities")
+        print(f"\n{name} entities-thulac: precision {p:.3f} by occurrence ({base[0]:.3f} without THULAC), "
+              f"{kept:,} of {base[2]:,} entity occurrences kept, {cov:.1%} labelled")
+        assert p >= floor and cov >= 0.99 and kept >= 0.9 * base[2], name

@@ -75,6 +75,21 @@ def test_chinese_segmentation_without_jieba(monkeypatch):
     assert_one_line(e.value, "jieba", "zh")
 
 
+def test_thulac_units_without_thulac(monkeypatch):
+    from plmcli.data import knowledge
+
+    pytest.importorskip("jieba")
+    clear_caches(knowledge)
+    hide(monkeypatch, "thulac")
+    with pytest.raises(PlmError) as e:
+        knowledge.units("我们在北京的希尔顿酒店", "entities-thulac")
+    assert_one_line(e.value, "thulac", "zh-ner")
+    with pytest.raises(PlmError) as e:
+        knowledge.units_key("entities-thulac")  # before any data is built
+    assert_one_line(e.value, "thulac", "zh-ner")
+    clear_caches(knowledge)
+
+
 def test_conll_scoring_without_seqeval(monkeypatch):
     from plmcli.data.tasks.conll import Conll2003
 

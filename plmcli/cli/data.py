@@ -107,8 +107,9 @@ def make_mlm_data(
     span_p: float = typer.Option(0.2, help="--masking span: span length in words ~ Geometric(p), p in (0, 1]."),
     span_max: int = typer.Option(10, help="--masking span: longest span, in words (≥ 1)."),
     lexicon: Optional[str] = typer.Option(None, help="--masking knowledge: phrases or entities, one per line; each match is masked whole."),
-    knowledge_units: Optional[str] = typer.Option(None, help="--masking knowledge without --lexicon: phrases | entities, "
-                                                  "found in the text by jieba's part-of-speech tagger (ERNIE's phrase / entity stage)."),
+    knowledge_units: Optional[str] = typer.Option(None, help="--masking knowledge without --lexicon: phrases | entities | "
+                                                  "entities-thulac, found in the text by jieba's part-of-speech tagger (ERNIE's "
+                                                  "phrase / entity stage; entities-thulac: each entity confirmed by THULAC, plm[zh-ner])."),
     ngram_probs: str = typer.Option("0.4,0.3,0.2,0.1", help="--masking ngram, ngram_per_word: P(1 word), P(2 words), ... comma-separated "
                                     "(ALBERT: 0.5455,0.2727,0.1818)."),
     ngram_start_prob: Optional[float] = typer.Option(None, help=MASKING_HELP["ngram_start_prob"]),
