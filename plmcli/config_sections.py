@@ -80,7 +80,8 @@ class DataConfig:
     mix: Annotated[Optional[dict[str, float]], Rule(lambda v, _: sum(v.values()) > 0 and all(
         type(w) in (int, float) and 0 <= w < float("inf") for w in v.values()), "must map sources to weights ≥ 0, some > 0",
         "e.g. data: {{mix: {{a.txt: 0.7, b.txt: 0.3}}}}")] = None
-    """Weighted mixing (data/mixing.py; objective clm): source (as --data takes it) -> weight, normalised; sequences
+    """Weighted mixing (data/mixing.py; every objective whose batches are independent samples: clm, bilm, mlm, rtd,
+    ernie2, translation, denoising): source (as --data takes it) -> weight, normalised; sequences
     come from each source in its share. `--data a.txt:0.7 --data b.txt:0.3` replaces it. Empty: one concatenation."""
 
 

@@ -204,7 +204,8 @@ def test_units_are_keyed_by_kind_and_grammar(zh, tmp_path, monkeypatch):
 
 
 def test_dynamic_stream_masks_found_units_whole(zh):
-    from plmcli.objectives.mlm import MaskedLM, MLMConfig, knowledge_start_stream
+    from plmcli.objectives.mlm import MaskedLM, MLMConfig
+    from plmcli.objectives.mlm_units import knowledge_start_stream
 
     ids = json.loads((zh / "tok" / "meta.json").read_text())["tokenizer"]["special_token_ids"]
     starts = knowledge_start_stream(zh / "tok", "train", ids["sep"], None, "phrases")

@@ -52,7 +52,7 @@ def run(args) -> int:
     from plmcli.data.corpus import token_stream
     from plmcli.data.masking import mask_batch
     from plmcli.data.mlm_data import make_mlm_data
-    from plmcli.objectives.mlm import word_start_stream
+    from plmcli.objectives.mlm_units import word_start_stream
 
     common.set_threads(args.threads)
     info = common.machine_info()

@@ -49,7 +49,8 @@ def pretrain(
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Shipped recipe name (plm recipes) or a .yaml path."),
     data: Optional[List[str]] = typer.Option(None, "--data", "-d", help="Raw text (files, dirs, .gz), JSON Lines / CSV / Parquet files, a save_to_disk dir, "
                                          "a Hub dataset NAME[:CONFIG[:SPLIT]], or a `plm tokenize` dir. Default: the shipped sample "
-                                         "corpus."),
+                                         "corpus. PATH:WEIGHT mixes the inputs by weight (objectives whose batches are "
+                                         "independent samples: clm, bilm, mlm, rtd, ernie2, translation, denoising)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<recipe>-<time>)."),
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a recipe key: section.key=value (repeatable)."),
     time_budget: Optional[str] = typer.Option(None, help="Stop after this wall time, all phases together: seconds, or 90s / 10m / 2h."),

@@ -13,20 +13,40 @@ resume agree, and after N samples every source has N·w_k of them within 1 (test
 Source k's c-th sample is then its own stream's sample c: a shuffled order per epoch, seeded apart per source, so
 a small source cycles (epochs) while a large one is still in its first.
 
+Which objectives (`BlendsSources`). An objective mixes when its batches are independent samples: it says so by
+subclassing objectives/base.py's `Mixes` and giving `samples(dir, split, seed, shuffle, needed)` -> (n, fetch) for one
+source's directory and `collate(parts)`, one batch of rows from one or more sources; `blended_stream` alone turns a
+mix directory into a BlendedStream of them. clm and bilm (token windows), mlm (BERT, RoBERTa, ALBERT, SpanBERT,
+NEZHA, ERNIE: static make-mlm-data instances, or dynamic masking's windows or full_sentences rows, each row masked by
+its source's (seed, epoch, index)), rtd (ELECTRA: mlm's rows; its generator's sample seed per global micro-batch),
+ernie2 (its static instances), translation and denoising (pairs, noised chunks). A mixed micro-batch holds its
+sources' rows in source order (a batch is a sum over its rows: the order changes nothing but float rounding). Refused
+in one line (`check_mixable`): objectives whose batches continue streams across micro-batches (bptt's TBPTT lanes,
+XLNet's plm with its memory) or that count (n-grams, word2vec); and settings that cannot draw rows by weight
+(`mix_problem`: dynamic doc_sentences, whose micro-batches hold a token budget).
+
 Tokenized (`prepare_mixed_corpus`): one tokenizer for all sources (the recipe's file, else that of a source that
 is a `plm tokenize` output, else one trained on every source's text), each source tokenized into its own cached
 corpus with it (its own train / validation split, by data.val_fraction), and a small mix directory (meta.json with
-`mix`, tokenizer.json) that names them. The loop's data position stays one integer (the micro-batch), as for one
-corpus: `BlendedStream[k]` is a pure function of (seed, k, rank), so --resume is exact with nothing more saved.
+`mix`, tokenizer.json) that names them. An objective's own data (`prepared`: make-mlm-data instances, ERNIE 2.0
+tasks) is built per source, and a second mix directory names those. The loop's data position stays one integer
+(the micro-batch), as for one corpus: `BlendedStream[k]` is a pure function of (seed, k, rank), so --resume is
+exact with nothing more saved; a resumed run reads its mix directory as it is.
 
-Validation is pooled: every source's validation windows once, interleaved in proportion to their numbers (so the
-first train.eval_batches hold every source), one loss averaged over all their tokens: a source counts by its
-validation tokens, not by its mixing weight. No per-source validation loss is reported.
+Validation: every source's validation samples once, in batches of one source each: one batch of every source first,
+then the rest interleaved in proportion to their numbers (so the first train.eval_batches, if at least the number of
+sources, hold every source, each about in proportion). The pooled `val_loss` is one mean
+over all their targets (a source counts by its validation size, not its mixing weight), as before; beside it each
+source's own mean, `val_loss/NAME` (train/validation.py), in metrics.jsonl, the trackers, summary.json and (up to 3
+short names) the progress line. NAME is the source's file or directory stem as given (`web` for web.txt or web/),
+a later source of the same stem suffixed -2, -3, ... (`source_names`); `source0`, ... where the mix recorded no
+names. Each batch carries its source's index (SOURCE); the loop adds each source's loss sum and target count into a
+(sources, 2) tensor on the device and reduces it over the processes with the pooled sums: one read per pass.
 
 Streamed (data/streaming.py): every lane holds one lane per source over that source's text (`MixedLane`); the
 lane's i-th window is the next window of source Blend(i)'s lane. Its position, saved with each checkpoint, is
 (i, then every source lane's byte position). Each source's validation tail is tokenized apart (`sources/k` in the
-stream directory) and pooled as above.
+stream directory) and evaluated as above.
 """
 
 from __future__ import annotations
@@ -205,17 +225,39 @@ def source_seed(seed: int, k: int) -> int:
 # ----------------------------------------------------------------------------- tokenized sources
 
 
+SOURCE = "mix_source"
+"""The key of a validation batch of a mix that says which source (its index) all its rows come from."""
+
+
 @runtime_checkable
 class BlendsSources(Protocol):
-    """An objective that trains on a mix (clm): its `stream` reads a mix directory (`mix_of(meta)`)."""
+    """An objective whose batches are independent samples, so a mix can blend them (clm, bilm, mlm, rtd, ernie2,
+    translation, denoising): `samples` reads one source's directory, `collate` makes a batch of any sources' rows.
+    Objectives whose batches continue streams across micro-batches (bptt, XLNet's plm) or that count (n-grams)
+    are not: check_mixable refuses them."""
 
-    def blended_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle): ...
+    def samples(self, data_dir, split: str, seed: int, shuffle: bool, needed: bool) -> tuple[int, Callable]:
+        """(how many samples `split` of data_dir holds, fetch(epochs, indices) -> their rows); `needed`: none is
+        an error (else 0). `seed` is the source's own (source_seed): its windows and masks are keyed by it."""
+
+    def collate(self, parts: list) -> dict:
+        """The rows of one or more sources' fetches (in source order) -> one batch."""
+
+    @staticmethod
+    def mix_problem(cfg) -> tuple[str, str] | None:
+        """(message, fix) when the objective's settings cannot mix (e.g. token-budget batches), else None."""
 
 
-def check_mixable(objective_cls) -> None:
+def check_mixable(objective_cls, name: str, cfg=None) -> None:
+    """A PlmError (one line) unless objective `name` can train on a mix with these settings."""
     if not issubclass(objective_cls, BlendsSources):
-        raise PlmError(f"data mixing (--data PATH:WEIGHT, data.mix) trains objective clm (or bilm) only, not "
-                       f"{objective_cls.__name__}", "drop the weights (the inputs are then one corpus), or use a clm recipe")
+        raise PlmError(f"data mixing (--data PATH:WEIGHT, data.mix) draws independent samples by weight, and objective "
+                       f"{name} does not train on independent samples (its batches continue streams, or it counts)",
+                       "drop the weights (the inputs are then one corpus), or use an objective that mixes "
+                       "(clm, bilm, mlm, rtd, ernie2, translation, denoising)")
+    problem = objective_cls.mix_problem(cfg) if cfg is not None else None
+    if problem:
+        raise PlmError(*problem)
 
 
 def mix_of(meta: dict, corpus_dir) -> dict | None:
@@ -225,45 +267,172 @@ def mix_of(meta: dict, corpus_dir) -> dict | None:
     return None if mix is None else {**mix, "dirs": [Path(corpus_dir) / d for d in mix["dirs"]]}
 
 
+def is_mix(path) -> bool:
+    """Whether `path` is a mix directory (prepare_mixed_corpus's, or prepared's)."""
+    from plmcli.data.store import read_meta
+
+    return isinstance(path, (str, Path)) and mix_of(read_meta(path) or {}, path) is not None
+
+
+def source_names(mix: dict) -> list[str]:
+    """Each source's name in metrics (val_loss/NAME): its file's (or directory's) stem, a later one of the same stem
+    suffixed -2, -3, ...; `source0`, ... where the mix does not record its inputs."""
+    given = mix.get("names") or [f"source{k}" for k in range(len(mix["dirs"]))]
+    out: list[str] = []
+    for path in given:
+        stem = Path(str(path).rstrip("/\\")).stem or str(path)
+        name, n = stem, 1
+        while name in out:
+            n += 1
+            name = f"{stem}-{n}"
+        out.append(name)
+    return out
+
+
+def names_of(data_dir) -> list[str] | None:
+    """The source names of a mix directory (what a validation batch's SOURCE indexes), or None for one corpus."""
+    from plmcli.data.store import read_meta
+
+    mix = mix_of(read_meta(data_dir) or {}, data_dir)
+    return None if mix is None else source_names(mix)
+
+
+def holds(meta: dict, split: str) -> bool:
+    """Whether a prepared directory's meta counts anything in `split`."""
+    counts = meta.get("counts", {}).get(split, {})
+    return any(counts.get(k, 0) > 0 for k in ("documents", "instances", "examples"))
+
+
+def blended_stream(obj: BlendsSources, data_dir, split, batch_size, seed, rank, world, shuffle):
+    """The BlendedStream of a mix directory for `obj`, or None when data_dir is one corpus. Training reads the
+    sources of weight > 0 (each needs a sample); evaluation every source that has the split."""
+    from plmcli.data.store import load_meta, read_meta
+
+    mix = mix_of(read_meta(data_dir) or {}, data_dir)
+    if mix is None:
+        return None
+    parts = []
+    for k, (d, w) in enumerate(zip(mix["dirs"], mix["weights"])):
+        wanted = w > 0 if shuffle else holds(load_meta(d), split)
+        parts.append(obj.samples(d, split, source_seed(seed, k), shuffle, needed=shuffle) if wanted else (0, None))
+    if shuffle and not any(n for n, _ in parts):
+        raise PlmError(f"no source of the mix has a {split} sample", "add text, lower train.seq_len, or lower data.val_fraction")
+    return BlendedStream([n for n, _ in parts], mix["weights"], batch_size,
+                         lambda k, epochs, indices: parts[k][1](epochs, indices), seed, rank, world, shuffle,
+                         collate=obj.collate)
+
+
+def prepared(corpus_dir, prepare_one: Callable, cache_root=None) -> Path:
+    """What an objective trains on (`prepare_one(dir)`: its prepare) for a corpus or a mix: for a mix, each source
+    prepared apart (its own make-mlm-data instances, ERNIE 2.0 tasks) and, when that made new directories, a mix
+    directory naming them with the same weights and names (cached)."""
+    from plmcli.data.corpus import default_cache_dir
+    from plmcli.data.store import build_atomically, cache_key, load_meta, read_meta, write_meta
+
+    meta = read_meta(corpus_dir) or {}
+    mix = mix_of(meta, corpus_dir)
+    if mix is None:
+        return Path(prepare_one(corpus_dir))
+    dirs = [Path(prepare_one(d)).resolve() for d in mix["dirs"]]
+    if dirs == [Path(d).resolve() for d in mix["dirs"]]:
+        return Path(corpus_dir)
+    metas = [load_meta(d) for d in dirs]
+    key = cache_key([m.get("key") for m in metas], mix["weights"], PREPARED, "prepared")
+
+    def build(tmp: Path) -> dict:
+        import shutil
+
+        shutil.copyfile(Path(corpus_dir) / "tokenizer.json", tmp / "tokenizer.json")
+        counts = summed_counts(metas)
+        out = {"format": PREPARED, "key": key, "tokenizer": metas[0].get("tokenizer", meta.get("tokenizer")),
+               "counts": counts, "mix": {**{k: v for k, v in meta["mix"].items() if k != "dirs"},
+                                         "dirs": [str(d) for d in dirs]}}
+        write_meta(tmp, out)
+        return out
+
+    out = Path(cache_root) if cache_root is not None else default_cache_dir()
+    out = out / "mixes" / key[:16]
+    build_atomically(out, key, lambda d: read_meta(d, PREPARED), build, "plm pretrain (a mix's training data)")
+    return out
+
+
+def summed_counts(metas: list[dict]) -> dict:
+    """The sources' counts per split (documents, tokens, instances, examples, ...) added up."""
+    counts: dict = {}
+    for m in metas:
+        for split, c in m.get("counts", {}).items():
+            for k, v in c.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    counts.setdefault(split, {})[k] = counts.get(split, {}).get(k, 0) + v
+    return counts
+
+
+PREPARED = "plm-mix-prepared"
+"""The meta.json format of a mix directory of the sources' prepared data (make-mlm-data, ERNIE 2.0 instances)."""
+
+
 class BlendedStream(torch.utils.data.Dataset):
     """`stream[k]` is this rank's k-th micro-batch of a mix, a pure function of (seed, k, rank) as BatchStream's.
 
-    `fetch(source, epochs, indices)` builds a dict of row tensors from one source's samples. Training: the samples
-    in Blend order, source k's c-th sample is its EpochOrder's c-th (its own seed). Evaluation (shuffle False):
-    every source's samples once, in order, interleaved by the Blend of their sizes: any first batches (a capped
-    train.eval_batches) hold each source in proportion to its validation set."""
+    `fetch(source, epochs, indices)` reads rows of one source's samples; `collate(parts)` makes one batch of the
+    parts (in source order; default: dicts of tensors concatenated). Training: the samples in Blend order, source
+    k's c-th sample is its EpochOrder's c-th (its own seed). Evaluation (shuffle False): every source's samples
+    once, in order, in batches of one source each (tagged SOURCE: the loop sums each source's loss apart): first
+    one batch of every source, then the others interleaved by the Blend of their numbers, so any first batches (a
+    capped train.eval_batches) hold every source, and in proportion to its validation set."""
 
     def __init__(self, sizes: list[int], weights, batch_size: int, fetch: Callable, seed: int = 0, rank: int = 0,
-                 world: int = 1, shuffle: bool = True):
+                 world: int = 1, shuffle: bool = True, collate: Callable | None = None):
         from plmcli.data.batching import EpochOrder
 
         self.sizes, self.batch_size, self.fetch, self.rank, self.world = sizes, batch_size, fetch, rank, world
-        self.shuffle, self.num_samples = shuffle, sum(sizes)
-        self.blend = Blend(weights if shuffle else [int(n) for n in sizes])
+        self.shuffle, self.num_samples, self.collate = shuffle, sum(sizes), collate or concatenated
+        self.per_source = [-(-int(n) // batch_size) for n in sizes]  # evaluation: each source's batches
+        self.num_batches = sum(self.per_source)
+        # evaluation: each source's first batch, then the others by the Blend of their numbers
+        self.firsts = [k for k, m in enumerate(self.per_source) if m]
+        rest = [max(m - 1, 0) for m in self.per_source]
+        self.blend = Blend(weights) if shuffle else Blend(rest) if sum(rest) else None
         self.orders = [EpochOrder(n, source_seed(seed, k), shuffle) if n else None for k, n in enumerate(sizes)]
 
     def __getitem__(self, k: int):
         g = k * self.world + self.rank  # global micro-batch id
+        if not self.shuffle:
+            return self._validation(g)
         positions = np.arange(g * self.batch_size, (g + 1) * self.batch_size)
-        if not self.shuffle:  # an evaluation pass reads each sample once: the last batch is short, later ones empty
-            positions = positions[positions < self.num_samples]
-            if not len(positions):
-                return None
         src, nth = self.blend.take(positions)
-        parts, where = [], []
+        parts = []
         for s in np.unique(src).tolist():
-            at = np.flatnonzero(src == s)
-            epochs, indices = self.orders[s].take(nth[at])
+            epochs, indices = self.orders[s].take(nth[src == s])
             parts.append(self.fetch(s, epochs.tolist(), indices.tolist()))
-            where.append(at)
-        back = torch.from_numpy(np.argsort(np.concatenate(where), kind="stable"))
-        return {key: torch.cat([p[key] for p in parts])[back] for key in parts[0]}
+        return self.collate(parts)
+
+    def _validation(self, g: int):
+        """Batch g of an evaluation pass (each sample once; the batches past the last None)."""
+        if g >= self.num_batches:
+            return None
+        if g < len(self.firsts):
+            s, j = self.firsts[g], 0
+        else:
+            src, nth = self.blend.take(np.array([g - len(self.firsts)]))
+            s, j = int(src[0]), int(nth[0]) + 1
+        indices = list(range(j * self.batch_size, min((j + 1) * self.batch_size, self.sizes[s])))
+        batch = self.collate([self.fetch(s, [0] * len(indices), indices)])
+        batch[SOURCE] = s
+        return batch
 
     def batches_per_epoch(self) -> int:
+        if not self.shuffle:
+            return -(-self.num_batches // self.world)
         return -(-self.num_samples // (self.batch_size * self.world))
 
     def __len__(self) -> int:  # DataLoader wants one; the stream itself is endless
         return 2**62
+
+
+def concatenated(parts: list[dict]) -> dict:
+    """Batches of equal-width rows (dicts of tensors) as one: each key's tensors concatenated."""
+    return parts[0] if len(parts) == 1 else {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
 
 
 def _shared_tokenizer(paths: list[str], tok_cfg, data_cfg, root: Path) -> tuple[Path, dict | None]:
@@ -320,8 +489,7 @@ def prepare_mixed_corpus(sources: list[Source], tok_cfg, data_cfg, prepare_one: 
 
     def build(tmp: Path) -> dict:
         shutil.copyfile(dirs[0] / "tokenizer.json", tmp / "tokenizer.json")
-        counts = {split: {k: sum(m["counts"].get(split, {}).get(k, 0) for m in metas)
-                          for k in ("documents", "sentences", "tokens", "bytes")} for split in ("train", "validation")}
+        counts = summed_counts(metas)
         meta = {"format": CORPUS, "version": VERSION, "tokenizer": entry or metas[0]["tokenizer"], "counts": counts, "key": key,
                 "inputs": [i for m in metas for i in m.get("inputs", [])], "val_fraction": data_cfg.val_fraction,
                 "mix": {"dirs": [str(d) for d in dirs], "weights": weights,

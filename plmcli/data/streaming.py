@@ -102,7 +102,7 @@ def prepare_stream_corpus(inputs, tok_cfg: TokenizerConfig, data_cfg: DataConfig
     key = cache_key(stats, tokenizer_settings(tok_cfg), data_cfg.doc_per_line, float(data_cfg.val_fraction), FORMAT,
                     VERSION, KIND, VAL_MAX_BYTES, TOKENIZER_SAMPLE_BYTES, *mix)
     out = (Path(cache_root) if cache_root is not None else default_cache_dir()) / "streams" / key[:16]
-    build_atomically(out, key, read_corpus_meta, lambda tmp: _build(tmp, groups, stats, tok_cfg, data_cfg, key, weights),
+    build_atomically(out, key, read_corpus_meta, lambda tmp: _build(tmp, groups, stats, tok_cfg, data_cfg, key, weights, inputs),
                      "plm pretrain --streaming")
     return out
 
@@ -135,7 +135,7 @@ def _tail(files: list[str], data_cfg: DataConfig, val_max: int) -> dict:
 
 
 def _build(tmp: Path, groups: list[list[str]], stats: list[dict], tok_cfg: TokenizerConfig, data_cfg: DataConfig,
-           key: str, weights=None) -> dict:
+           key: str, weights=None, names=None) -> dict:
     from plmcli.data.corpus import FORMAT, VERSION, encode_splits, tokenizer_entry
 
     files = [f for g in groups for f in g]
@@ -154,7 +154,8 @@ def _build(tmp: Path, groups: list[list[str]], stats: list[dict], tok_cfg: Token
             KIND: streamed}
     if weights:  # a mix: each source's own files, and its validation tail apart too (data/mixing.py)
         streamed["sources"] = [{**t, "weight": w} for t, w in zip(tails, weights)]
-        meta["mix"] = {"dirs": [f"sources/{k}" for k in range(len(groups))], "weights": list(weights)}
+        meta["mix"] = {"dirs": [f"sources/{k}" for k in range(len(groups))], "weights": list(weights),
+                       "names": list(names or [])}  # each source's val_loss/NAME (mixing.source_names)
         for k, us in enumerate(units):
             sub = tmp / "sources" / str(k)
             sub.mkdir(parents=True)

@@ -106,6 +106,36 @@ class Objective:
         return None
 
 
+class Mixes(Objective):
+    """An objective whose batches are independent samples (data/mixing.py BlendsSources): `stream` reads a mix
+    directory's sources blended by weight (mixing.blended_stream, from `samples` and `collate`), any other
+    directory through `corpus_stream`, the objective's own stream of one corpus."""
+
+    def stream(self, corpus_dir, split: str, batch_size: int, seed: int, rank: int, world: int, shuffle: bool):
+        from plmcli.data.mixing import blended_stream
+
+        mixed = blended_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle)
+        return mixed if mixed is not None else self.corpus_stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
+
+    def corpus_stream(self, corpus_dir, split: str, batch_size: int, seed: int, rank: int, world: int, shuffle: bool):
+        raise NotImplementedError
+
+    def samples(self, data_dir, split: str, seed: int, shuffle: bool, needed: bool):
+        """(samples in `split` of one source's directory, fetch(epochs, indices) -> their rows): BlendsSources."""
+        raise NotImplementedError
+
+    def collate(self, parts: list) -> dict:
+        """Rows of one or more sources -> one batch (default: dicts of equal-width tensors concatenated)."""
+        from plmcli.data.mixing import concatenated
+
+        return concatenated(parts)
+
+    @staticmethod
+    def mix_problem(cfg):
+        """(message, fix) when these settings cannot train on a mix, else None."""
+        return None
+
+
 class NoBatches:
     """A validation stream with nothing in it (its documents too short for any instance): the loop's evaluation
     reads zero batches from it, where a BatchStream would refuse to be built."""

@@ -11,7 +11,7 @@ from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.registry import families_that, named
-from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.base import Mixes, StepOutput
 
 
 def stateless_causal(model_cls) -> bool:
@@ -26,7 +26,7 @@ class CLMConfig:
     instead of the same chunks again."""
 
 
-class CausalLM(Objective):
+class CausalLM(Mixes):
     Config = CLMConfig
 
     def check_model(self, model):
@@ -49,14 +49,13 @@ class CausalLM(Objective):
     def streaming_problem(cfg):
         return None
 
-    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
-        from plmcli.data.mixing import mix_of
-        from plmcli.data.store import read_meta
-
-        if mix_of(read_meta(corpus_dir) or {}, corpus_dir) is not None:  # a mix directory (data/mixing.py)
-            return self.blended_stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
+    def corpus_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         n, fetch = self.windows(corpus_dir, split, seed, shuffle)
         return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+
+    def samples(self, data_dir, split, seed, shuffle, needed):
+        """One source of a mix: its windows (data/mixing.py)."""
+        return self.windows(data_dir, split, seed, shuffle, needed)
 
     def windows(self, corpus_dir, split: str, seed: int, shuffle: bool, needed: bool = True):
         """(windows of T+1 tokens in `split`, fetch(epochs, indices) -> their batch). `needed`: none is an error."""
@@ -86,21 +85,6 @@ class CausalLM(Objective):
             return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
 
         return max(n, 0), fetch
-
-    def blended_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
-        """A mix directory's stream (data/mixing.py): each source's windows, drawn by weight (validation: pooled)."""
-        from plmcli.data.mixing import BlendedStream, mix_of, source_seed
-        from plmcli.data.store import load_meta
-
-        mix = mix_of(load_meta(corpus_dir), corpus_dir)
-        parts = [self.windows(d, split, source_seed(seed, k), shuffle, needed=shuffle and w > 0)
-                 if shuffle or load_meta(d)["counts"].get(split, {}).get("documents") else (0, None)
-                 for k, (d, w) in enumerate(zip(mix["dirs"], mix["weights"]))]
-        if not any(n for n, _ in parts):
-            raise PlmError(f"no source of the mix has a {split} sequence of {self.seq_len}+1 tokens",
-                           "add text, lower train.seq_len, or lower data.val_fraction")
-        return BlendedStream([n for n, _ in parts], mix["weights"], batch_size,
-                             lambda k, epochs, indices: parts[k][1](epochs, indices), seed, rank, world, shuffle)
 
     def loss_counts(self, batch):
         return {"loss": (batch["labels"] != -100).sum()}

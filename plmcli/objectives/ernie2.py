@@ -26,7 +26,7 @@ from plmcli.models.bert import Bert
 from plmcli.models.device import row_lengths
 from plmcli.models.spanbert import SpanBertOutput
 from plmcli.objectives.base import NoBatches, StepOutput
-from plmcli.objectives.mlm import (MLM_FORMAT, PAIRS, MaskedLM, MLMConfig, collate_static, sentence_loss,
+from plmcli.objectives.mlm import (MLM_FORMAT, PAIRS, MaskedLM, MLMConfig, collate_static, sentence_loss, static_split,
                                    span_boundary_loss)
 
 DISTANCE_CLASSES = 3
@@ -122,22 +122,31 @@ class Ernie2(MaskedLM):
         build_sentence_tasks(corpus_dir, out, **settings)
         return out
 
-    def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        from datasets import load_from_disk
+    def corpus_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
+        n, fetch = self.samples(data_dir, split, seed, shuffle, needed=shuffle)
+        if n < 1:
+            return NoBatches()
+        # Not batched by length (as make-mlm-data's instances are): a paragraph is longer than a sentence
+        # pair, so length groups would be one task each; mixed micro-batches carry both losses every step.
+        return BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]),
+                           seed, rank, world, shuffle)
 
+    def samples(self, data_dir, split, seed, shuffle, needed):
+        """This split's instances (a mix's source too: data/mixing.py), read as Arrow tables."""
         data_dir = Path(data_dir)
         if read_meta(data_dir, FORMAT) is None:
             raise PlmError(f"'{data_dir}' holds no ERNIE 2.0 instances", "pass a `plm tokenize` directory or text files")
-        ds = load_from_disk(str(data_dir / "dataset" / split)).with_format("arrow")
-        if len(ds) < 1 and not shuffle:
-            return NoBatches()
-        if len(ds) < 1:
-            raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
-        pad = self.special_ids.get("pad", 0)
-        # Not batched by length (as make-mlm-data's instances are): a paragraph is longer than a sentence
-        # pair, so length groups would be one task each; mixed micro-batches carry both losses every step.
-        return BatchStream(len(ds), batch_size, lambda epochs, idx: collate(ds[list(idx)], pad),
-                           seed, rank, world, shuffle)
+        ds = static_split(data_dir, split, needed)
+        return len(ds), lambda epochs, idx: ds[list(idx)]
+
+    def collate(self, parts: list) -> dict:
+        import pyarrow as pa
+
+        return collate(parts[0] if len(parts) == 1 else pa.concat_tables(parts), self.special_ids.get("pad", 0))
+
+    @staticmethod
+    def mix_problem(cfg):
+        return None
 
     @staticmethod
     def streaming_problem(c):

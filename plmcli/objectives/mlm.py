@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -32,7 +32,8 @@ from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.device import row_lengths
 from plmcli.models.spanbert import SpanBertOutput
-from plmcli.objectives.base import NoBatches, Objective, StepOutput
+from plmcli.objectives.base import Mixes, NoBatches, StepOutput
+from plmcli.objectives.mlm_units import chinese_word_start_stream, knowledge_start_stream, word_start_stream
 
 MLM_FORMAT = "plm-mlm"
 MASKINGS = ("token", "wwm", "ngram", "ngram_per_word", "chinese-wwm", "span", "knowledge")
@@ -97,7 +98,7 @@ class MLMConfig(MaskingOptions):
     """Weight of the span boundary objective's loss, for a model with that head (SpanBERT: 1, a plain sum)."""
 
 
-class MaskedLM(Objective):
+class MaskedLM(Mixes):
     Config = MLMConfig
     ppl_metric = "mlm_loss"
     """The loss whose exp is reported as val_ppl (the NSP loss is not a perplexity)."""
@@ -221,22 +222,47 @@ class MaskedLM(Objective):
             make_mlm_data(corpus_dir, out, num_proc=num_proc, **settings)
         return out
 
-    def stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        if read_meta(data_dir, MLM_FORMAT) is not None:
+    def corpus_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
+        if self._static(data_dir):
             return self._static_stream(Path(data_dir), split, batch_size, seed, rank, world, shuffle)
+        return self._dynamic_stream(Path(data_dir), split, batch_size, seed, rank, world, shuffle)
+
+    def _static(self, data_dir) -> bool:
+        """Whether data_dir holds make-mlm-data instances (else a corpus to mask dynamically)."""
+        if read_meta(data_dir, MLM_FORMAT) is not None:
+            return True
         if not self.cfg.dynamic:
             raise PlmError(f"'{data_dir}' is not make-mlm-data output and objective.dynamic is false",
                            "run `plm make-mlm-data` on it first, or --set objective.dynamic=true")
-        return self._dynamic_stream(Path(data_dir), split, batch_size, seed, rank, world, shuffle)
+        return False
+
+    # A mix (data/mixing.py): each source's instances or rows, collated (and masked) into one batch.
+
+    def samples(self, data_dir, split, seed, shuffle, needed):
+        if self._static(data_dir):
+            ds = static_split(Path(data_dir), split, needed)
+            return len(ds), lambda epochs, idx: ds[list(idx)]
+        n, rows, _ = self._dynamic_rows(Path(data_dir), split, seed, shuffle, needed)
+        return n, rows
+
+    def collate(self, parts: list) -> dict:
+        if isinstance(parts[0], MaskRows):
+            return self._mask_rows(parts)
+        import pyarrow as pa
+
+        return collate_static(parts[0] if len(parts) == 1 else pa.concat_tables(parts), self.special_ids.get("pad", 0))
+
+    @staticmethod
+    def mix_problem(cfg):
+        if cfg.dynamic and cfg.packing == "doc_sentences":
+            return ("a mix draws every micro-batch's rows by weight, and objective.packing doc_sentences sizes its "
+                    "micro-batches by tokens", "--set objective.packing=full_sentences, or drop the weights")
+        return None
 
     def _static_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        from datasets import load_from_disk
-
-        ds = load_from_disk(str(data_dir / "dataset" / split)).with_format("arrow")
-        if len(ds) < 1 and not shuffle:
-            return NoBatches()  # a validation split whose documents were too short for any instance
+        ds = static_split(data_dir, split, needed=shuffle)
         if len(ds) < 1:
-            raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
+            return NoBatches()  # a validation split whose documents were too short for any instance
         pad = self.special_ids.get("pad", 0)
         import pyarrow.compute as pc
 
@@ -248,13 +274,33 @@ class MaskedLM(Objective):
                            seed, rank, world, shuffle, lengths=lengths if grouped else None)
 
     def _dynamic_stream(self, data_dir, split, batch_size, seed, rank, world, shuffle):
-        cls, sep = self._id("cls"), self._id("sep")
+        # a window split too short is an error for evaluation too; sentence rows evaluate nothing instead
+        n, rows, lengths = self._dynamic_rows(data_dir, split, seed, shuffle, shuffle or self.cfg.packing == "window")
+        if n < 1:
+            return NoBatches()
+
+        def fetch(epochs, indices):
+            return self._mask_rows([rows(epochs, indices)])
+
+        if lengths is None:
+            return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        if self.cfg.packing == "doc_sentences" and shuffle:
+            from plmcli.data.packing import sentence_rows
+
+            full = sentence_rows(data_dir, split, self._id("sep"), self.seq_len - 2, True)[:, 1] + 2
+            return TokenBudgetStream(lengths, round(batch_size * float(full.mean())), fetch, seed, rank, world, shuffle)
+        grouped = shuffle and lengths.min() < lengths.max()
+        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle, lengths=lengths if grouped else None)
+
+    def _dynamic_rows(self, data_dir, split, seed, shuffle, needed):
+        """(rows in the split, rows(epochs, indices) -> MaskRows, each row's length or None: all seq_len)."""
+        self._id("cls")
+        sep = self._id("sep")
         self._id("mask")  # a tokenizer without one fails here, not at the first batch
         from plmcli.data.corpus import token_stream
 
         tokens = token_stream(data_dir, split, sep)
-        c, T = self.cfg, self.seq_len
-        W = T - 2  # [CLS] window [SEP]
+        c = self.cfg
         if c.masking == "knowledge":
             starts = knowledge_start_stream(data_dir, split, sep, c.lexicon, c.knowledge_units)
         elif c.masking == "chinese-wwm":
@@ -262,15 +308,22 @@ class MaskedLM(Objective):
         else:
             starts = word_start_stream(data_dir, split, sep) if c.masking != "token" else None
         if c.packing != "window":
-            return self._sentence_stream(data_dir, split, tokens, starts, batch_size, seed, rank, world, shuffle)
+            return self._sentence_rows(data_dir, split, tokens, starts, seed, needed)
+        n, rows = self._window_rows(tokens, starts, split, seed, shuffle, needed)
+        return n, rows, None
+
+    def _window_rows(self, tokens, starts, split, seed, shuffle, needed):
+        """(windows in the split, rows(epochs, indices) -> MaskRows): [CLS] window [SEP], realigned each epoch."""
+        cls, sep, T = self._id("cls"), self._id("sep"), self.seq_len
+        W = T - 2
         shift = shuffle  # a fresh window alignment each epoch, as CausalLM
-        n = (len(tokens) - W) // W if shift else len(tokens) // W
-        if W < 1 or n < 1:
+        n = max((len(tokens) - W) // W if shift else len(tokens) // W, 0) if W >= 1 else 0
+        if n < 1 and needed:
             raise PlmError(f"the {split} split has {len(tokens)} tokens, too few for one sequence of {T}",
                            "add text, lower train.seq_len, or lower data.val_fraction")
-        vocab = self.vocab_size or int(tokens.max()) + 1
+        vocab = self.vocab_size or int(tokens.max(initial=0)) + 1
 
-        def fetch(epochs, indices):
+        def rows(epochs, indices):
             B = len(indices)
             ids = np.empty((B, T), dtype=np.int64)
             ids[:, 0], ids[:, -1] = cls, sep
@@ -284,11 +337,11 @@ class MaskedLM(Objective):
                     ws[r, 1] = True  # a word cut by the window edge starts a word here
             # one generator per sample: the masks do not depend on how samples are batched
             rngs = [np.random.default_rng((seed, e, i, _MASK_TAG)) for e, i in zip(epochs, indices)]
-            return self._masked(ids, ws, rngs, vocab)
+            return MaskRows(ids, ws, rngs, vocab, None)
 
-        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
+        return n, rows
 
-    def _sentence_stream(self, data_dir, split, tokens, starts, batch_size, seed, rank, world, shuffle):
+    def _sentence_rows(self, data_dir, split, tokens, starts, seed, needed):
         """FULL-SENTENCES / DOC-SENTENCES rows [CLS] s1 s2 ... [SEP] (data/packing.py), padded to the longest
         row of the batch, each masked on its own length by (seed, epoch, row). DOC-SENTENCES trains on
         micro-batches of about the real tokens of batch_size FULL-SENTENCES rows of the same split
@@ -300,11 +353,9 @@ class MaskedLM(Objective):
         if T < 3:
             raise PlmError(f"train.seq_len {T} leaves no room for a sentence between [CLS] and [SEP]", "raise train.seq_len")
         rows = sentence_rows(data_dir, split, sep, T - 2, c.packing == "full_sentences")
-        if len(rows) < 1 and not shuffle:
-            return NoBatches()
-        if len(rows) < 1:
+        if len(rows) < 1 and needed:
             raise PlmError(f"the {split} split has no sentences to pack", "add text, or lower data.val_fraction")
-        vocab = self.vocab_size or int(tokens.max()) + 1
+        vocab = self.vocab_size or int(tokens.max(initial=0)) + 1
         lengths = rows[:, 1] + 2
 
         def fetch(epochs, indices):
@@ -318,13 +369,24 @@ class MaskedLM(Objective):
                     ws[r, 1 : n + 1] = starts[a : a + n]
                     ws[r, 1] = True  # the piece after a cut in an over-long sentence starts a word here
             rngs = [np.random.default_rng((seed, e, i, _MASK_TAG)) for e, i in zip(epochs, indices)]
-            return self._masked(ids, ws, rngs, vocab, L)
+            return MaskRows(ids, ws, rngs, vocab, L)
 
-        if c.packing == "doc_sentences" and shuffle:
-            full = sentence_rows(data_dir, split, sep, T - 2, True)[:, 1] + 2
-            return TokenBudgetStream(lengths, round(batch_size * float(full.mean())), fetch, seed, rank, world, shuffle)
-        grouped = shuffle and lengths.min() < lengths.max()
-        return BatchStream(len(rows), batch_size, fetch, seed, rank, world, shuffle, lengths=lengths if grouped else None)
+        return len(rows), fetch, lengths
+
+    def _mask_rows(self, parts: list) -> dict:
+        """MaskRows of one or more sources -> one masked batch, rows padded to the longest (each row masked by
+        its own generator on its own length: the masks do not depend on the batch a row is in)."""
+        if len(parts) == 1:
+            p = parts[0]
+            return self._masked(p.ids, p.ws, p.rngs, p.vocab, p.lengths)
+        width = max(p.ids.shape[1] for p in parts)
+        ragged = any(p.lengths is not None or p.ids.shape[1] < width for p in parts)
+        widen = lambda a, fill: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill)  # noqa: E731
+        ids = np.concatenate([widen(p.ids, self.special_ids.get("pad", 0)) for p in parts])
+        ws = None if parts[0].ws is None else np.concatenate([widen(p.ws, True) for p in parts])
+        lengths = np.concatenate([p.lengths if p.lengths is not None else np.full(len(p.ids), p.ids.shape[1])
+                                  for p in parts]) if ragged else None
+        return self._masked(ids, ws, [r for p in parts for r in p.rngs], max(p.vocab for p in parts), lengths)
 
     def _masked(self, ids: np.ndarray, ws: np.ndarray | None, rngs, vocab: int, lengths=None) -> dict:
         """(B, T) [CLS] ... [SEP] rows -> the batch `step` reads: row r masked with rngs[r] (a list of
@@ -438,6 +500,28 @@ class MaskedLM(Objective):
 # ---------------------------------------------------------------- helpers
 
 
+class MaskRows(NamedTuple):
+    """Dynamic masking's rows of one source before masking: (B, W) [CLS] ... [SEP] ids, their word starts (or
+    None), one generator per row, the vocabulary the random replacements draw from, each row's length (or None:
+    all W)."""
+
+    ids: np.ndarray
+    ws: np.ndarray | None
+    rngs: list
+    vocab: int
+    lengths: np.ndarray | None
+
+
+def static_split(data_dir: Path, split: str, needed: bool):
+    """A make-mlm-data split (Arrow format); `needed`: no instance is an error."""
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(Path(data_dir) / "dataset" / split)).with_format("arrow")
+    if len(ds) < 1 and needed:
+        raise PlmError(f"the {split} split of '{data_dir}' has no instances", "use more text, or lower data.val_fraction")
+    return ds
+
+
 def sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean CE, accuracy) over the rows whose label is ≥ 0 (this task's instances); both 0 when there are
     none, with the head still in the graph. No host sync: the mean divides by the count on the device."""
@@ -506,66 +590,3 @@ def collate_static(tbl, pad: int) -> dict:
         if (nsp >= 0).any():
             batch["nsp_labels"] = torch.from_numpy(nsp)
     return batch
-
-
-def word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
-    """The corpus' `word_starts` flattened in step with `token_stream(corpus_dir, split, sep_id)`.
-
-    A separator counts as a word of its own. Cached next to the tokens, one byte per token.
-    """
-    from plmcli.data.corpus import column_stream
-
-    return column_stream(corpus_dir, split, "word_starts", True, np.bool_, f"{split}.{sep_id}.word_starts.bin")
-
-
-def knowledge_start_stream(corpus_dir: Path, split: str, sep_id: int, lexicon: str | None,
-                           knowledge_units: str | None = None) -> np.ndarray:
-    """Like `word_start_stream`, with ERNIE's units instead of words: every match of `lexicon` (or, with
-    none, every phrase or entity jieba's tagger finds: `knowledge_units`) starts one unit and continues to
-    its end (`masking.Lexicon.word_starts`, `knowledge.AutoUnits`). Cached per lexicon content / grammar."""
-    from plmcli.data.knowledge import units_key
-    from plmcli.data.masking import lexicon_key
-    from plmcli.data.mlm_data import knowledge_lexicon
-
-    def units(corpus_dir):
-        lex, vocab = knowledge_lexicon(corpus_dir, lexicon, knowledge_units)
-        return lambda ids, starts, ws: lex.word_starts(np.asarray(ids), ws, starts,
-                                                       [vocab[i] for i in ids] if vocab is not None else None)
-
-    key = lexicon_key(lexicon) if lexicon else units_key(knowledge_units)
-    return _unit_stream(corpus_dir, split, sep_id, f"units-{key[:16]}", units)
-
-
-def chinese_word_start_stream(corpus_dir: Path, split: str, sep_id: int) -> np.ndarray:
-    """Like `word_start_stream`, with Chinese words (jieba, as make-mlm-data's chinese-wwm) as the words:
-    Chinese-BERT-wwm's units for dynamic masking (RoBERTa-wwm)."""
-    from plmcli.data.mlm_data import chinese_row_starts, text_vocab
-
-    def units(corpus_dir):
-        vocab = text_vocab(corpus_dir)
-        return lambda ids, starts, ws: chinese_row_starts(ids, starts, ws, vocab)
-
-    return _unit_stream(corpus_dir, split, sep_id, "jieba-words", units)
-
-
-def _unit_stream(corpus_dir: Path, split: str, sep_id: int, name: str, make_row_fn) -> np.ndarray:
-    """Masking units' starts, flat in step with `token_stream`: `make_row_fn(corpus_dir)` gives a function of
-    one document's (ids, sentence_starts, word_starts) -> its unit starts. Computed once, cached next to
-    the tokens (one byte per token, written to a temp file and renamed)."""
-    from datasets import load_from_disk
-
-    from plmcli.data.store import atomic_path
-
-    corpus_dir = Path(corpus_dir)
-    path = corpus_dir / f"{split}.{sep_id}.{name}.bin"
-    if not path.is_file():
-        row_starts = make_row_fn(corpus_dir)
-        ds = load_from_disk(str(corpus_dir / "dataset" / split))
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            for batch in ds.iter(batch_size=200):
-                for ids, starts, ws in zip(batch["input_ids"], batch["sentence_starts"], batch["word_starts"]):
-                    units = row_starts(ids, starts, ws)
-                    f.write(np.append(units, True).astype(np.bool_).tobytes())  # the separator: a unit of its own
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=np.bool_)
-    return np.memmap(path, dtype=np.bool_, mode="r")

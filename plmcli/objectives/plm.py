@@ -296,7 +296,7 @@ class PermutationLM(Objective):
 
     def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         from plmcli.data.corpus import token_stream
-        from plmcli.objectives.mlm import word_start_stream
+        from plmcli.objectives.mlm_units import word_start_stream
 
         for role in ("sep", "cls"):
             if role not in self.special_ids:

@@ -27,7 +27,7 @@ from plmcli.data.batching import BatchStream, LengthGroupedOrder
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.device import row_lengths
-from plmcli.objectives.base import Objective, StepOutput
+from plmcli.objectives.base import Mixes, Objective, StepOutput
 
 MASK_LENGTHS = ("span-poisson", "token")
 _NOISE_TAG = 13  # seed-tuple tag of the noise draws (independent of the data order's draws)
@@ -61,7 +61,7 @@ class DenoisingConfig(TranslationConfig):
     """Share of a chunk's sentences (its corpus lines) shuffled among themselves (BART: 1.0)."""
 
 
-class Translation(Objective):
+class Translation(Mixes):
     Config = TranslationConfig
     ppl_metric = "nll"
     """val_ppl = exp(unsmoothed NLL per target token), not exp of the smoothed training loss."""
@@ -99,29 +99,35 @@ class Translation(Objective):
 
     # ------------------------------------------------------------ data
 
-    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+    def corpus_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         import pyarrow.compute as pc
 
-        from plmcli.data.parallel import load_split
-
-        ds = load_split(corpus_dir, split)
-        if len(ds) < 1:
-            raise PlmError(f"the {split} split of '{corpus_dir}' has no sentence pairs", "add pairs, or lower data.val_fraction")
-        pad, start, eos = self._ids()
-        L = self.seq_len
-
-        def fetch(epochs, indices):
-            tbl = ds[list(indices)]
-            return collate_flat(*_flat_column(tbl["src_ids"]), *_flat_column(tbl["tgt_ids"]), pad, start, eos, L)
-
-        stream = BatchStream(len(ds), batch_size, fetch, seed, rank, world, shuffle)
+        n, fetch = self.samples(corpus_dir, split, seed, shuffle, needed=True)
+        stream = BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]), seed, rank, world, shuffle)
         if shuffle and self.cfg.length_bucketing:
+            from plmcli.data.parallel import load_split
+
             lengths = np.concatenate([
                 np.maximum(pc.list_value_length(t["src_ids"]).to_numpy(zero_copy_only=False),
                            pc.list_value_length(t["tgt_ids"]).to_numpy(zero_copy_only=False))
-                for t in ds.iter(batch_size=100_000)])
+                for t in load_split(corpus_dir, split).iter(batch_size=100_000)])
             stream.order = LengthGroupedOrder(lengths, seed, window=self.cfg.bucket_batches)
         return stream
+
+    def samples(self, corpus_dir, split, seed, shuffle, needed):
+        """This split's sentence pairs (a mix's source too: data/mixing.py), read as Arrow tables."""
+        from plmcli.data.parallel import load_split
+
+        ds = load_split(corpus_dir, split)
+        if len(ds) < 1 and needed:
+            raise PlmError(f"the {split} split of '{corpus_dir}' has no sentence pairs", "add pairs, or lower data.val_fraction")
+        return len(ds), lambda epochs, indices: ds[list(indices)]
+
+    def collate(self, parts: list) -> dict:
+        import pyarrow as pa
+
+        tbl = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return collate_flat(*_flat_column(tbl["src_ids"]), *_flat_column(tbl["tgt_ids"]), *self._ids(), self.seq_len)
 
     def tokens_in(self, batch):
         return int((batch["labels"] != -100).sum())
@@ -217,21 +223,31 @@ class Denoising(Translation):
     def prepare_corpus(inputs, tokenizer_cfg, data_cfg):
         return Objective.prepare_corpus(inputs, tokenizer_cfg, data_cfg)  # plain documents
 
-    def stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+    def corpus_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
+        n, fetch = self.samples(corpus_dir, split, seed, shuffle, needed=True)
+        stream = BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]), seed, rank, world, shuffle)
+        if shuffle and self.cfg.length_bucketing:
+            lengths = DocumentChunks(Path(corpus_dir), split, self.seq_len - 1).lengths()
+            stream.order = LengthGroupedOrder(lengths, seed, window=self.cfg.bucket_batches)
+        return stream
+
+    def samples(self, corpus_dir, split, seed, shuffle, needed):
+        """This split's document chunks (a mix's source too: data/mixing.py), each noised by (seed, epoch, chunk):
+        fetch gives (sources, targets)."""
         from plmcli.data.corpus import require_meta, token_stream
 
         meta = require_meta(Path(corpus_dir))
-        pad, start, eos = self._ids()
+        self._ids()
         if "mask" not in self.special_ids and self.cfg.mask_ratio > 0:
             raise PlmError("denoising needs a 'mask' special token, and the tokenizer has none",
                            "add tokenizer.special_tokens.mask (e.g. <mask>), or --set objective.mask_ratio=0")
         chunks = DocumentChunks(Path(corpus_dir), split, self.seq_len - 1)
-        if chunks.n < 1:
+        if chunks.n < 1 and needed:
             raise PlmError(f"the {split} split of '{corpus_dir}' has no tokens", "add text, or lower data.val_fraction")
-        tokens = token_stream(corpus_dir, split, None)
+        tokens = token_stream(corpus_dir, split, None) if chunks.n else None
         vocab = meta["tokenizer"]["vocab_size"]
         ordinary = np.setdiff1d(np.arange(vocab), list(self.special_ids.values()))
-        L, mask_id = self.seq_len, self.special_ids.get("mask", -1)
+        mask_id = self.special_ids.get("mask", -1)
 
         def fetch(epochs, indices):
             srcs, tgts = [], []
@@ -241,12 +257,12 @@ class Denoising(Translation):
                 rng = np.random.default_rng((seed, e, int(i), _NOISE_TAG))
                 srcs.append(add_noise(original, bounds, self.cfg, rng, mask_id, ordinary))
                 tgts.append(original)
-            return collate(srcs, tgts, pad, start, eos, L)
+            return srcs, tgts
 
-        stream = BatchStream(chunks.n, batch_size, fetch, seed, rank, world, shuffle)
-        if shuffle and self.cfg.length_bucketing:
-            stream.order = LengthGroupedOrder(chunks.lengths(), seed, window=self.cfg.bucket_batches)
-        return stream
+        return chunks.n, fetch
+
+    def collate(self, parts: list) -> dict:
+        return collate([s for p in parts for s in p[0]], [t for p in parts for t in p[1]], *self._ids(), self.seq_len)
 
 
 class DocumentChunks:

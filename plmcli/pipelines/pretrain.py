@@ -168,6 +168,9 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     elif sources:  # each source its own corpus (one tokenizer), and a directory that mixes them
         def build():
             return mixing.prepare_mixed_corpus(sources, r.tokenizer, r.data, objective_class(r.objective_name).prepare_corpus)
+    elif len(inputs) == 1 and mixing.is_mix(inputs[0]):  # a mix's directory as is (a resumed run's corpus)
+        def build():
+            return Path(inputs[0])
     else:
         def build():
             return objective_class(r.objective_name).prepare_corpus(inputs, r.tokenizer, r.data)
@@ -191,14 +194,16 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
     # corpus that cannot make them leaves no run behind (nor runs/latest pointing at one).
     data_dirs = []
     for obj in objectives:
-        with main_builds_first(state):
-            data_dirs.append(obj.prepare(corpus_dir, default_cache_dir(), num_proc=r.data.num_proc))
+        with main_builds_first(state):  # a mix: each source's data, and a mix of them (data/mixing.py)
+            data_dirs.append(mixing.prepared(corpus_dir, lambda d: obj.prepare(d, default_cache_dir(), num_proc=r.data.num_proc),
+                                             default_cache_dir()))
     return Prepared(inputs, corpus_dir, meta, fits, objectives, data_dirs, model)
 
 
 def data_inputs(r, stages, data, shipped) -> tuple[list, list | None]:
     """(the inputs a run records, the sources of a mix or None): --data (a weight after a colon mixes), else the
-    recipe's data.mix, data.path or the shipped sample. A mix trains objective clm (or bilm) only (data/mixing.py)."""
+    recipe's data.mix, data.path or the shipped sample. A mix trains the objectives whose batches are independent
+    samples (data/mixing.py: BlendsSources); the others are refused in one line."""
     from plmcli.data import mixing
     from plmcli.objectives.registry import objective_class
 
@@ -206,7 +211,7 @@ def data_inputs(r, stages, data, shipped) -> tuple[list, list | None]:
     if not sources:
         return (list(data) if data else ([r.data.path] if r.data.path else [shipped])), None
     for st in stages:
-        mixing.check_mixable(objective_class(st.objective_name))
+        mixing.check_mixable(objective_class(st.objective_name), st.objective_name, st.objective)
     return [mixing.spec(s) for s in sources], sources
 
 

@@ -6,11 +6,9 @@ micro-batch index, so the data position is one integer) and for `step(model, bat
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 import warnings
-from contextlib import nullcontext
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -18,11 +16,11 @@ from pathlib import Path
 import torch
 
 from plmcli.data.batching import CountFrom
+from plmcli.data.mixing import names_of
 from plmcli.data.store import writing
 from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
 from plmcli.models.checkpointing import apply_activation_checkpointing
-from plmcli.kernels import packed_weights
 from plmcli.runs import list_checkpoints
 from plmcli.train import checkpoint as ckpt
 from plmcli.train.distributed import (DIST_TIMEOUT, check_resume_world, configure_backend, full_norm, process_state,
@@ -33,6 +31,7 @@ from plmcli.train.peaks import peak_flops
 from plmcli.train.peers import Peers
 from plmcli.train.progress import MetricsLog, TrainProgress
 from plmcli.train.trackers import log_with
+from plmcli.train.validation import evaluate
 from plmcli.train.signals import DeferredStop, ignore_stop_signals, signal_number
 from plmcli.train.schedule import build_scheduler
 
@@ -98,64 +97,6 @@ def _to(batch, device):
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
-    """Token-weighted mean of the objective's metrics over the validation stream.
-
-    An objective's own `evaluate` (task metrics that need all predictions, such as MCC or F1) answers
-    instead when it has one. `max_batches` counts micro-batches over all processes (rounded up to a
-    multiple of their number): N processes score the samples one does.
-    """
-    # The weights hold still for the pass: each is laid out for oneDNN once (not when sharded: FSDP and
-    # ZeRO-3 gather them into new memory at every forward).
-    with nullcontext() if sharded(accelerator) else packed_weights():
-        return _evaluate(accelerator, model, objective, stream, max_batches)
-
-
-def _evaluate(accelerator, model, objective, stream, max_batches: int) -> dict:
-    if max_batches:
-        max_batches = -(-max_batches // accelerator.num_processes)
-    model.eval()
-    try:
-        own = objective.evaluate(accelerator, model, stream, max_batches)
-    finally:
-        model.train()
-    if own is not None:
-        return own
-    model.eval()
-    sums: dict = {}
-    count = torch.zeros((), device=accelerator.device)
-    state = objective.init_state()
-    n = stream.batches_per_epoch()
-    n = min(n, max_batches) if max_batches else n
-    # FSDP / ZeRO-3 gather the weights inside forward, so a process whose share of the split ran out
-    # still runs forward (on a batch it already scored, not counted) while the others finish theirs.
-    shard, filler = sharded(accelerator), None
-    with torch.no_grad():
-        for k in range(n):
-            batch = stream[k]
-            if batch is None and not (shard and filler is not None):
-                continue
-            filler = batch if filler is None else filler
-            with accelerator.autocast():
-                out = objective.step(model, _to(filler if batch is None else batch, accelerator.device), state)
-            if batch is None:
-                continue
-            state = out.state
-            for name, v in out.metrics.items():
-                sums[name] = sums.get(name, 0) + v.float()
-            count += out.count
-    model.train()
-    keys = sorted(sums)
-    if not keys:
-        return {}
-    vec = accelerator.reduce(torch.stack([sums[k] for k in keys] + [count]), reduction="sum")
-    res = {f"val_{k}": (vec[i] / vec[-1]).item() for i, k in enumerate(keys)}
-    key = f"val_{objective.ppl_metric}"
-    if key in res:
-        res["val_ppl"] = math.exp(min(res[key], 50.0))
-    return res
-
-
 def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: Path | None = None,
           stop_after: int | None = None, console=None, select_metric: str | None = None,
           continue_with: str | None = None) -> dict:
@@ -218,6 +159,7 @@ class _Training:
             self.train_stream = objective.stream(corpus_dir, "train", self.micro, t.seed, self.rank, self.world, shuffle=True)
             self.val_stream = objective.stream(corpus_dir, "validation", self.micro, t.seed, self.rank, self.world,
                                                shuffle=False) if _has_split(corpus_dir, "validation") else None
+        self.sources = names_of(corpus_dir)  # a mix's sources: each gets its validation loss
         # Streaming seam: an iterable stream (data/streaming.py) has no random access; it keeps its own
         # data position, restored here and saved with every checkpoint, and serves its batches in order.
         self.sequential = isinstance(self.train_stream, torch.utils.data.IterableDataset)
@@ -458,7 +400,7 @@ class _Training:
             self.progress.update(loop.step, row, self.last_eval)
         if self.val_stream is not None and ((t.eval_every and loop.step % t.eval_every == 0) or reason):
             self.last_eval = loop.last_eval = evaluate(self.accelerator, self.model, self.objective, self.val_stream,
-                                                          self.eval_limit)
+                                                          self.eval_limit, self.sources)
             self.log.write({"step": loop.step, "tokens": loop.tokens, **self.last_eval})
             self.progress.update(loop.step, None, self.last_eval)
             # Every process reaches the same verdict (the metrics are reduced over all of them).

@@ -107,8 +107,17 @@ def _fmt(row: dict | None, ev: dict) -> str:
         if "mfu" in row:
             parts.append(f"MFU {100 * row['mfu']:.1f}%")
     if ev.get("val_loss") is not None:
-        parts.append(f"val {ev['val_loss']:.4f}")
+        parts.append(f"val {ev['val_loss']:.4f}" + _per_source(ev))
     return "  ".join(parts)
+
+
+def _per_source(ev: dict) -> str:
+    """A mix's validation loss per source (val_loss/NAME, data/mixing.py) after the pooled one, when it is short:
+    up to 3 sources of up to 12 characters; metrics.jsonl has them all."""
+    each = {k.split("/", 1)[1]: v for k, v in ev.items() if k.startswith("val_loss/")}
+    if not each or len(each) > 3 or max(len(n) for n in each) > 12:
+        return ""
+    return " (" + ", ".join(f"{n} {v:.3f}" for n, v in each.items()) + ")"
 
 
 class TrainProgress:

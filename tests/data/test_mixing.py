@@ -91,13 +91,21 @@ def test_blended_stream_shares_and_determinism():
     # two processes read the one process's micro-batches, interleaved
     two = [BlendedStream(sizes, weights, 4, fetch, seed=0, rank=r, world=2) for r in (0, 1)]
     assert torch.equal(torch.cat([two[k % 2][k // 2]["x"] for k in range(100)]), a)
-    # evaluation: every sample once, in order, sources interleaved by size (any first batches are pooled fairly)
+    # evaluation: every sample once, in order, in batches of one source each (tagged with it), the sources'
+    # batches interleaved by their numbers (any first batches are pooled fairly)
     ev = BlendedStream(sizes, weights, 8, fetch, shuffle=False)
-    seen = torch.cat([ev[k]["x"] for k in range(ev.batches_per_epoch())])
-    assert ev[ev.batches_per_epoch()] is None and (seen[:, 1] == 0).all()
+    batches = [ev[k] for k in range(ev.batches_per_epoch())]
+    assert ev[ev.batches_per_epoch()] is None and len(batches) == 7 + 1 + 3
+    assert all((b["x"][:, 0] == b[mixing.SOURCE]).all() for b in batches)
+    seen = torch.cat([b["x"] for b in batches])
+    assert (seen[:, 1] == 0).all()
     for k, n in enumerate(sizes):
         assert seen[seen[:, 0] == k, 2].tolist() == list(range(n))
-    assert (np.abs(np.bincount(seen[:16, 0].numpy(), minlength=3) - 16 * np.array(sizes) / 77) < 1).all()
+    order = [b[mixing.SOURCE] for b in batches]  # one batch of each source first, then by their numbers
+    rest = _counts(np.array(order[3:]), 3)
+    assert order[:3] == [0, 1, 2] and (np.abs(rest - np.arange(1, 9)[:, None] * np.array([6, 0, 2]) / 8) < 1).all()
+    two = [BlendedStream(sizes, weights, 8, fetch, shuffle=False, rank=r, world=2) for r in (0, 1)]
+    assert [two[k % 2][k // 2][mixing.SOURCE] for k in range(11)] == [b[mixing.SOURCE] for b in batches]
 
 
 def test_parse_inputs(tmp_path, monkeypatch):
@@ -150,6 +158,7 @@ def test_interrupted_mix_resumes_to_the_same_weights(sources, tmp_path, fed, str
     data = [f"{a}:0.75", f"{b}:0.25"]
     full = api.pretrain(str(recipe), data, str(tmp_path / "full"), streaming=streaming)
     assert full["steps"] == 6 and full["val_loss"] > 0
+    assert min(full["val_loss/a"], full["val_loss/b"]) <= full["val_loss"] <= max(full["val_loss/a"], full["val_loss/b"])
     rows = torch.cat(fed)
     for lane in range(4) if streaming else [None]:  # streamed, every lane holds the shares within 1
         _check_shares(rows if lane is None else rows[lane::4], tmp_path / "full")
@@ -190,8 +199,10 @@ def test_bad_weights_are_one_line_errors(sources, tmp_path):
         bad.write_text(recipe.read_text().replace("data: {val_fraction: 0.2}", f"data: {{mix: {mix}}}"))
         res = run("pretrain", "--recipe", bad, "--out", tmp_path / "r")
         assert res.exit_code == 2 and says in res.stderr and "\n" not in res.stderr.strip(), res.output
-    res = run("pretrain", "--recipe", "bert-mini", "--data", f"{a}:1", "--data", f"{b}:1", "--out", tmp_path / "m")
-    assert res.exit_code == 2 and "trains objective clm (or bilm) only" in res.stderr, res.output
+    for recipe_name, objective in (("txl-mini", "bptt"), ("xlnet-mini", "plm")):  # batches that continue streams
+        res = run("pretrain", "--recipe", recipe_name, "--data", f"{a}:1", "--data", f"{b}:1", "--out", tmp_path / "m")
+        assert res.exit_code == 2 and f"objective {objective} does not train on independent samples" in res.stderr
+        assert "\n" not in res.stderr.strip() and not (tmp_path / "m").exists(), res.output
 
 
 def test_tokenized_corpora_mix_when_they_share_a_tokenizer(sources, tmp_path):

@@ -133,7 +133,8 @@ def test_cli_options(zh, tmp_path):
 def test_dynamic_knowledge_masking_reads_units_in_step_with_the_tokens(zh):
     from plmcli.data.corpus import token_stream
     from plmcli.data.mlm_data import knowledge_lexicon
-    from plmcli.objectives.mlm import MaskedLM, MLMConfig, knowledge_start_stream
+    from plmcli.objectives.mlm import MaskedLM, MLMConfig
+    from plmcli.objectives.mlm_units import knowledge_start_stream
 
     meta = json.loads((zh / "tok" / "meta.json").read_text())
     ids = meta["tokenizer"]["special_token_ids"]
@@ -166,7 +167,8 @@ def test_dynamic_chinese_wwm_masks_jieba_words_whole(zh):
     chinese-wwm (the cached unit stream equals its per-document word starts)."""
     from plmcli.data.corpus import token_stream
     from plmcli.data.mlm_data import chinese_row_starts, text_vocab
-    from plmcli.objectives.mlm import MaskedLM, MLMConfig, chinese_word_start_stream
+    from plmcli.objectives.mlm import MaskedLM, MLMConfig
+    from plmcli.objectives.mlm_units import chinese_word_start_stream
 
     meta = json.loads((zh / "tok" / "meta.json").read_text())
     ids = meta["tokenizer"]["special_token_ids"]
