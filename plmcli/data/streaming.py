@@ -416,7 +416,8 @@ class TextStream(torch.utils.data.IterableDataset):
                 padded[np.arange(padded.shape[1]) < np.array(lengths)[:, None]] = flat
                 x = torch.from_numpy(padded)
             where = [lane.position() for lane in lanes]
-            key = [int(v) for p in where for v in p]
+            # a seed's words are non-negative: a mix's lane position says -1 for a source lane's unknown line end
+            key = [int(v) % (1 << 64) for p in where for v in p]
             batch = self.make_batch(x, key) if lengths is None else self.make_batch(x, key, lengths=lengths)
             yield {**batch, "_position": {"reader": reader, "lanes": where}}
 
