@@ -79,6 +79,13 @@ def scores(vectors: Path, questions: str, pairs: str) -> dict:
             "pairs": ours["similarity"]["pairs"], "agree": agree}
 
 
+def mean_scores(runs: list[dict]) -> dict:
+    """The scores of several Hogwild! runs averaged (correct answers rounded): one run's analogies move by ±0.3
+    points from run to run."""
+    mean = {k: statistics.mean(r[k] for r in runs) for k in ("gensim_acc", "plm_acc", "correct", "rho")}
+    return {**runs[0], **mean, "correct": round(mean["correct"])}
+
+
 def compare(args, arch: str, workers: int, root: Path, questions: str, pairs: str, notes: dict) -> tuple[list, dict]:
     """gensim and plm on one architecture with `workers` threads each, interleaved: the table rows, plm's first run."""
     import gensim
@@ -88,23 +95,27 @@ def compare(args, arch: str, workers: int, root: Path, questions: str, pairs: st
     m = load_recipe(RECIPES[arch]).model
     runs: dict[str, list[dict]] = {"gensim": [], "plm": []}
     first: dict[str, tuple[bytes, dict]] = {}
+    hogwild: dict[str, list[dict]] = {"gensim": [], "plm": []}
     for r in range(args.repeats):
         for tool, done in runs.items():  # gensim, plm, gensim, plm, ...: drift in the load hits both alike
             vec = root / f"{tool}-{arch}-{workers}-{r + 1}.txt"
             t = plm_run(args.corpus, arch, args.epochs, workers, args.seed, root / f"{arch}-{workers}-{r + 1}", vec) \
                 if tool == "plm" else gensim_run(args.corpus, m, arch, args.epochs, workers, args.seed, vec)
             done.append(t)
-            if tool not in first:  # the vectors are scored once; later rounds must give the same bytes (1 worker)
+            if tool not in first:  # 1 worker: the vectors are scored once; later rounds must give the same bytes
                 first[tool] = (vec.read_bytes(), scores(vec, questions, pairs))
                 if not first[tool][1]["agree"]:
                     notes["disagree"].append(f"{tool} {arch}")
+                hogwild[tool].append(first[tool][1])
             elif workers == 1 and vec.read_bytes() != first[tool][0]:
                 notes["changed"].append(f"{tool} {arch} (round {r + 1})")
+            elif workers > 1:  # Hogwild!: every round's vectors differ, so every round is scored and averaged
+                hogwild[tool].append(scores(vec, questions, pairs))
             print(f"round {r + 1}/{args.repeats} {tool} {arch} workers={workers}: {t}")
     rate = {tool: common.summary([t["words_per_s"] for t in v]) for tool, v in runs.items()}
     rows, many = [], "" if workers == 1 else f", {workers} workers"  # 1 worker: the rows benchmarks/summary.py reads
     for tool in ("plm", "gensim"):
-        s, w = first[tool][1], rate[tool]
+        s, w = (first[tool][1] if workers == 1 else mean_scores(hogwild[tool])), rate[tool]
         train_s = statistics.median(t["train_s"] for t in runs[tool])
         side = f"{tool} {arch}" + (f" (`{RECIPES[arch]}`)" if tool == "plm" else f" {gensim.__version__}") + many
         rows.append([side, f"{runs[tool][0]['vocab']:,}", f"**{s['gensim_acc']:.2%}**", f"{s['plm_acc']:.2%}",
@@ -160,9 +171,10 @@ worker threads: gensim `workers=N` against plm `model.workers=N` (its compiled t
 {args.threads} torch thread(s)). Several workers are Hogwild! on both sides, so their vectors change run to run.
 Words/s = corpus words × epochs / training time, vocabulary building and
 tokenizing left out on both sides; {args.repeats} rounds per row pair in one process, gensim then plm in each
-(interleaved), and the median of the rounds. Each side's vectors are written in the word2vec text format and the
-first round's are scored on gensim's own questions-words.txt and wordsim353.tsv by gensim's
-`evaluate_word_analogies` / `evaluate_word_pairs` and by `plm eval-vectors`:
+(interleaved), and the median of the rounds. Each side's vectors are written in the word2vec text format and
+scored on gensim's own questions-words.txt and wordsim353.tsv by gensim's `evaluate_word_analogies` /
+`evaluate_word_pairs` and by `plm eval-vectors` — with one worker the first round's, with several (Hogwild!, other
+vectors each round) every round's, and the table gives their mean:
 {"they agree on every file" if not notes["disagree"] else "they DISAGREE on " + ", ".join(notes["disagree"])};
 {same}.
 """
