@@ -127,13 +127,17 @@ def test_precision_on_the_shipped_sample():
     assert got["old"][0] < 0.6
 
 
-def test_precision_on_reviews_and_news(shared_data):
+def evaluation_samples(shared_data: Path) -> tuple[list[str], list[str]]:
+    """The two evaluation samples (2,000 ChnSentiCorp train reviews, 2,000 THUCNews test titles, seed 0), or a skip."""
     zh = shared_data / "chinese"
     if not (zh / "ChnSentiCorp" / "train.tsv").is_file() or not (zh / "THUCNews-titles" / "test.txt").is_file():
         pytest.skip("ChnSentiCorp or THUCNews titles not in ../shared/data")
-    lab = labels()
-    reviews = random.Random(0).sample(read_column(zh / "ChnSentiCorp" / "train.tsv", 1, 1), SAMPLE)
-    titles = random.Random(0).sample(read_column(zh / "THUCNews-titles" / "test.txt", 0, 0), SAMPLE)
+    return (random.Random(0).sample(read_column(zh / "ChnSentiCorp" / "train.tsv", 1, 1), SAMPLE),
+            random.Random(0).sample(read_column(zh / "THUCNews-titles" / "test.txt", 0, 0), SAMPLE))
+
+
+def test_precision_on_reviews_and_news(shared_data):
+    lab, reviews, titles = labels(), *evaluation_samples(shared_data)
     # every unit type found in these samples is labelled: precision over all units, not a labelled subset
     for name, texts, floor, old_at_most in (("ChnSentiCorp train", reviews, 0.77, 0.4),
                                             ("THUCNews test titles", titles, 0.84, 0.65)):
@@ -156,12 +160,7 @@ def test_thulac_confirms_entities_in_context(shared_data):
     assert units("携程订的希尔顿酒店，红茶不错", "entities") == ["希尔顿酒店", "红茶"]  # 红茶/nz in jieba's dictionary
     assert units("携程订的希尔顿酒店，红茶不错", "entities-thulac") == ["希尔顿酒店"]  # THULAC: 红茶/n
     assert units("北京的希尔顿酒店，张爱玲的书。", "entities-thulac") == ["北京", "希尔顿酒店", "张爱玲"]
-    zh = shared_data / "chinese"
-    if not (zh / "ChnSentiCorp" / "train.tsv").is_file() or not (zh / "THUCNews-titles" / "test.txt").is_file():
-        pytest.skip("ChnSentiCorp or THUCNews titles not in ../shared/data")
-    lab = labels()
-    reviews = random.Random(0).sample(read_column(zh / "ChnSentiCorp" / "train.tsv", 1, 1), SAMPLE)
-    titles = random.Random(0).sample(read_column(zh / "THUCNews-titles" / "test.txt", 0, 0), SAMPLE)
+    lab, reviews, titles = labels(), *evaluation_samples(shared_data)
     for name, texts, floor in (("ChnSentiCorp train", reviews, 0.88), ("THUCNews test titles", titles, 0.89)):
         p, cov, kept = kind_precision(texts, lab, "entities-thulac")
         base = kind_precision(texts, lab, "entities")

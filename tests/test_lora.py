@@ -20,6 +20,19 @@ pytest.importorskip("peft")
 R, ALPHA = 4, 8.0
 
 
+def merge_recorder(merge):
+    """(held, a save_merged that first keeps in `held` every backbone tensor and the names of the parameters that
+    required a gradient, then merges as `merge` does)."""
+    held = {}
+
+    def recording(model, backbone, names, lora, out_dir):
+        held["backbone"] = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
+        held["trainable"] = [n for n, p in model.named_parameters() if p.requires_grad]
+        return merge(model, backbone, names, lora, out_dir)
+
+    return held, recording
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, tokenizer):  # noqa: F811
     """A tiny BERT pretrained run and its LoRA finetune, with what the finetune held just before merging:
@@ -32,14 +45,7 @@ def lora_run(tmp_path_factory, tokenizer):  # noqa: F811
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=tok.get_vocab_size(), max_positions=48, n_layer=2, n_head=2, d_model=16)
     pre = make_run(root / "bert", "bert", Bert(cfg), tok, meta)
-    held = {}
-
-    def recording(model, backbone, names, lora, out_dir):
-        held["backbone"] = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
-        held["trainable"] = [n for n, p in model.named_parameters() if p.requires_grad]
-        return merge(model, backbone, names, lora, out_dir)
-
-    merge = ft.save_merged
+    held, recording = merge_recorder(ft.save_merged)
     with dirs_under(root), pytest.MonkeyPatch.context() as mp:
         mp.setattr(ft, "save_merged", recording)
         res = finetune("sst2", from_run=str(pre), data_dir=str(SAMPLE), out=str(root / "ft"), train__max_steps=3,
@@ -205,14 +211,7 @@ def test_transformer_xl_xlnet_and_the_transformer_adapt_their_own_attention(fami
              "transformer": lambda: Transformer(TransformerConfig(vocab_size=V, n_encoder_layers=1, n_decoder_layers=1,
                                                                   d_model=16, n_head=2, d_ff=32, max_positions=64))}[family]()
     pre = make_run(tmp_path / family, family, model, tok, meta)
-    held = {}
-
-    def recording(model, backbone, names, lora, out_dir):
-        held["backbone"] = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
-        held["trainable"] = [n for n, p in model.named_parameters() if p.requires_grad]
-        return merge(model, backbone, names, lora, out_dir)
-
-    merge = ft.save_merged
+    held, recording = merge_recorder(ft.save_merged)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ft, "save_merged", recording)
         finetune("sst2", from_run=str(pre), data_dir=str(SAMPLE), out=str(tmp_path / "ft"), train__max_steps=3,

@@ -22,7 +22,7 @@ A_WORDS = "alpha beta gamma delta epsilon zeta".split()
 B_WORDS = "ONE TWO THREE FOUR FIVE SIX".split()
 
 
-def _text(words, n: int) -> str:
+def corpus_text(words, n: int) -> str:
     """n documents of lines of `words` (two disjoint alphabets: every token of a window tells its source)."""
     return "".join(" ".join(words[(i + j) % len(words)] for j in range(8)) + "\n" + ("\n" if i % 3 == 2 else "")
                    for i in range(n))
@@ -31,8 +31,8 @@ def _text(words, n: int) -> str:
 @pytest.fixture
 def sources(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text(_text(A_WORDS, 120), encoding="utf-8")
-    b.write_text(_text(B_WORDS, 40), encoding="utf-8")  # the small source: it cycles (epochs) before a does
+    a.write_text(corpus_text(A_WORDS, 120), encoding="utf-8")
+    b.write_text(corpus_text(B_WORDS, 40), encoding="utf-8")  # the small source: it cycles (epochs) before a does
     return tiny_recipe(tmp_path / "tiny.yaml"), a, b
 
 

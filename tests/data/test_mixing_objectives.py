@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import run, tiny_recipe
+from test_mixing import corpus_text
 from plmcli import api
 from plmcli.data import mixing
 
@@ -38,16 +39,11 @@ train: {seq_len: 32, global_batch_size: 4, max_steps: 6, eval_every: 3, eval_bat
 """
 
 
-def _text(words, n: int) -> str:
-    return "".join(" ".join(words[(i + j) % len(words)] for j in range(8)) + "\n" + ("\n" if i % 3 == 2 else "")
-                   for i in range(n))
-
-
 @pytest.fixture
 def sources(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text(_text(A_WORDS, 150), encoding="utf-8")
-    b.write_text(_text(B_WORDS, 60), encoding="utf-8")
+    a.write_text(corpus_text(A_WORDS, 150), encoding="utf-8")
+    b.write_text(corpus_text(B_WORDS, 60), encoding="utf-8")
     return a, b
 
 
@@ -132,7 +128,7 @@ def test_one_source_mix_reports_the_single_corpus_loss(tmp_path):
     """A mix of one source trains as that corpus alone: the same val_loss, and its val_loss/NAME is the pooled one."""
     recipe = tiny_recipe(tmp_path / "tiny.yaml")
     a = tmp_path / "a.txt"
-    a.write_text(_text(A_WORDS, 120), encoding="utf-8")
+    a.write_text(corpus_text(A_WORDS, 120), encoding="utf-8")
     one = api.pretrain(str(recipe), [str(a)], str(tmp_path / "one"), stop_after=3)
     mix = api.pretrain(str(recipe), [f"{a}:1"], str(tmp_path / "mix"), stop_after=3)
     assert "val_loss/a" not in one and mix["val_loss/a"] == mix["val_loss"]
