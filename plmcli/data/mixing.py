@@ -297,23 +297,29 @@ def names_of(data_dir) -> list[str] | None:
     return None if mix is None else source_names(mix)
 
 
-def holds(meta: dict, split: str) -> bool:
-    """Whether a prepared directory's meta counts anything in `split`."""
-    counts = meta.get("counts", {}).get(split, {})
-    return any(counts.get(k, 0) > 0 for k in ("documents", "instances", "examples"))
+def lacking(data_dir, split: str) -> list[str]:
+    """What in `data_dir` has no `split`: for a mix the names of the sources without one (source_names), for one
+    corpus ["the corpus"] when it has none; [] when every part has it."""
+    from plmcli.data.store import has_split, load_meta
+
+    meta = load_meta(data_dir)
+    mix = mix_of(meta, data_dir)
+    if mix is None:
+        return [] if has_split(meta, split) else ["the corpus"]
+    return [name for name, d in zip(source_names(mix), mix["dirs"]) if not has_split(load_meta(d), split)]
 
 
 def blended_stream(obj: BlendsSources, data_dir, split, batch_size, seed, rank, world, shuffle):
     """The BlendedStream of a mix directory for `obj`, or None when data_dir is one corpus. Training reads the
     sources of weight > 0 (each needs a sample); evaluation every source that has the split."""
-    from plmcli.data.store import load_meta, read_meta
+    from plmcli.data.store import has_split, load_meta, read_meta
 
     mix = mix_of(read_meta(data_dir) or {}, data_dir)
     if mix is None:
         return None
     parts = []
     for k, (d, w) in enumerate(zip(mix["dirs"], mix["weights"])):
-        wanted = w > 0 if shuffle else holds(load_meta(d), split)
+        wanted = w > 0 if shuffle else has_split(load_meta(d), split)
         parts.append(obj.samples(d, split, source_seed(seed, k), shuffle, needed=shuffle) if wanted else (0, None))
     if shuffle and not any(n for n, _ in parts):
         raise PlmError(f"no source of the mix has a {split} sample", "add text, lower train.seq_len, or lower data.val_fraction")

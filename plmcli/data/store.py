@@ -65,6 +65,12 @@ def write_meta(directory, meta: dict) -> None:
     (Path(directory) / META).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def has_split(meta: dict, split: str) -> bool:
+    """Whether a prepared directory's meta counts anything in `split` (documents, instances or examples)."""
+    counts = meta.get("counts", {}).get(split, {})
+    return any(counts.get(k, 0) > 0 for k in ("documents", "instances", "examples"))
+
+
 def is_derived_data(directory) -> bool:
     """A directory built from a tokenized corpus (e.g. `plm make-mlm-data`): meta.json with its tokenizer."""
     meta = read_meta(directory)

@@ -115,6 +115,8 @@ def pretrain_run(r, names, stages, data, run_dir: Path, resume: bool, restart: b
     if resume and state.is_main_process:  # before any work: a second trainer of this run refuses at once
         held.enter_context(ckpt.RunLock(run_dir))
     prep = prepare(r, stages, data, streaming, state)
+    if state.is_main_process:
+        _note_missing_validation(r, prep.data_dirs, console)
     previous_latest, made_dir = latest_target(), not run_dir.exists()
     if state.is_main_process:
         _fill_run_dir(r, run_dir, prep, resume, restart, streaming, held)
@@ -198,6 +200,27 @@ def prepare(r, stages, data, streaming: bool, state) -> Prepared:
             data_dirs.append(mixing.prepared(corpus_dir, lambda d: obj.prepare(d, default_cache_dir(), num_proc=r.data.num_proc),
                                              default_cache_dir()))
     return Prepared(inputs, corpus_dir, meta, fits, objectives, data_dirs, model)
+
+
+def _note_missing_validation(r, data_dirs, console) -> None:
+    """One line on stderr when data.val_fraction asks for validation and the data (or a source of a mix) has none:
+    else the run would end with no validation loss, and nothing said why."""
+    from rich.console import Console
+
+    from plmcli.data.mixing import lacking
+
+    if not r.data.val_fraction:
+        return
+    missing = list(dict.fromkeys(name for d in data_dirs for name in lacking(d, "validation")))
+    if not missing:
+        return
+    what = ("the corpus has no validation split, so the run reports no validation loss" if missing == ["the corpus"]
+            else f"no validation split in the mix's {'sources' if len(missing) > 1 else 'source'} {', '.join(missing)}, "
+                 f"so no val_loss/{'NAME' if len(missing) > 1 else missing[0]} for {'them' if len(missing) > 1 else 'it'}")
+    (console or Console(stderr=True)).print(
+        f"note: {what}: data.val_fraction holds out whole documents, which end at blank lines (text without any is one "
+        "document), and a held-out document may be too short for one sample — --set data.doc_per_line=true holds "
+        "out lines instead", highlight=False, soft_wrap=True)
 
 
 def data_inputs(r, stages, data, shipped) -> tuple[list, list | None]:

@@ -17,7 +17,7 @@ import torch
 
 from plmcli.data.batching import CountFrom
 from plmcli.data.mixing import names_of
-from plmcli.data.store import writing
+from plmcli.data.store import has_split, load_meta, writing
 from plmcli.errors import Interrupted, PlmError
 from plmcli.models.base import CountsFlops
 from plmcli.models.checkpointing import apply_activation_checkpointing
@@ -158,7 +158,7 @@ class _Training:
         with main_builds_first():  # a stream builds its flat caches (tokens, rows, units) once; the others read them
             self.train_stream = objective.stream(corpus_dir, "train", self.micro, t.seed, self.rank, self.world, shuffle=True)
             self.val_stream = objective.stream(corpus_dir, "validation", self.micro, t.seed, self.rank, self.world,
-                                               shuffle=False) if _has_split(corpus_dir, "validation") else None
+                                               shuffle=False) if has_split(load_meta(corpus_dir), "validation") else None
         self.sources = names_of(corpus_dir)  # a mix's sources: each gets its validation loss
         # Streaming seam: an iterable stream (data/streaming.py) has no random access; it keeps its own
         # data position, restored here and saved with every checkpoint, and serves its batches in order.
@@ -514,13 +514,6 @@ def _resumable(loop: ckpt.LoopState, path: Path, accelerator, world: int, micro:
             f"micro-batches of {micro}, not {was_micro}, so other dropout masks than an uninterrupted run's")
     return (f"resuming a {was_world}-process checkpoint with {world} process{'es' * (world > 1)}: the data continues "
             f"at sample {loop.step * global_batch:,}, where it stopped; {same}")
-
-
-def _has_split(corpus_dir, split) -> bool:
-    from plmcli.data.store import load_meta
-
-    counts = load_meta(corpus_dir).get("counts", {}).get(split, {})
-    return any(counts.get(k, 0) > 0 for k in ("documents", "instances", "examples"))
 
 
 def _log_row(accelerator, loop, window, scheduler, grad_norm, fpt, peak) -> dict:

@@ -281,3 +281,20 @@ def test_a_streamed_masked_lm_mix_resumes_bitwise(sources, tmp_path, monkeypatch
     api.pretrain(out=str(tmp_path / "half"), resume=True)
     assert len(fed) == len(first) and all(torch.equal(x, y) for x, y in zip(fed, first))
     assert _weights_equal(tmp_path / "full", tmp_path / "half")
+
+
+def test_a_source_without_validation_is_said_in_one_line(tmp_path, capsys):
+    """Text with no blank line is one document, so data.val_fraction holds none of it out: said before training,
+    for one corpus and for a mix's source, instead of a run that ends with no validation loss and no reason."""
+    recipe = tiny_recipe(tmp_path / "tiny.yaml")
+    one_doc = tmp_path / "one.txt"
+    one_doc.write_text("".join(f"line {i} of a text without blank lines\n" for i in range(300)), encoding="utf-8")
+    many = tmp_path / "many.txt"
+    many.write_text(corpus_text(A_WORDS, 150), encoding="utf-8")
+    api.pretrain(str(recipe), [str(one_doc)], str(tmp_path / "a"), overrides=["train.max_steps=1"])
+    err = capsys.readouterr().err
+    assert "note: the corpus has no validation split" in err and "data.doc_per_line=true" in err
+    api.pretrain(str(recipe), [f"{many}:0.5", f"{one_doc}:0.5"], str(tmp_path / "b"), overrides=["train.max_steps=1"])
+    assert "note: no validation split in the mix's source one, so no val_loss/one for it" in capsys.readouterr().err
+    api.pretrain(str(recipe), [str(many)], str(tmp_path / "c"), overrides=["train.max_steps=1"])
+    assert "validation split" not in capsys.readouterr().err
