@@ -99,6 +99,12 @@ class LengthGroupedOrder(EpochOrder):
         return np.concatenate(out)
 
 
+def to_device(batch: dict, device) -> dict:
+    """A batch's tensors on `device` (copied without blocking: from pinned memory the copy overlaps the step);
+    other values (a mix's source index) as they are."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
 def row_generators(prefix: list[int], rows: int) -> list[np.random.Generator]:
     """np.random.default_rng([*prefix, r]) for each row r < rows, the same generators: numpy converts a list of
     ints one Python int at a time, so a long prefix (a streamed batch's lane positions) is converted once, into

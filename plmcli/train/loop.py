@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from plmcli.data.batching import CountFrom
+from plmcli.data.batching import CountFrom, to_device
 from plmcli.data.mixing import names_of
 from plmcli.data.store import has_split, load_meta, writing
 from plmcli.errors import Interrupted, PlmError
@@ -93,8 +93,6 @@ def batch_sizes(global_batch: int, micro: int, world: int) -> tuple[int, int]:
     return micro, global_batch // (micro * world)
 
 
-def _to(batch, device):
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def train(recipe, model, objective, corpus_dir, run_dir: Path, *, resume_from: Path | None = None,
@@ -278,7 +276,7 @@ class _Training:
         for batch, share in zip(batches, shares):
             seed_draws(draw_seed(self.t.seed, self.loop.micro_batches * self.world + self.rank), accelerator.device)
             step_tokens += objective.tokens_in(batch)
-            batch = _to(batch, accelerator.device)
+            batch = to_device(batch, accelerator.device)
             # accumulate(): no gradient all-reduce until the last micro-batch (DeepSpeed: inside its engine).
             with accelerator.accumulate(model):
                 with accelerator.autocast():
@@ -483,7 +481,7 @@ def _ddp_settings(accelerator, model, objective, batch):
     if batch is not None:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             with accelerator.autocast():
-                out = objective.step(model, _to(batch, device), objective.init_state())
+                out = objective.step(model, to_device(batch, device), objective.init_state())
             out.loss.backward()
         unused = any(p.requires_grad and p.grad is None for p in model.parameters())
         model.zero_grad(set_to_none=True)

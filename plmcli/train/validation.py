@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
+from plmcli.data.batching import to_device
 from plmcli.data.mixing import SOURCE
 from plmcli.kernels import packed_weights
 from plmcli.train.distributed import sharded
@@ -62,7 +63,7 @@ def _evaluate(accelerator, model, objective, stream, max_batches: int, sources: 
                 continue
             filler = batch if filler is None else filler
             with accelerator.autocast():
-                out = objective.step(model, _to(filler if batch is None else batch, accelerator.device), state)
+                out = objective.step(model, to_device(filler if batch is None else batch, accelerator.device), state)
             if batch is None:
                 continue
             state = out.state
@@ -89,7 +90,3 @@ def _evaluate(accelerator, model, objective, stream, max_batches: int, sources: 
         if values[len(keys) + len(sources) + i]:  # a source with no validation batch in this pass has no loss
             res[f"val_{PER_SOURCE}/{name}"] = values[len(keys) + i]
     return res
-
-
-def _to(batch, device):
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
