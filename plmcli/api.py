@@ -75,10 +75,11 @@ def tokenize(inputs: list[str], out: str, tokenizer: str | None = None, vocab_si
     from plmcli.data.tokenizers import default_special_tokens
 
     # checked as typed and before any reading: replace() below skips the tokenizer section's own range checks
-    for flag, value, least, example in (("--vocab-size", vocab_size, 1, 8192), ("--min-frequency", min_frequency, 0, 2),
-                                        ("--num-proc", num_proc, 1, 4), ("--val-fraction", val_fraction, None, 0.05)):
-        allowed = Range(0, 1, hi_open=True) if least is None else Range(least)
-        check_option(flag, value, allowed, f"e.g. {flag} {example}" + (", or leave it out" if least is not None else ""))
+    for flag, value, allowed, hint in (("--vocab-size", vocab_size, Range(1), "e.g. --vocab-size 8192, or leave it out"),
+                                       ("--min-frequency", min_frequency, Range(0), "e.g. --min-frequency 2, or leave it out"),
+                                       ("--num-proc", num_proc, Range(1), "e.g. --num-proc 4, or leave it out"),
+                                       ("--val-fraction", val_fraction, Range(0, 1, hi_open=True), "e.g. --val-fraction 0.05")):
+        check_option(flag, value, allowed, hint)
     check_writable(out)
     quiet_datasets_off_terminal()
     base = load_recipe(recipe).tokenizer if recipe else TokenizerConfig()

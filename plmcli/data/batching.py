@@ -99,6 +99,14 @@ class LengthGroupedOrder(EpochOrder):
         return np.concatenate(out)
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity; every core where there is none: macOS, Windows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def to_device(batch: dict, device) -> dict:
     """A batch's tensors on `device` (copied without blocking: from pinned memory the copy overlaps the step);
     other values (a mix's source index) as they are."""
@@ -258,11 +266,7 @@ def loader_workers(setting, accelerated: bool, cores: int | None = None, local_p
         return int(setting)
     if not accelerated or worker_context() is None:
         return 0
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # no affinity on macOS and Windows: every core
-            cores = os.cpu_count() or 1
+    cores = available_cores() if cores is None else cores
     local = local_processes or int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
     return max(1, min(MAX_AUTO_WORKERS, cores // max(1, local) - 1))
 

@@ -109,6 +109,7 @@ def reduplicated(word: str) -> bool:
     return len(word) == 4 and ((word[0] == word[1] and word[2] == word[3]) or word[:2] == word[2:])
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every proper-noun word of a corpus; the dictionary is fixed
 def compound_of_common_words(word: str) -> bool:
     """Whether a filler entry (FILLER_FREQ) of three or more characters splits in two dictionary words that make
     it a common phrase: both of two or more characters (市场/n 秩序/n), or the longer one no noun (宣传/vn 语,

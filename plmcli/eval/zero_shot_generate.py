@@ -82,7 +82,7 @@ def read_questions(path: str, turn: str) -> list[Prompted]:
     if isinstance(stories, list) and stories and isinstance(stories[0], dict) and "story" in stories[0]:
         return coqa_questions(stories, path, turn)
     out = []
-    for e in SQUAD.read_file(Path(path), "dev"):
+    for e in SQUAD.read_file(Path(path), "dev") if doc is None else SQUAD.examples_of(doc, Path(path), "dev"):
         answer = e.answers[0] if e.answers else ""
         out.append(Prompted(e.id, {"context": e.context.strip(), "question": e.question.strip(), "history": "",
                                    "answer": answer}, list(e.answers)))

@@ -45,7 +45,6 @@ bos or eos token (the word2vec recipes give both); the frame's tokens have no tr
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,12 +234,9 @@ class Word2Vec(LanguageModel):
 
     def resolved_workers(self) -> int:
         """model.workers as a count: auto is the CPU cores this process may run on."""
-        if self.cfg.workers != "auto":
-            return int(self.cfg.workers)
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            return os.cpu_count() or 1
+        from plmcli.data.batching import available_cores
+
+        return int(self.cfg.workers) if self.cfg.workers != "auto" else available_cores()
 
     def _kernel_epochs(self, kernel, words, sentence, n_sentences: int, keep, noise, seed: int) -> list[tuple[float, int]]:
         """All epochs in the compiled trainer: (summed loss, examples) per epoch."""

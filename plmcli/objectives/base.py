@@ -118,7 +118,15 @@ class Mixes(Objective):
         return mixed if mixed is not None else self.corpus_stream(corpus_dir, split, batch_size, seed, rank, world, shuffle)
 
     def corpus_stream(self, corpus_dir, split: str, batch_size: int, seed: int, rank: int, world: int, shuffle: bool):
-        raise NotImplementedError
+        """The stream of one corpus: its samples, batch_size at a time, collated."""
+        return self.batch_stream(*self.samples(corpus_dir, split, seed, shuffle, needed=True), batch_size, seed, rank,
+                                 world, shuffle)
+
+    def batch_stream(self, n: int, fetch, batch_size: int, seed: int, rank: int, world: int, shuffle: bool):
+        """A BatchStream of `n` samples read by `fetch` (what `samples` gives) and collated."""
+        from plmcli.data.batching import BatchStream
+
+        return BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]), seed, rank, world, shuffle)
 
     def samples(self, data_dir, split: str, seed: int, shuffle: bool, needed: bool):
         """(samples in `split` of one source's directory, fetch(epochs, indices) -> their rows): BlendsSources."""

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from plmcli.data.batching import BatchStream
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.registry import families_that, named
@@ -48,10 +47,6 @@ class CausalLM(Mixes):
     @staticmethod
     def streaming_problem(cfg):
         return None
-
-    def corpus_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
-        n, fetch = self.windows(corpus_dir, split, seed, shuffle)
-        return BatchStream(n, batch_size, fetch, seed, rank, world, shuffle)
 
     def samples(self, data_dir, split, seed, shuffle, needed):
         """One source of a mix: its windows (data/mixing.py)."""

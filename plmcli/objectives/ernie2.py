@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.config_schema import Fraction, NonNegative, Range
-from plmcli.data.batching import BatchStream
 from plmcli.data.sentence_tasks import FORMAT, MAX_SEGMENTS, check, num_classes
 from plmcli.data.store import read_meta
 from plmcli.errors import PlmError
@@ -128,8 +127,7 @@ class Ernie2(MaskedLM):
             return NoBatches()
         # Not batched by length (as make-mlm-data's instances are): a paragraph is longer than a sentence
         # pair, so length groups would be one task each; mixed micro-batches carry both losses every step.
-        return BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]),
-                           seed, rank, world, shuffle)
+        return self.batch_stream(n, fetch, batch_size, seed, rank, world, shuffle)
 
     def samples(self, data_dir, split, seed, shuffle, needed):
         """This split's instances (a mix's source too: data/mixing.py), read as Arrow tables."""

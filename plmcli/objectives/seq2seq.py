@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from plmcli.config_schema import Fraction, Positive, Probability, Size
-from plmcli.data.batching import BatchStream, LengthGroupedOrder
+from plmcli.data.batching import LengthGroupedOrder
 from plmcli.errors import PlmError
 from plmcli.models.base import traits_of
 from plmcli.models.device import row_lengths
@@ -102,15 +102,15 @@ class Translation(Mixes):
     def corpus_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
         import pyarrow.compute as pc
 
-        n, fetch = self.samples(corpus_dir, split, seed, shuffle, needed=True)
-        stream = BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]), seed, rank, world, shuffle)
-        if shuffle and self.cfg.length_bucketing:
-            from plmcli.data.parallel import load_split
+        from plmcli.data.parallel import load_split
 
+        ds = load_split(corpus_dir, split)
+        stream = self.batch_stream(*self._pairs(ds, corpus_dir, split, needed=True), batch_size, seed, rank, world, shuffle)
+        if shuffle and self.cfg.length_bucketing:
             lengths = np.concatenate([
                 np.maximum(pc.list_value_length(t["src_ids"]).to_numpy(zero_copy_only=False),
                            pc.list_value_length(t["tgt_ids"]).to_numpy(zero_copy_only=False))
-                for t in load_split(corpus_dir, split).iter(batch_size=100_000)])
+                for t in ds.iter(batch_size=100_000)])
             stream.order = LengthGroupedOrder(lengths, seed, window=self.cfg.bucket_batches)
         return stream
 
@@ -118,7 +118,10 @@ class Translation(Mixes):
         """This split's sentence pairs (a mix's source too: data/mixing.py), read as Arrow tables."""
         from plmcli.data.parallel import load_split
 
-        ds = load_split(corpus_dir, split)
+        return self._pairs(load_split(corpus_dir, split), corpus_dir, split, needed)
+
+    @staticmethod
+    def _pairs(ds, corpus_dir, split, needed):
         if len(ds) < 1 and needed:
             raise PlmError(f"the {split} split of '{corpus_dir}' has no sentence pairs", "add pairs, or lower data.val_fraction")
         return len(ds), lambda epochs, indices: ds[list(indices)]
@@ -224,16 +227,19 @@ class Denoising(Translation):
         return Objective.prepare_corpus(inputs, tokenizer_cfg, data_cfg)  # plain documents
 
     def corpus_stream(self, corpus_dir, split, batch_size, seed, rank, world, shuffle):
-        n, fetch = self.samples(corpus_dir, split, seed, shuffle, needed=True)
-        stream = BatchStream(n, batch_size, lambda epochs, idx: self.collate([fetch(epochs, idx)]), seed, rank, world, shuffle)
+        chunks = DocumentChunks(Path(corpus_dir), split, self.seq_len - 1)
+        stream = self.batch_stream(*self._chunks(chunks, corpus_dir, split, seed, needed=True), batch_size, seed, rank,
+                                   world, shuffle)
         if shuffle and self.cfg.length_bucketing:
-            lengths = DocumentChunks(Path(corpus_dir), split, self.seq_len - 1).lengths()
-            stream.order = LengthGroupedOrder(lengths, seed, window=self.cfg.bucket_batches)
+            stream.order = LengthGroupedOrder(chunks.lengths(), seed, window=self.cfg.bucket_batches)
         return stream
 
     def samples(self, corpus_dir, split, seed, shuffle, needed):
         """This split's document chunks (a mix's source too: data/mixing.py), each noised by (seed, epoch, chunk):
         fetch gives (sources, targets)."""
+        return self._chunks(DocumentChunks(Path(corpus_dir), split, self.seq_len - 1), corpus_dir, split, seed, needed)
+
+    def _chunks(self, chunks, corpus_dir, split, seed, needed):
         from plmcli.data.corpus import require_meta, token_stream
 
         meta = require_meta(Path(corpus_dir))
@@ -241,7 +247,6 @@ class Denoising(Translation):
         if "mask" not in self.special_ids and self.cfg.mask_ratio > 0:
             raise PlmError("denoising needs a 'mask' special token, and the tokenizer has none",
                            "add tokenizer.special_tokens.mask (e.g. <mask>), or --set objective.mask_ratio=0")
-        chunks = DocumentChunks(Path(corpus_dir), split, self.seq_len - 1)
         if chunks.n < 1 and needed:
             raise PlmError(f"the {split} split of '{corpus_dir}' has no tokens", "add text, or lower data.val_fraction")
         tokens = token_stream(corpus_dir, split, None) if chunks.n else None

@@ -257,6 +257,10 @@ class SquadTask(Task):
             raise PlmError(f"{path} is not UTF-8 text (byte {e.start})", "pass SQuAD-format JSON") from None
         except json.JSONDecodeError as e:
             raise PlmError(f"{path} is not JSON ({e.msg} at line {e.lineno})", "pass SQuAD-format JSON") from None
+        return self.examples_of(doc, path, split)
+
+    def examples_of(self, doc, path: Path, split: str) -> list[QAExample]:
+        """read_file's questions from the file's parsed JSON `doc` (a caller that has parsed it already)."""
         if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
             raise PlmError(f"{path} has no top-level 'data' list", "pass SQuAD-format JSON: {\"data\": [{\"paragraphs\": [...]}]}")
         rows = []
