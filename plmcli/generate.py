@@ -26,13 +26,15 @@ keeps / duplicates rows (beam search reorders them). Sessions exist for
 - a model with a `generation_session(prompt_ids)` of its own (`HasGenerationSession`; n-grams:
   log P(w | history) over its words), which also names its `eos` and `decode`s its tokens.
 Generation stops at eos (which is not part of the output) or after max_new_tokens; with `stop` (a string, e.g.
-"\n"), greedy and sampled rows also stop once their text holds it, and every output is cut before it.
+"\n", or several), greedy and sampled rows also stop once their text holds one, and every output is cut before
+the first it holds.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -360,7 +362,7 @@ def _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, lengt
 @torch.no_grad()
 def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4,
              top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
-             batch_size: int = 16, device=None, console=None, stop: str | None = None) -> list[str]:
+             batch_size: int = 16, device=None, console=None, stop: str | Sequence[str] | None = None) -> list[str]:
     """Generate text for each prompt; returns the generated text only (a causal LM's continuation
     without the prompt, an encoder-decoder's output for the prompt as source).
 
@@ -369,9 +371,11 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
     ranked by logp / length^length_penalty) | sample (temperature, then top_k, then top_p; seeded, so
     the same call gives the same text). Prompts are decoded batch_size at a time. `console` (rich, stderr):
     where a transient bar counts each batch's tokens, shown on a terminal once decoding has run PROGRESS_AFTER_S.
-    `stop` (e.g. "\n"): a greedy or sampled row ends once its text holds it; every output is cut before it.
+    `stop` (e.g. "\n", or several such strings): a greedy or sampled row ends once its text holds one; every output
+    is cut before the first it holds.
     """
     _check(strategy, max_new_tokens, num_beams, top_k, top_p, temperature, length_penalty)
+    stops = stop_strings(stop)
     if isinstance(prompts, str):
         prompts = [prompts]
     if isinstance(run, tuple):
@@ -407,10 +411,25 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
                 if strategy == "beam":
                     outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty, bar.advance)
                 else:
-                    ended = (lambda row, out: stop in decode(encoded[row], out)) if stop else None
+                    ended = (lambda row, out: holds_stop(decode(encoded[row], out), stops)) if stops else None
                     outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick, bar.advance, ended)
             texts.extend(decode(e, out) for e, out in zip(encoded, outs))
-    return [t.split(stop, 1)[0] for t in texts] if stop else texts
+    return [cut_at_stop(t, stops) for t in texts]
+
+
+def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
+    """The non-empty stop strings of `stop`: one string, several, or None."""
+    return [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
+
+
+def holds_stop(text: str, stops: list[str]) -> bool:
+    return any(s in text for s in stops)
+
+
+def cut_at_stop(text: str, stop: str | Sequence[str] | None) -> str:
+    """`text` up to the first occurrence of any of the stop strings."""
+    ends = [text.find(s) for s in stop_strings(stop) if s in text]
+    return text[:min(ends)] if ends else text
 
 
 @dataclass

@@ -333,7 +333,7 @@ def prepared(corpus_dir, prepare_one: Callable, cache_root=None) -> Path:
     prepared apart (its own make-mlm-data instances, ERNIE 2.0 tasks) and, when that made new directories, a mix
     directory naming them with the same weights and names (cached)."""
     from plmcli.data.corpus import default_cache_dir
-    from plmcli.data.store import build_atomically, cache_key, load_meta, read_meta, write_meta
+    from plmcli.data.store import cache_key, load_meta, read_meta
 
     meta = read_meta(corpus_dir) or {}
     mix = mix_of(meta, corpus_dir)
@@ -344,21 +344,29 @@ def prepared(corpus_dir, prepare_one: Callable, cache_root=None) -> Path:
         return Path(corpus_dir)
     metas = [load_meta(d) for d in dirs]
     key = cache_key([m.get("key") for m in metas], mix["weights"], PREPARED, "prepared")
+    root = Path(cache_root) if cache_root is not None else default_cache_dir()
+    fields = {"tokenizer": metas[0].get("tokenizer", meta.get("tokenizer")),
+              "mix": {**{k: v for k, v in meta["mix"].items() if k != "dirs"}, "dirs": [str(d) for d in dirs]}}
+    return mix_directory(root, key, PREPARED, Path(corpus_dir) / "tokenizer.json", metas, fields,
+                         "plm pretrain (a mix's training data)")
+
+
+def mix_directory(root: Path, key: str, fmt: str, tokenizer_json: Path, metas: list[dict], fields: dict,
+                  what: str) -> Path:
+    """The cached mix directory `root/mixes/<key>`: the tokenizer, and a meta.json of format `fmt` with the sources'
+    summed counts and `fields` (the tokenizer entry, the mix's dirs, weights and names, ...)."""
+    import shutil
+
+    from plmcli.data.store import build_atomically, read_meta, write_meta
 
     def build(tmp: Path) -> dict:
-        import shutil
+        shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
+        meta = {"format": fmt, "key": key, "counts": summed_counts(metas), **fields}
+        write_meta(tmp, meta)
+        return meta
 
-        shutil.copyfile(Path(corpus_dir) / "tokenizer.json", tmp / "tokenizer.json")
-        counts = summed_counts(metas)
-        out = {"format": PREPARED, "key": key, "tokenizer": metas[0].get("tokenizer", meta.get("tokenizer")),
-               "counts": counts, "mix": {**{k: v for k, v in meta["mix"].items() if k != "dirs"},
-                                         "dirs": [str(d) for d in dirs]}}
-        write_meta(tmp, out)
-        return out
-
-    out = Path(cache_root) if cache_root is not None else default_cache_dir()
-    out = out / "mixes" / key[:16]
-    build_atomically(out, key, lambda d: read_meta(d, PREPARED), build, "plm pretrain (a mix's training data)")
+    out = root / "mixes" / key[:16]
+    build_atomically(out, key, lambda d: read_meta(d, fmt), build, what)
     return out
 
 
@@ -475,10 +483,9 @@ def prepare_mixed_corpus(sources: list[Source], tok_cfg, data_cfg, prepare_one: 
     """A mix directory for `sources`: each tokenized by `prepare_one(inputs, tok_cfg, data_cfg)` (the objective's
     prepare_corpus) with one shared tokenizer, and meta.json naming them with their weights (cached)."""
     import dataclasses
-    import shutil
 
     from plmcli.data.corpus import FORMAT as CORPUS, VERSION, default_cache_dir
-    from plmcli.data.store import build_atomically, cache_key, load_meta, read_meta, write_meta
+    from plmcli.data.store import cache_key, load_meta
 
     root = Path(cache_root) if cache_root is not None else default_cache_dir()
     tok_file, entry = _shared_tokenizer([s.path for s in sources], tok_cfg, data_cfg, root)
@@ -492,20 +499,10 @@ def prepare_mixed_corpus(sources: list[Source], tok_cfg, data_cfg, prepare_one: 
                            "mix text files (one tokenizer is trained on them all), or corpora of one tokenizer")
     weights = shares(sources)
     key = cache_key([m["key"] for m in metas], weights, CORPUS, VERSION, "mix")
-
-    def build(tmp: Path) -> dict:
-        shutil.copyfile(dirs[0] / "tokenizer.json", tmp / "tokenizer.json")
-        counts = summed_counts(metas)
-        meta = {"format": CORPUS, "version": VERSION, "tokenizer": entry or metas[0]["tokenizer"], "counts": counts, "key": key,
-                "inputs": [i for m in metas for i in m.get("inputs", [])], "val_fraction": data_cfg.val_fraction,
-                "mix": {"dirs": [str(d) for d in dirs], "weights": weights,
-                        "names": [s.path for s in sources]}}
-        write_meta(tmp, meta)
-        return meta
-
-    out = root / "mixes" / key[:16]
-    build_atomically(out, key, lambda d: read_meta(d, CORPUS), build, "plm pretrain (a mix)")
-    return out
+    fields = {"version": VERSION, "tokenizer": entry or metas[0]["tokenizer"],
+              "inputs": [i for m in metas for i in m.get("inputs", [])], "val_fraction": data_cfg.val_fraction,
+              "mix": {"dirs": [str(d) for d in dirs], "weights": weights, "names": [s.path for s in sources]}}
+    return mix_directory(root, key, CORPUS, dirs[0] / "tokenizer.json", metas, fields, "plm pretrain (a mix)")
 
 
 # ----------------------------------------------------------------------------- streamed sources

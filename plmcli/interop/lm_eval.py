@@ -8,7 +8,8 @@ loglikelihood          log P(continuation | context), summed over the continuati
                        `traits.scoring`) over context + continuation, its last tokens summed.
 loglikelihood_rolling  the whole text's log-likelihood, by the same scorer: the number `plm eval-ppl` charges
                        the text (its sum, not its mean), every token scored once after the run's bos/eos.
-generate_until         greedy plmcli.generate.generate, cut at the first stop string (or max_gen_toks tokens).
+generate_until         greedy plmcli.generate.generate, each row ending at its first stop string (or after
+                       max_gen_toks tokens) and cut before it.
 
 So each family reads the text as eval-ppl reads it: causal Transformers (GPT, GPT-2) in sliding windows of the
 training seq_len moving by half of it, RNN/LSTM/GRU LMs with their state carried over the whole text, the NNLM
@@ -135,24 +136,19 @@ class PlmLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy continuations, cut before the first of each request's `until` strings, at most max_gen_toks
-        tokens; requests with the same budget are decoded batch_size at a time."""
-        from plmcli.generate import generate
+        tokens; requests with the same budget and stop strings are decoded batch_size at a time, each row ending
+        once its text holds one of them."""
+        from plmcli.generate import generate, stop_strings
 
         asks = [(context, dict(kwargs or {})) for context, kwargs in (req.args[:2] for req in requests)]
-        budgets = [int(kw.get("max_gen_toks", self.max_gen_toks)) for _, kw in asks]
+        keys = [(int(kw.get("max_gen_toks", self.max_gen_toks)), tuple(stop_strings(kw.get("until"))))
+                for _, kw in asks]
         out: list[str] = [""] * len(asks)
-        for budget in sorted(set(budgets)):
-            idx = [i for i, b in enumerate(budgets) if b == budget]
+        for budget, until in sorted(set(keys)):
+            idx = [i for i, k in enumerate(keys) if k == (budget, until)]
             texts = generate((self.model, self.tok, self.cfg), [asks[i][0] for i in idx], max_new_tokens=budget,
-                             strategy="greedy", batch_size=self.batch_size, device=self._device)
+                             strategy="greedy", batch_size=self.batch_size, device=self._device, stop=list(until))
             for i, text in zip(idx, texts):
-                out[i] = cut_at_stop(text, asks[i][1].get("until"))
-                self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return out
-
-
-def cut_at_stop(text: str, until) -> str:
-    """`text` up to the first occurrence of any stop string (`until`: a string, a list of them or None)."""
-    stops = [until] if isinstance(until, str) else list(until or [])
-    ends = [text.find(s) for s in stops if s and s in text]
-    return text[:min(ends)] if ends else text

@@ -205,7 +205,8 @@ def test_rolling_equals_eval_ppl_of_the_file(gpt, gpt_run, tmp_path):
 
 
 def test_a_continuation_starting_with_a_space_and_the_split():
-    from plmcli.interop.lm_eval import cut_at_stop, split_request
+    from plmcli.generate import cut_at_stop
+    from plmcli.interop.lm_eval import split_request
 
     def encode(text):  # one id a word, a leading space glued to its word
         return [hash(w) % 97 for w in text.replace(" ", " _").split()]

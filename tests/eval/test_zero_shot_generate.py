@@ -119,12 +119,15 @@ def test_shipped_samples(gpt, fixed):
 
 
 def test_greedy_decoding_stops_at_the_newline(gpt):
-    """With stop "\\n" a row ends at the token that writes a newline: the output is the full greedy output cut there."""
+    """With stop "\\n" a row ends at the token that writes a newline: the output is the full greedy output cut there;
+    with several stop strings, cut at the first of them."""
     model, tok, cfg = api.load_run(str(gpt))
     prompts = [f"{s} =" for s, _ in PAIRS] + ["", "the"]
     full = generation.generate((model, tok, cfg), prompts, max_new_tokens=40, device="cpu")
     cut = generation.generate((model, tok, cfg), prompts, max_new_tokens=40, device="cpu", stop="\n")
     assert cut == [f.split("\n", 1)[0] for f in full]
+    several = generation.generate((model, tok, cfg), prompts, max_new_tokens=40, device="cpu", stop=["\n", "e", ""])
+    assert several == [f.split("\n", 1)[0].split("e", 1)[0] for f in full]  # cut at whichever comes first
 
 
 def test_a_row_ends_at_the_token_that_writes_the_newline(gpt):
