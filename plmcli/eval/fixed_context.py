@@ -29,9 +29,8 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
 
 
 def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
-    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
-    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
-    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    """plmcli.eval.scoring.token_logprobs for this protocol: a window of 512 tokens (at least n-1) moving by all but
+    the n-2 it carries over, the first token after the run's bos/eos (`from_start`)."""
     L = max(512, model.cfg.order - 1)
     model.to(device).eval()
     return from_start(lambda seq: window_logprobs(model, seq, L, L - (model.cfg.order - 2), batch_size, device, tail),

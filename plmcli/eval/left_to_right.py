@@ -73,9 +73,8 @@ def stream_nll(model, seq: np.ndarray, tgt_len: int, mem_len: int, device="cpu")
 
 
 def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
-    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
-    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
-    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    """plmcli.eval.scoring.token_logprobs for this protocol: windows of the training seq_len moving by half of it, read
+    left to right, the first token after the run's bos/eos (`from_start`)."""
     L, _ = window_length(None, model.max_positions, cfg.get("seq_len"))
     model.to(device).eval()
     return from_start(lambda seq: window_logprobs(lambda x: model.next_token_logits(x)[0], seq, L, max(1, L // 2),

@@ -56,9 +56,8 @@ def segment_lengths(model, cfg: dict, mem_len: int | None = None, tgt_len: int |
 
 @torch.no_grad()
 def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
-    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
-    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
-    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    """plmcli.eval.scoring.token_logprobs for this protocol: segments of the training tgt_len with its memory carried,
+    the first token after the run's bos/eos (`from_start`)."""
     tgt, mem = segment_lengths(model, cfg)
     model.to(device).eval()
     with model.evaluation_memory(mem):  # forward without labels: (log-probabilities, memory)

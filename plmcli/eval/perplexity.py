@@ -147,10 +147,17 @@ def carried_logprobs(seq: np.ndarray, chunk: int, step, device="cpu") -> tuple[n
     return torch.cat(lps).numpy(), torch.cat(hits).numpy()
 
 
-def start_token(cfg: dict) -> int | None:
-    """The token a text's first token is scored after: the run's tokenizer's bos, else its eos; None without either."""
+def start_role(cfg: dict) -> str | None:
+    """Which special token a text's first token is scored after: "bos", else "eos"; None when the run's tokenizer
+    has neither."""
     ids = cfg.get("tokenizer", {}).get("special_token_ids", {})
-    return next((int(ids[r]) for r in ("bos", "eos") if r in ids), None)
+    return next((r for r in ("bos", "eos") if r in ids), None)
+
+
+def start_token(cfg: dict) -> int | None:
+    """The id of the `start_role` token, or None."""
+    role = start_role(cfg)
+    return None if role is None else int(cfg["tokenizer"]["special_token_ids"][role])
 
 
 def from_start(fn: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], ids, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -260,8 +267,7 @@ def eval_files(files, tok, cfg: dict, nll_fn: Callable[[np.ndarray], tuple[float
 
     ids = cfg["tokenizer"].get("special_token_ids", {})
     eos, unk = ids.get("eos"), ids.get("unk")
-    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
-    prefix = ids.get(prefix_name) if prefix_name else None
+    prefix, prefix_name = start_token(cfg), start_role(cfg)
     totals = np.zeros(6)  # nll, tokens, bytes, words, text tokens, unk
     per_file = []
     for f in files:

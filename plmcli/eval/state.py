@@ -33,8 +33,7 @@ def stream_nll(model, seq: np.ndarray, chunk: int, device="cpu") -> tuple[float,
 
 
 def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
-    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
-    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
-    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    """plmcli.eval.scoring.token_logprobs for this protocol: the state carried over the whole text, 1,024 tokens a
+    chunk, the first token after the run's bos/eos (`from_start`)."""
     model.to(device).eval()
     return from_start(lambda seq: carried_logprobs(seq, 1024, model, device), ids, cfg)

@@ -8,7 +8,8 @@ reads windows only: `model(ids, labels=...)` (objective clm's protocol) or `mode
 from __future__ import annotations
 
 from plmcli.errors import PlmError
-from plmcli.eval.perplexity import encode_file, from_start, report, sequence_nll, window_length, window_logprobs
+from plmcli.eval.perplexity import (encode_file, from_start, report, sequence_nll, start_role, start_token,
+                                   window_length, window_logprobs)
 
 
 def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride: int | None = None,
@@ -22,9 +23,7 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
     S = max(1, L // 2) if stride is None else stride
     if not 1 <= S <= L:
         raise PlmError(f"--stride {S} must be between 1 and --max-length {L}", f"e.g. --stride {max(1, L // 2)}")
-    ids = cfg["tokenizer"].get("special_token_ids", {})
-    prefix = ids.get("bos", ids.get("eos"))
-    prefix_name = next((r for r in ("bos", "eos") if r in ids), None)
+    prefix, prefix_name = start_token(cfg), start_role(cfg)
 
     model.to(device)
     total_nll, total_tok, total_bytes, total_words, per_file = 0.0, 0, 0, 0, []
@@ -41,9 +40,8 @@ def score(model, files, tok, cfg: dict, *, max_length: int | None = None, stride
 
 
 def token_logprobs(model, ids, cfg: dict, *, batch_size: int = 8, device="cpu", tail: int | None = None):
-    """Per token of the text `ids` (tokenizer ids, no start token): (log p(token | the tokens before it), whether
-    it is the argmax), as eval-ppl scores it with its defaults; the first token after the run's bos/eos (nan
-    without one). tail: only the last `tail` tokens are wanted (plmcli.eval.scoring.token_logprobs)."""
+    """plmcli.eval.scoring.token_logprobs for this protocol: windows of the training seq_len moving by half of it, the
+    first token after the run's bos/eos (`from_start`)."""
     L, _ = window_length(None, model.max_positions, cfg.get("seq_len"))
     model.to(device).eval()
     return from_start(lambda seq: window_logprobs(model, seq, L, max(1, L // 2), batch_size, device, tail), ids, cfg)

@@ -32,8 +32,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from plmcli.config_schema import Count
-from plmcli.config_schema import Range, check_option
+from plmcli.config_schema import Count, Range, check_option
 from plmcli.errors import PlmError
 from plmcli.eval.prompts import fill
 
@@ -360,7 +359,7 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
               device=None) -> dict:
     """Score cfg.task with the causal LM of `run` (None: runs/latest), nothing finetuned. The result: the
     metrics, what was asked (prompt, verbalizers / option, score) and `predictions`, one per example."""
-    from plmcli.eval.perplexity import window_length
+    from plmcli.eval.perplexity import start_role, start_token, window_length
     from plmcli.models.base import traits_of
     from plmcli.models.registry import model_class
     from plmcli.runs import load_run_at, resolve_run, run_config, run_label
@@ -383,9 +382,8 @@ def zero_shot(run: str | None, cfg: ZeroShotConfig, max_length: int | None = Non
     if not 1 <= window <= positions:
         raise PlmError(f"--max-length {window} is outside 1..{positions} (the model's positions)",
                        f"use --max-length ≤ {positions}")
-    ids = run_cfg.get("tokenizer", {}).get("special_token_ids", {})
-    start = next((r for r in ("bos", "eos") if r in ids), None)
-    prefix = [int(ids[start])] if start else []
+    start = start_role(run_cfg)
+    prefix = [start_token(run_cfg)] if start else []
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
 
