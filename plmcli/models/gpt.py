@@ -156,9 +156,10 @@ class GPT(CheckpointedBlocks, LanguageModel):
         if labels is None:
             return self.lm_head(self.hidden(input_ids))
         start = 0
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             # Scoring (eval-ppl's sliding windows): positions before the first scored one are context
-            # only, and the last block and the output layer need not compute them.
+            # only, and the last block and the output layer need not compute them (a host read, so not
+            # in a compiled graph).
             scored = (labels != IGNORE_INDEX).any(0).nonzero()
             start = int(scored[0]) if len(scored) else 0
         h = self.hidden(input_ids, start=start)

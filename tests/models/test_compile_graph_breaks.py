@@ -50,3 +50,31 @@ def test_bert_step_compiles_to_one_graph(padded):
     if padded:
         batch |= {"attention_mask": (torch.arange(16) < torch.tensor([[16], [10]])).long(), "lengths": [16, 10]}
     assert _breaks(objective, model, batch) == []
+
+
+@pytest.mark.parametrize("recipe, family", [("gpt-mini", "gpt"), ("bert-mini", "bert")])
+def test_evaluation_steps_compile_to_one_graph_and_the_same_loss(recipe, family, monkeypatch):
+    """The validation pass (no gradient) of a compiled model: eager scoring keeps only the scored rows (a boolean
+    mask, sized by the data), a traced graph keeps them all and ignores the rest; the loss is the same."""
+    from plmcli.models import lm_loss
+
+    monkeypatch.setattr(lm_loss, "chunk_rows", lambda vocab_size, device: 8)
+    model, objective = _model_and_objective(recipe, family)
+    model.eval()
+    torch.manual_seed(1)
+    if family == "gpt":
+        x = torch.randint(0, 50, (2, 17))
+        labels = x[:, 1:].clone()
+        labels[:, :5] = -100  # context only, as eval-ppl's windows and a short last row have
+        batch = {"input_ids": x[:, :-1], "labels": labels}
+    else:
+        ids = torch.randint(4, 50, (2, 16))
+        positions = torch.tensor([3, 5, 17, 20])
+        batch = {"input_ids": ids, "token_type_ids": torch.zeros(2, 16, dtype=torch.long),
+                 "mlm_positions": positions, "mlm_labels": ids.flatten()[positions], "nsp_labels": torch.tensor([0, 1])}
+    with torch.no_grad():
+        assert _breaks(objective, model, batch) == []
+        eager = objective.step(model, batch).loss
+        torch._dynamo.reset()
+        traced = torch.compile(lambda: objective.step(model, batch).loss, backend="eager")()
+    assert torch.allclose(traced, eager, atol=1e-5), (traced, eager)
