@@ -98,7 +98,7 @@ class Albert(MaskedLMEncoder):
     def encode(self, input_ids, token_type_ids=None, attention_mask=None, states: list | None = None):
         """(B, T) ids -> ((B, T, H) hidden states, (B, H) pooled [CLS] or None). attention_mask: 1 = token, 0 = padding.
         `states`: the projected embeddings and each layer's output are appended to it (layer_states)."""
-        x = absolute_embeddings(self, input_ids, token_type_ids)  # (B, T, E)
+        x = absolute_embeddings(self, input_ids, token_type_ids, self.cfg.position_offset)  # (B, T, E)
         x = self.emb_proj(self.drop(self.ln_emb(x)))  # (B, T, H)
         if states is not None:
             states.append(x)

@@ -127,13 +127,12 @@ class MLMHead(nn.Module):
                                     vocab_size=self.decoder.vocab_size)
 
 
-def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None) -> torch.Tensor:
+def absolute_embeddings(model: nn.Module, input_ids, token_type_ids=None, offset: int = 0) -> torch.Tensor:
     """BERT's input before its LayerNorm: token + learned absolute position (+ segment) embeddings, from
-    `model`'s `wte`, `wpe` and `wtt` (None: no segments), positions from cfg.position_offset (RoBERTa)."""
+    `model`'s `wte`, `wpe` and `wtt` (None: no segments), positions from `offset` (RoBERTa's position_offset)."""
     T = input_ids.shape[1]
     if T > model.max_positions:
         raise ValueError(f"sequence of {T} tokens exceeds max_positions={model.max_positions}")
-    offset = getattr(model.cfg, "position_offset", 0)
     pos = model.wpe(torch.arange(offset, offset + T, device=input_ids.device))  # (T, C)
     if model.wtt is not None and token_type_ids is None:
         # No segment ids = all segment 0: its row joins the (T, C) positions, not the (B, T, C) sum.
@@ -174,7 +173,7 @@ class MaskedLMEncoder(CheckpointedBlocks, LanguageModel):
     @property
     def max_positions(self) -> int:
         """The longest sequence the model can read (the table minus RoBERTa's offset)."""
-        return self.cfg.max_positions - getattr(self.cfg, "position_offset", 0)
+        return self.cfg.max_positions - self.cfg.position_offset
 
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None,
@@ -257,7 +256,7 @@ class Bert(MaskedLMEncoder):
 
         attention_mask (B, T): 1 = token, 0 = padding (padding is never attended to). `states`: see MaskedLMEncoder.
         """
-        x = self.drop(self.ln_emb(absolute_embeddings(self, input_ids, token_type_ids)))
+        x = self.drop(self.ln_emb(absolute_embeddings(self, input_ids, token_type_ids, self.cfg.position_offset)))
         if states is not None:
             states.append(x)
         x = bidirectional(self._blocks, x, attention_mask, states)
