@@ -368,10 +368,11 @@ def eval_vectors(vectors: str | None = None, analogies: str | None = None, simil
 def generate(model: str | None = None, prompts: list[str] | None = None, input_file: str | None = None,
              max_new_tokens: int = 50, strategy: str = "greedy", num_beams: int = 4, top_k: int = 0,
              top_p: float = 1.0, temperature: float = 1.0, seed: int = 0, length_penalty: float = 1.0,
-             batch_size: int = 16, console=None) -> list[dict]:
+             batch_size: int = 16, console=None, stop: str | list[str] | None = None) -> list[dict]:
     """Generate from a run for each prompt (--prompt texts, then the non-blank lines of --input);
     returns [{"prompt", "output"}] where output is the generated text only (see plmcli.generate).
-    `console`: where a long generation shows its progress (a rich Console on stderr; None: nowhere)."""
+    `console`: where a long generation shows its progress (a rich Console on stderr; None: nowhere).
+    `stop`: a string or several; a greedy or sampled row ends once its text holds one, and is cut before it."""
     from plmcli.data.text import iter_text_lines
     from plmcli.generate import generate as run_generate
 
@@ -383,7 +384,7 @@ def generate(model: str | None = None, prompts: list[str] | None = None, input_f
     check_option("--batch-size", batch_size, Range(1), "e.g. --batch-size 16")
     outputs = run_generate(local_run(model), texts, max_new_tokens=max_new_tokens, strategy=strategy, num_beams=num_beams,
                            top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
-                           length_penalty=length_penalty, batch_size=batch_size, console=console)
+                           length_penalty=length_penalty, batch_size=batch_size, console=console, stop=stop)
     return [{"prompt": p, "output": o} for p, o in zip(texts, outputs)]
 
 

@@ -57,7 +57,6 @@ PROBE_ALLOWED = {
     ("train/distributed.py", "accelerator"): "torch.accelerator exists from torch 2.6 on",
     ("train/distributed.py", "fsdp_plugin"): "older accelerate AcceleratorState has no fsdp_plugin",
     ("pipelines/pretrain.py", "max_positions"): _MODEL_SECTION,
-    ("models/bert.py", "position_offset"): _MODEL_SECTION + " (RoBERTa's offset; ALBERT's section has none)",
 }
 
 # ---------------------------------------------------------------- violations in files other helpers own

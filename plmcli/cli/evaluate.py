@@ -142,6 +142,9 @@ def generate(
     seed: int = typer.Option(0, help="sample: seed of the sampler (the same seed gives the same text)."),
     length_penalty: float = typer.Option(1.0, help="beam: hypotheses ranked by log-probability / length^this."),
     batch_size: int = typer.Option(16, help="Prompts decoded together."),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", help="greedy / sample: a row ends once its text holds "
+                                             "this string, and every output is cut before it (repeatable; \\n and "
+                                             "\\t are a newline and a tab), e.g. --stop '\\n'."),
     as_json: bool = typer.Option(False, "--json", help="Print [{prompt, output}, ...] as JSON."),
 ):
     """Generate text from a run: a causal LM continues each prompt; an encoder-decoder (seq2seq,
@@ -157,7 +160,8 @@ def generate(
     from plmcli.cli._common import stderr
 
     rows = api.generate(run, prompts, input_file, max_new_tokens, strategy, num_beams, top_k, top_p, temperature,
-                        seed, length_penalty, batch_size, console=stderr())
+                        seed, length_penalty, batch_size, console=stderr(),
+                        stop=[s.replace("\\n", "\n").replace("\\t", "\t") for s in stop or []])
     if as_json:
         return print_json(rows)
     for row in rows:

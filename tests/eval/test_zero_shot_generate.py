@@ -130,6 +130,18 @@ def test_greedy_decoding_stops_at_the_newline(gpt):
     assert several == [f.split("\n", 1)[0].split("e", 1)[0] for f in full]  # cut at whichever comes first
 
 
+def test_cli_generate_stop_strings(gpt):
+    """plm generate --stop (repeatable, \\n read as a newline): each output is the full greedy one cut at the first."""
+    prompts = [f"{s} =" for s, _ in PAIRS]
+    full = api.generate(str(gpt), prompts, max_new_tokens=30)
+    res = run("generate", gpt, *(a for p in prompts for a in ("--prompt", p)), "--max-new-tokens", "30",
+              "--stop", "\\n", "--stop", "\\t", "--stop", "  ", "--json")
+    assert res.exit_code == 0, res.output
+    cut = [r["output"] for r in json.loads(res.stdout)]
+    assert cut == [r["output"].split("\n", 1)[0].split("\t", 1)[0].split("  ", 1)[0] for r in full]
+    assert any(r["output"] != c for r, c in zip(full, cut))  # the stops did cut something (this model: spaces)
+
+
 def test_a_row_ends_at_the_token_that_writes_the_newline(gpt):
     """A model whose 3rd prediction is always a newline: with stop, each row's decoding ends there (no 4th step)
     and its text is its first 2 tokens; without, it runs to max_new_tokens and holds the newline."""
