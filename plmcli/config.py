@@ -198,6 +198,12 @@ def recipe_dir():
     return resources.files("plmcli") / "recipes"
 
 
+def shipped_sample(name: str) -> Path:
+    """A sample shipped inside the package (plmcli/corpus/, data/ in the repository: the default corpora,
+    glue-sample, lexicons, ...), so it is found after `pip install`, outside the repository."""
+    return Path(str(resources.files("plmcli") / "corpus" / name))
+
+
 def shipped_recipes() -> list[str]:
     return sorted(p.name[:-5] for p in recipe_dir().iterdir() if p.name.endswith(".yaml"))
 

@@ -464,11 +464,11 @@ def resolve_lexicon(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if p.is_file():
         return p
-    from importlib import resources
+    from plmcli.config import shipped_sample
 
-    shipped = resources.files("plmcli") / "corpus" / str(path)
+    shipped = shipped_sample(str(path))
     if p.name == str(path) and shipped.is_file():
-        return Path(str(shipped))
+        return shipped
     raise PlmError(f"lexicon file '{path}' does not exist",
                    "pass a text file with one phrase or entity per line (e.g. chinese-sample-entities.txt, shipped)")
 

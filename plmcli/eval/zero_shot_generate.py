@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from plmcli.config import shipped_sample
 from plmcli.errors import PlmError, needs
 from plmcli.eval.prompts import fill
 
@@ -48,7 +48,7 @@ def data_path(data: str | None) -> str:
     if not data:
         raise PlmError("generating zero-shot reads its examples from a file", PAIRS_HINT)
     if not Path(data).exists() and data in SAMPLES:
-        return str(resources.files("plmcli") / "corpus" / data)
+        return str(shipped_sample(data))
     if not Path(data).is_file():
         raise PlmError(f"--data {data} is not a file", PAIRS_HINT)
     return data

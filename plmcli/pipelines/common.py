@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 
@@ -23,7 +22,9 @@ def quiet_datasets_off_terminal() -> None:
 
 def default_corpus(name: str = "shakespeare-sample.txt") -> str:
     """A small corpus shipped inside the package, so the first `plm pretrain` needs no data."""
-    return str(resources.files("plmcli") / "corpus" / name)
+    from plmcli.config import shipped_sample
+
+    return str(shipped_sample(name))
 
 
 SAMPLE_DATA_DIRS = ("glue-sample",)
