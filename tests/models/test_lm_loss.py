@@ -104,6 +104,22 @@ def test_without_gradients_only_the_loss_is_computed(vocab_major, bias):
 
 
 @pytest.mark.parametrize("vocab_major", [True, False])
+@pytest.mark.parametrize("ignore", [True, False])
+def test_without_gradients_in_a_traced_graph_every_row_stays_and_the_loss_is_the_same(vocab_major, ignore):
+    """Inside torch.compile the ignored rows are kept and masked out (no data-sized selection): same loss; padded
+    vocabulary rows (vocab_size < V) masked as in eager."""
+    h, w, y = _inputs(ignore=ignore)
+    y = torch.where(y >= 0, y % 50, y)  # the real vocabulary's 50 rows; w's last 3 pad it
+    b = torch.linspace(-1, 1, w.shape[0], dtype=w.dtype)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fn = lambda: linear_cross_entropy(h, w, y, chunk=8, bias=b, vocab_major=vocab_major, vocab_size=50)
+        got = torch.compile(fn, backend="eager", fullgraph=True)()
+        ref = F.cross_entropy(F.linear(h, w[:50], b[:50]), y, ignore_index=-100)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("vocab_major", [True, False])
 def test_without_gradients_under_bf16_autocast_the_loss_is_nn_linears(vocab_major):
     h, w, y = (t.float() if t.is_floating_point() else t for t in _inputs(N=300, C=32, V=97))
     b = torch.linspace(-1, 1, 97)
