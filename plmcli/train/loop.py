@@ -175,6 +175,10 @@ class _Training:
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
         # Not prepared: accelerate would step it once per process; our schedule counts optimizer steps.
         accelerator.register_for_checkpointing(self.scheduler)
+        # Inductor's CPU kernels sum index_put's rows (an embedding's gradient) with atomics from several threads:
+        # the weights would differ in the last bit from run to run. Deterministic mode, while `run` compiles and
+        # steps, makes it call aten's ordered kernel instead, so a compiled CPU run resumes bitwise as eager does.
+        self.deterministic = t.compile and accelerator.device.type == "cpu"
         if t.compile:
             # In place, not torch.compile(model): its wrapper's state dict prefixes every key with `_orig_mod.`,
             # and model.safetensors would no longer load into the model.
@@ -231,6 +235,9 @@ class _Training:
     def run(self) -> dict:
         """Optimizer steps until a stop reason; the summary. Ctrl-C is deferred from the first step to the return."""
         peers = self.peers
+        determinism = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.interrupt.install()
         try:
             while self.reason is None:
@@ -245,6 +252,7 @@ class _Training:
             raise
         finally:
             self.batches = None  # the DataLoader's workers stop here, while a Ctrl-C is still deferred
+            torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
             self.interrupt.restore()
             self.progress.close()
             self.log.close()
