@@ -184,6 +184,9 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     traced = torch.compiler.is_compiling()
     if not traced:
         h, targets = h[valid], targets[valid]
+    elif h.shape[0] <= chunk:  # one chunk: a loop over the rows would specialise the graph on their count
+        logits = mask_padding(linear(h, weight, bias).to(acc), vocab)
+        return F.cross_entropy(logits, targets, reduction="sum") / valid.sum().clamp(min=1)
     # oneDNN's (n, V) product is as fast as MKL's (V, n) one, and cross-entropy's own kernel over a
     # contiguous V axis 3× faster than logsumexp across rows: 1.2–2.2× the MKL (V, n) head at V 4k–50k.
     cols = kernels.enabled(h.device) and not takes_onednn(h, weight, bias) if vocab_major is None else vocab_major

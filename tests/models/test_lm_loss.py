@@ -103,9 +103,10 @@ def test_without_gradients_only_the_loss_is_computed(vocab_major, bias):
     torch.testing.assert_close(got, F.cross_entropy(F.linear(h, w, b), y), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk", [8, 64])  # several chunks; one
 @pytest.mark.parametrize("vocab_major", [True, False])
 @pytest.mark.parametrize("ignore", [True, False])
-def test_without_gradients_in_a_traced_graph_every_row_stays_and_the_loss_is_the_same(vocab_major, ignore):
+def test_without_gradients_in_a_traced_graph_every_row_stays_and_the_loss_is_the_same(vocab_major, ignore, chunk):
     """Inside torch.compile the ignored rows are kept and masked out (no data-sized selection): same loss; padded
     vocabulary rows (vocab_size < V) masked as in eager."""
     h, w, y = _inputs(ignore=ignore)
@@ -113,10 +114,25 @@ def test_without_gradients_in_a_traced_graph_every_row_stays_and_the_loss_is_the
     b = torch.linspace(-1, 1, w.shape[0], dtype=w.dtype)
     torch._dynamo.reset()
     with torch.no_grad():
-        fn = lambda: linear_cross_entropy(h, w, y, chunk=8, bias=b, vocab_major=vocab_major, vocab_size=50)
+        fn = lambda: linear_cross_entropy(h, w, y, chunk=chunk, bias=b, vocab_major=vocab_major, vocab_size=50)
         got = torch.compile(fn, backend="eager", fullgraph=True)()
         ref = F.cross_entropy(F.linear(h, w[:50], b[:50]), y, ignore_index=-100)
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_a_traced_evaluation_loss_is_not_compiled_again_for_each_row_count():
+    """A masked LM's validation batches score a different number of rows each: once Dynamo has seen two counts the
+    graph is dynamic in them, not compiled again for a third (the rows fit one chunk: no loop over their count)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    loss = torch.compile(lambda h, w, y: linear_cross_entropy(h, w, y, chunk=64), backend=counter)
+    with torch.no_grad():
+        for n in (20, 23, 29, 41):
+            h, w, y = _inputs(N=n)
+            torch.testing.assert_close(loss(h, w, y), F.cross_entropy(F.linear(h, w), y), rtol=1e-12, atol=1e-12)
+    assert counter.frame_count == 2  # static, then dynamic in the row count
 
 
 @pytest.mark.parametrize("vocab_major", [True, False])

@@ -58,9 +58,10 @@ def test_resume_is_bitwise_identical(setup, tmp_path):
     assert [r["loss"] for r in full if "loss" in r] == [r["loss"] for r in half if "loss" in r]
 
 
-def test_a_compiled_cpu_run_resumes_bitwise_on_two_threads(setup, tmp_path):
+def test_a_compiled_cpu_run_of_one_batch_shape_resumes_bitwise_on_two_threads(setup, tmp_path):
     """Inductor's CPU kernels add an embedding's gradient rows with atomics from several threads; a compiled run
-    on a CPU steps in torch's deterministic mode (restored after), so it resumes bitwise as an eager run does."""
+    on a CPU steps in torch's deterministic mode (restored after), so where every batch has one shape (the resumed
+    process compiles the same graph) it resumes bitwise as an eager run does."""
     recipe, corpus = setup
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
