@@ -411,7 +411,7 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
                 if strategy == "beam":
                     outs = _beam(session, len(batch), num_beams, plan.max_new_tokens, eos, length_penalty, bar.advance)
                 else:
-                    ended = (lambda row, out: holds_stop(decode(encoded[row], out), stops)) if stops else None
+                    ended = (lambda row, out: any(s in decode(encoded[row], out) for s in stops)) if stops else None
                     outs = _per_row(session, len(batch), plan.max_new_tokens, eos, pick, bar.advance, ended)
             texts.extend(decode(e, out) for e, out in zip(encoded, outs))
     return [cut_at_stop(t, stops) for t in texts]
@@ -420,10 +420,6 @@ def generate(run, prompts: list[str], max_new_tokens: int = 50, strategy: str = 
 def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
     """The non-empty stop strings of `stop`: one string, several, or None."""
     return [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
-
-
-def holds_stop(text: str, stops: list[str]) -> bool:
-    return any(s in text for s in stops)
 
 
 def cut_at_stop(text: str, stop: str | Sequence[str] | None) -> str:

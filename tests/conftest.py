@@ -42,17 +42,8 @@ def one_thread():
 
 @pytest.fixture
 def fed(monkeypatch):
-    """Every training batch's input_ids (a CPU copy), in the order the loop fed them to CausalLM (evaluation
-    excluded): what an interrupted and resumed run must feed again, batch for batch."""
+    """Every training batch's input_ids the loop fed to CausalLM (helpers.recorded_feeds)."""
+    from helpers import recorded_feeds
     from plmcli.objectives.clm import CausalLM
 
-    seen = []
-    step = CausalLM.step
-
-    def recording(self, model, batch, state=None):
-        if model.training:
-            seen.append(batch["input_ids"].detach().cpu().clone())
-        return step(self, model, batch, state)
-
-    monkeypatch.setattr(CausalLM, "step", recording)
-    return seen
+    return recorded_feeds(monkeypatch, CausalLM)

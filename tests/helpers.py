@@ -182,3 +182,18 @@ def finetune(task: str | None = None, from_run=None, data_dir=None, out=None, *,
              **{f"task.{k}": v for k, v in (options or {}).items()}, **{k.replace("__", "."): v for k, v in keys.items()}}
     cfg = api.finetune_config(config, override_layers(overrides, {k: v for k, v in given.items() if v is not None}))
     return api.finetune(cfg, out, eval_only=eval_only, console=console)
+
+
+def recorded_feeds(monkeypatch, cls) -> list:
+    """Every training batch's input_ids (a CPU copy), in the order the loop fed them to objective class `cls`'s
+    step (evaluation excluded): what an interrupted and resumed run must feed again, batch for batch."""
+    seen = []
+    step = cls.step
+
+    def recording(self, model, batch, state=None):
+        if model.training:
+            seen.append(batch["input_ids"].detach().cpu().clone())
+        return step(self, model, batch, state)
+
+    monkeypatch.setattr(cls, "step", recording)
+    return seen

@@ -177,7 +177,7 @@ class _Training:
         accelerator.register_for_checkpointing(self.scheduler)
         # Inductor's CPU kernels sum index_put's rows (an embedding's gradient) with atomics from several threads:
         # the weights would differ in the last bit from run to run. Deterministic mode, while `run` compiles and
-        # steps, makes it call aten's ordered kernel instead, so a compiled CPU run resumes bitwise as eager does.
+        # steps, makes it call aten's ordered kernel instead, so a compiled CPU run repeats bitwise.
         self.deterministic = t.compile and accelerator.device.type == "cpu"
         if t.compile:
             # In place, not torch.compile(model): its wrapper's state dict prefixes every key with `_orig_mod.`,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import run, tiny_recipe
+from helpers import recorded_feeds, run, tiny_recipe
 from test_mixing import corpus_text
 from plmcli import api
 from plmcli.data import mixing
@@ -45,20 +45,6 @@ def sources(tmp_path):
     a.write_text(corpus_text(A_WORDS, 150), encoding="utf-8")
     b.write_text(corpus_text(B_WORDS, 60), encoding="utf-8")
     return a, b
-
-
-def _feeds(monkeypatch, cls) -> list:
-    """Every training batch's input_ids, in the order the loop fed them to `cls.step`."""
-    seen = []
-    step = cls.step
-
-    def recording(self, model, batch, state=None):
-        if model.training:
-            seen.append(batch["input_ids"].detach().cpu().clone())
-        return step(self, model, batch, state)
-
-    monkeypatch.setattr(cls, "step", recording)
-    return seen
 
 
 def _from_b(rows: torch.Tensor, run_dir: Path) -> int:
@@ -101,7 +87,7 @@ def test_a_mix_trains_in_its_shares_and_resumes_bitwise(sources, tmp_path, monke
     from plmcli.objectives.registry import objective_class
 
     text, objective = CASES[case]
-    fed = _feeds(monkeypatch, objective_class(objective))
+    fed = recorded_feeds(monkeypatch, objective_class(objective))
     a, b = sources
     recipe, data = _recipe(tmp_path, text), [f"{a}:0.75", f"{b}:0.25"]
     full = api.pretrain(str(recipe), data, str(tmp_path / "full"))
@@ -270,7 +256,7 @@ def test_a_streamed_masked_lm_mix_resumes_bitwise(sources, tmp_path, monkeypatch
     for a source lane's line end not known yet — still a valid seed, and the same one on resume."""
     from plmcli.objectives.registry import objective_class
 
-    fed = _feeds(monkeypatch, objective_class("mlm"))
+    fed = recorded_feeds(monkeypatch, objective_class("mlm"))
     a, b = sources
     recipe, data = _recipe(tmp_path, TINY_BERT + DYNAMIC % "window"), [f"{a}:0.75", f"{b}:0.25"]
     full = api.pretrain(str(recipe), data, str(tmp_path / "full"), streaming=True)
